@@ -1,0 +1,185 @@
+"""The RoCEv2 headers, declared once, and the one place where byte order is handled.
+
+Each header is an `amaranth.lib.data.StructLayout` whose fields are listed in wire order,
+most significant bit first, as in the specifications. On the wire the first byte is sent
+first; in a beat it is the least significant byte (see `hw.beat`). `from_wire` turns a run
+of wire bytes into a header value by reversing the byte order once, which makes the whole
+header one big-endian number whose first field is its top bits; `to_wire` does the inverse.
+No field accessor anywhere else swaps bytes.
+
+Offsets are those of a RoCEv2 frame over IPv4 without options::
+
+    Ethernet 0..13 | IPv4 14..33 | UDP 34..41 | BTH 42..53 | extension headers | payload
+    | pad 0-3 | ICRC (4 bytes, least significant byte first)
+"""
+
+import enum
+
+from amaranth import Cat, Const, unsigned
+from amaranth.lib import data
+
+
+class Header(data.StructLayout):
+    """A header layout declared in wire order (first field = most significant bits)."""
+
+    def __init__(self, name: str, fields: dict):
+        self.name = name
+        bits = sum(unsigned(w).width if isinstance(w, int) else w.size for w in fields.values())
+        if bits % 8:
+            raise ValueError(f"header {name} is {bits} bits, not whole bytes")
+        self.length = bits // 8
+        self.wire_fields = dict(fields)
+        super().__init__(dict(reversed(list(fields.items()))))
+
+    def __repr__(self):
+        return f"Header({self.name!r})"
+
+    def field_offsets(self):
+        """(name, bit offset from the first wire bit, width) in wire order, for software."""
+        pos = 0
+        for name, width in self.wire_fields.items():
+            yield name, pos, width
+            pos += width
+
+
+def from_wire(layout: data.Layout, wire):
+    """View `len(layout)/8` wire bytes (first byte least significant) as a header value."""
+    nbytes = layout.size // 8
+    wire = Cat(wire)
+    return layout(Cat(*(wire[8 * i : 8 * i + 8] for i in reversed(range(nbytes)))))
+
+
+def to_wire(value):
+    """The wire bytes of a header value, first byte least significant."""
+    bits = Cat(value.as_value() if isinstance(value, data.View) else value)
+    nbytes = len(bits) // 8
+    return Cat(*(bits[8 * i : 8 * i + 8] for i in reversed(range(nbytes))))
+
+
+def header_bytes_to_int(raw: bytes) -> int:
+    """Software twin of `from_wire`: the integer a header value holds for these bytes."""
+    return int.from_bytes(raw, "big")
+
+
+ETHERNET = Header("Ethernet", {"dst": 48, "src": 48, "ethertype": 16})
+IPV4 = Header(
+    "IPv4",
+    {
+        "version": 4, "ihl": 4, "dscp": 6, "ecn": 2, "total_length": 16,
+        "identification": 16, "flags": 3, "fragment_offset": 13,
+        "ttl": 8, "protocol": 8, "checksum": 16, "src": 32, "dst": 32,
+    },
+)
+UDP = Header("UDP", {"src_port": 16, "dst_port": 16, "length": 16, "checksum": 16})
+BTH = Header(
+    "BTH",
+    {
+        "opcode": 8, "se": 1, "migreq": 1, "padcnt": 2, "tver": 4, "pkey": 16,
+        "fecn": 1, "becn": 1, "resv6": 6, "dqpn": 24,
+        "ackreq": 1, "resv7": 7, "psn": 24,
+    },
+)
+RETH = Header("RETH", {"va": 64, "rkey": 32, "dma_length": 32})
+IMMDT = Header("ImmDt", {"data": 32})
+AETH = Header("AETH", {"syndrome": 8, "msn": 24})
+
+ETHERTYPE_IPV4 = 0x0800
+IP_PROTO_UDP = 17
+ROCEV2_PORT = 4791
+
+ETH_OFFSET = 0
+IPV4_OFFSET = ETHERNET.length                    # 14
+UDP_OFFSET = IPV4_OFFSET + IPV4.length            # 34
+BTH_OFFSET = UDP_OFFSET + UDP.length              # 42
+EXT_OFFSET = BTH_OFFSET + BTH.length              # 54
+ICRC_LENGTH = 4
+# Bytes of the ICRC's coverage that are replaced by 0xFF before computing it (PROTOCOL.md):
+# IPv4 TOS, TTL and header checksum, UDP checksum, BTH byte 4 (FECN, BECN, reserved).
+ICRC_MASKED_BYTES = (
+    IPV4_OFFSET + 1, IPV4_OFFSET + 8, IPV4_OFFSET + 10, IPV4_OFFSET + 11,
+    UDP_OFFSET + 6, UDP_OFFSET + 7, BTH_OFFSET + 4,
+)
+# The ICRC covers the frame from the IPv4 header on, after 8 bytes of 0xFF.
+ICRC_START = IPV4_OFFSET
+
+
+class OpClass(enum.IntEnum):
+    """Which extension headers follow the BTH, and whether a payload may follow them."""
+
+    NONE = 0        # SEND First/Middle/Last/Only, WRITE Middle/Last, READ Response Middle, CNP
+    IMM = 1         # SEND Last/Only with Immediate, WRITE Last with Immediate
+    RETH = 2        # WRITE First/Only
+    RETH_IMM = 3    # WRITE Only with Immediate
+    AETH = 4        # READ Response First/Last/Only
+    READ_REQ = 5    # READ Request: RETH, no payload
+    ACK = 6         # Acknowledge: AETH, no payload
+
+
+EXT_LENGTH = {
+    OpClass.NONE: 0, OpClass.IMM: IMMDT.length, OpClass.RETH: RETH.length,
+    OpClass.RETH_IMM: RETH.length + IMMDT.length, OpClass.AETH: AETH.length,
+    OpClass.READ_REQ: RETH.length, OpClass.ACK: AETH.length,
+}
+NO_PAYLOAD = (OpClass.READ_REQ, OpClass.ACK)
+MAX_EXT_LENGTH = max(EXT_LENGTH.values())
+MAX_HEADER_LENGTH = EXT_OFFSET + MAX_EXT_LENGTH    # 74
+
+_RC_CLASSES = {
+    0x00: OpClass.NONE, 0x01: OpClass.NONE, 0x02: OpClass.NONE, 0x03: OpClass.IMM,
+    0x04: OpClass.NONE, 0x05: OpClass.IMM, 0x06: OpClass.RETH, 0x07: OpClass.NONE,
+    0x08: OpClass.NONE, 0x09: OpClass.IMM, 0x0A: OpClass.RETH, 0x0B: OpClass.RETH_IMM,
+    0x0C: OpClass.READ_REQ, 0x0D: OpClass.AETH, 0x0E: OpClass.NONE, 0x0F: OpClass.AETH,
+    0x10: OpClass.AETH, 0x11: OpClass.ACK,
+}
+# Supported opcodes: RC (0x00-0x11), UC SEND and WRITE (0x20-0x2B), and the RoCEv2 CNP.
+OPCODE_CLASSES = {
+    **_RC_CLASSES,
+    **{0x20 + op: cls for op, cls in _RC_CLASSES.items() if op <= 0x0B},
+    0x81: OpClass.NONE,
+}
+
+
+class Verdict(enum.IntEnum):
+    """What the parser concluded about a frame; anything but OK means it is dropped."""
+
+    OK = 0
+    NOT_ROCE = 1          # not Ethernet/IPv4 (no options, unfragmented)/UDP 4791/BTH TVer 0
+    TRUNCATED = 2         # the frame ends before its headers or before its IPv4 length says
+    BAD_LENGTH = 3        # IPv4/UDP lengths disagree with each other or with the frame, bad PadCnt
+    BAD_IP_CHECKSUM = 4
+    BAD_OPCODE = 5        # an opcode the switch does not support
+    BAD_ICRC = 6
+    OVERSIZE = 7          # longer than the packet queue can hold
+
+
+# What travels on a header stream: every header, the opcode's class, the payload length
+# (without pad and ICRC) and the parser's verdict. The deparser reads the same layout and
+# ignores the verdict and the lengths and checksums it computes itself.
+PACKET_HEADER = data.StructLayout({
+    "eth": ETHERNET,
+    "ip": IPV4,
+    "udp": UDP,
+    "bth": BTH,
+    "reth": RETH,
+    "immdt": IMMDT,
+    "aeth": AETH,
+    "opclass": unsigned(3),
+    "payload_length": unsigned(16),
+    "verdict": unsigned(3),
+})
+
+
+def opclass_rom():
+    """(supported, class) for every opcode, as a list of 256 constants for a ROM."""
+    return [
+        Const(((1 if op in OPCODE_CLASSES else 0) << 3) | int(OPCODE_CLASSES.get(op, 0)), 4)
+        for op in range(256)
+    ]
+
+
+def ipv4_checksum_sum(wire_bytes):
+    """One's complement sum of the 16-bit words of an IPv4 header, folded to 16 bits."""
+    words = [Cat(wire_bytes[2 * i + 1], wire_bytes[2 * i]) for i in range(len(wire_bytes) // 2)]
+    total = sum(words)
+    folded = total[:16] + total[16:]
+    return (folded[:16] + folded[16:])[:16]

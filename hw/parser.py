@@ -1,0 +1,258 @@
+"""Parser: a frame stream in; a header stream and a payload stream out.
+
+Every frame gives exactly one header entry, which carries every header of a RoCEv2 packet
+(Ethernet, IPv4, UDP, BTH, and RETH, ImmDt or AETH as the opcode's class says; absent ones
+read as zero), the class, the payload length (without pad and ICRC) and the verdict
+(`hw.headers.Verdict`). The payload, realigned to start at byte 0 of a beat and cut before the
+pad, goes out on the payload stream, before the header entry of its frame, with `last` on its
+final beat; a frame with no payload sends none. A frame whose verdict is not OK may have sent
+any payload beats: the packet queue after the parser discards them.
+
+Checks, in this order, each giving its verdict: frame long enough for each header; Ethernet
+type IPv4, IPv4 version 4 and IHL 5 (no options), not fragmented, protocol UDP, UDP
+destination port 4791, BTH TVer 0 (else NOT_ROCE); IPv4 header checksum; opcode supported;
+IPv4 total length against the frame (which may carry Ethernet padding up to 60 bytes); UDP
+length against IPv4; PadCnt and the lengths the opcode class allows; the ICRC.
+
+Throughput: one beat per cycle. A payload beat goes out in the cycle of the frame beat that
+completes it; when a frame's last beat completes two payload beats, the second goes out in
+the next cycle, in parallel with the next frame's first beat, which never completes a payload
+beat unless that frame is a single beat (then the input waits one cycle). The header entry
+goes out the cycle after the frame's last beat, or after the payload's final beat.
+"""
+
+from amaranth import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.lib import stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from . import headers as H
+from .beat import BeatLayout, FrameStream, check_width
+from .icrc import IcrcEngine
+
+MIN_ETHERNET_FRAME = 60  # without FCS: shorter frames arrive padded to this length
+
+
+class Parser(wiring.Component):
+    def __init__(self, width: int):
+        self.width = check_width(width)
+        super().__init__({
+            "i": In(FrameStream(width)),
+            "header": Out(stream.Signature(H.PACKET_HEADER)),
+            "payload": Out(FrameStream(width)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        nb = self.width // 8
+        m.submodules.icrc = icrc = IcrcEngine(self.width)
+        beat = self.i.payload
+        fire = self.i.valid & self.i.ready
+        index = icrc.index
+
+        # The first MAX_HEADER_LENGTH bytes: registered as they pass, seen combinationally
+        # in the beat that brings them.
+        cap_beats = -(-H.MAX_HEADER_LENGTH // nb)
+        captured = Signal(unsigned(cap_beats * nb * 8))
+        now = []
+        for p in range(H.MAX_HEADER_LENGTH):
+            k, lane = divmod(p, nb)
+            reg = captured[8 * p : 8 * p + 8]
+            now.append(Mux(index == k, beat.data[8 * lane : 8 * lane + 8], reg))
+        for k in range(cap_beats):
+            with m.If(fire & (index == k)):
+                m.d.sync += captured[k * self.width : (k + 1) * self.width].eq(beat.data)
+
+        def view(layout, offset):
+            return H.from_wire(layout, now[offset : offset + layout.size // 8])
+
+        eth = view(H.ETHERNET, H.ETH_OFFSET)
+        ip = view(H.IPV4, H.IPV4_OFFSET)
+        udp = view(H.UDP, H.UDP_OFFSET)
+        bth = view(H.BTH, H.BTH_OFFSET)
+
+        # The opcode's class decides where the payload starts.
+        rom = Memory(shape=4, depth=256, init=[int(c.value) for c in H.opclass_rom()])
+        m.submodules.opclass_rom = rom
+        rom_read = rom.read_port(domain="comb")
+        m.d.comb += rom_read.addr.eq(bth.opcode)
+        supported = rom_read.data[3]
+        opclass = rom_read.data[:3]
+        ext_length = Signal(range(H.MAX_EXT_LENGTH + 1))
+        with m.Switch(opclass):
+            for cls, length in H.EXT_LENGTH.items():
+                with m.Case(cls):
+                    m.d.comb += ext_length.eq(length)
+
+        # Lengths. padded = payload + pad, from the UDP length.
+        fixed = H.UDP.length + H.BTH.length + H.ICRC_LENGTH
+        padded = Signal(unsigned(17))
+        payload_length = Signal(unsigned(16))
+        m.d.comb += [
+            padded.eq(udp.length - fixed - ext_length),
+            payload_length.eq(padded - bth.padcnt),
+        ]
+        region_end = Signal(unsigned(17))
+        m.d.comb += region_end.eq(H.IPV4_OFFSET + ip.total_length)
+        total_length_known = index >= (H.IPV4_OFFSET + 3) // nb
+        m.d.comb += [
+            icrc.valid.eq(fire),
+            icrc.data.eq(beat.data),
+            icrc.last.eq(beat.last),
+            icrc.end.eq(Mux(total_length_known & (region_end <= 0xFFFF), region_end, 0xFFFF)),
+        ]
+        icrc_seen_ok = Signal()
+        with m.If(fire & icrc.in_region_end):
+            m.d.sync += icrc_seen_ok.eq(icrc.ok)
+        icrc_good = Mux(icrc.in_region_end, icrc.ok, icrc_seen_ok)
+
+        # Frame length on the last beat.
+        frame_length = Signal(unsigned(17))
+        m.d.comb += frame_length.eq(index * nb + sum(beat.keep))
+
+        verdict = Signal(H.Verdict)
+        checksum_ok = H.ipv4_checksum_sum(now[H.IPV4_OFFSET : H.UDP_OFFSET]) == 0xFFFF
+        fragmented = ip.flags[0] | (ip.fragment_offset != 0)   # MF bit, or an offset
+        ip_end = region_end
+        length_ok = (frame_length == ip_end) | (
+            (frame_length == MIN_ETHERNET_FRAME) & (ip_end < MIN_ETHERNET_FRAME))
+        no_payload = (opclass == H.OpClass.READ_REQ) | (opclass == H.OpClass.ACK)
+        V = H.Verdict
+        with m.If(frame_length < H.IPV4_OFFSET):
+            m.d.comb += verdict.eq(V.TRUNCATED)
+        with m.Elif(eth.ethertype != H.ETHERTYPE_IPV4):
+            m.d.comb += verdict.eq(V.NOT_ROCE)
+        with m.Elif(frame_length < H.UDP_OFFSET):
+            m.d.comb += verdict.eq(V.TRUNCATED)
+        with m.Elif((ip.version != 4) | (ip.ihl != 5) | fragmented |
+                    (ip.protocol != H.IP_PROTO_UDP)):
+            m.d.comb += verdict.eq(V.NOT_ROCE)
+        with m.Elif(~checksum_ok):
+            m.d.comb += verdict.eq(V.BAD_IP_CHECKSUM)
+        with m.Elif(frame_length < H.BTH_OFFSET):
+            m.d.comb += verdict.eq(V.TRUNCATED)
+        with m.Elif(udp.dst_port != H.ROCEV2_PORT):
+            m.d.comb += verdict.eq(V.NOT_ROCE)
+        with m.Elif(frame_length < H.EXT_OFFSET):
+            m.d.comb += verdict.eq(V.TRUNCATED)
+        with m.Elif(bth.tver != 0):
+            m.d.comb += verdict.eq(V.NOT_ROCE)
+        with m.Elif(~supported):
+            m.d.comb += verdict.eq(V.BAD_OPCODE)
+        with m.Elif((frame_length < ip_end) | (index == 0xFFFF)):
+            m.d.comb += verdict.eq(V.TRUNCATED)
+        with m.Elif(~length_ok | (udp.length != ip.total_length - H.IPV4.length) |
+                    (udp.length < fixed + ext_length) | (padded[:2] != 0) |
+                    (padded < bth.padcnt) | (no_payload & (padded != 0))):
+            m.d.comb += verdict.eq(V.BAD_LENGTH)
+        with m.Elif(~icrc_good):
+            m.d.comb += verdict.eq(V.BAD_ICRC)
+        with m.Else():
+            m.d.comb += verdict.eq(V.OK)
+
+        # The header entry, registered on the last beat.
+        entry = Signal(H.PACKET_HEADER)
+        m.d.comb += [
+            entry.eth.eq(eth), entry.ip.eq(ip), entry.udp.eq(udp), entry.bth.eq(bth),
+            entry.opclass.eq(opclass), entry.verdict.eq(verdict),
+            entry.payload_length.eq(Mux(verdict == V.OK, payload_length, 0)),
+        ]
+        with m.Switch(opclass):
+            with m.Case(H.OpClass.RETH, H.OpClass.READ_REQ):
+                m.d.comb += entry.reth.eq(view(H.RETH, H.EXT_OFFSET))
+            with m.Case(H.OpClass.RETH_IMM):
+                m.d.comb += entry.reth.eq(view(H.RETH, H.EXT_OFFSET))
+                m.d.comb += entry.immdt.eq(view(H.IMMDT, H.EXT_OFFSET + H.RETH.length))
+            with m.Case(H.OpClass.IMM):
+                m.d.comb += entry.immdt.eq(view(H.IMMDT, H.EXT_OFFSET))
+            with m.Case(H.OpClass.AETH, H.OpClass.ACK):
+                m.d.comb += entry.aeth.eq(view(H.AETH, H.EXT_OFFSET))
+
+        # Payload realignment. Payload byte q is frame byte start + q; output beat j is
+        # frame beats first+j (from lane `shift`) and first+j+1 (below `shift`), sent with
+        # frame beat first+j+1, or with the last frame beat for the final one.
+        start_first = Signal(range(H.MAX_HEADER_LENGTH // nb + 1))
+        shift = Signal(range(nb))
+        with m.Switch(ext_length):
+            for length in sorted(set(H.EXT_LENGTH.values())):
+                with m.Case(length):
+                    m.d.comb += [
+                        start_first.eq((H.EXT_OFFSET + length) // nb),
+                        shift.eq((H.EXT_OFFSET + length) % nb),
+                    ]
+        previous = Signal(unsigned(self.width))
+        with m.If(fire):
+            m.d.sync += previous.eq(beat.data)
+
+        def realign(low, high):
+            both = Cat(low, high)
+            out = Signal(unsigned(self.width))
+            with m.Switch(shift):
+                for s in range(nb):
+                    with m.Case(s):
+                        m.d.comb += out.eq(both[8 * s : 8 * s + self.width])
+            return out
+
+        def keep_for(remaining):
+            return Cat(*(remaining > lane for lane in range(nb)))
+
+        beats_out = Signal(unsigned(17))     # payload beats the frame has
+        m.d.comb += beats_out.eq((payload_length + nb - 1) // nb)
+        j = Signal(unsigned(17))             # payload beat this frame beat completes
+        m.d.comb += j.eq(index - start_first - 1)
+        normal = (index > start_first) & (j < beats_out)
+        remaining = Signal(unsigned(17))
+        m.d.comb += remaining.eq(payload_length - j * nb)
+        # On the last frame beat: is a payload beat left over, starting in this beat?
+        j_tail = Signal(unsigned(17))
+        m.d.comb += j_tail.eq(index - start_first)
+        tail_due = beat.last & (index >= start_first) & (j_tail < beats_out)
+        remaining_tail = Signal(unsigned(17))
+        m.d.comb += remaining_tail.eq(payload_length - j_tail * nb)
+
+        pending = Signal()                   # a tail payload beat waits in `pending_beat`
+        pending_beat = Signal(BeatLayout(self.width))
+        header_pending = Signal()
+
+        # What this frame beat sends now: the normal beat, or the tail when it is alone.
+        send = Signal(BeatLayout(self.width))
+        send_now = Signal()
+        tail_data = realign(beat.data, Const(0, self.width))
+        tail_beat = Signal(BeatLayout(self.width))
+        m.d.comb += [
+            tail_beat.data.eq(tail_data),
+            tail_beat.keep.eq(keep_for(remaining_tail)),
+            tail_beat.last.eq(1),
+        ]
+        with m.If(normal):
+            m.d.comb += [
+                send.data.eq(realign(previous, beat.data)),
+                send.keep.eq(keep_for(remaining)),
+                send.last.eq((remaining <= nb) | (beat.last & ~tail_due)),
+                send_now.eq(1),
+            ]
+        with m.Elif(tail_due):
+            m.d.comb += [send.eq(tail_beat), send_now.eq(1)]
+        defer_tail = normal & tail_due
+
+        # Handshakes. The header slot must be free (or freeing) to take a last beat, and a
+        # payload beat can go only when no tail is waiting and the sink takes it.
+        header_free = ~header_pending | self.header.ready
+        m.d.comb += self.i.ready.eq(
+            header_free & (~send_now | (~pending & self.payload.ready)))
+        with m.If(pending):
+            m.d.comb += [self.payload.valid.eq(1), self.payload.payload.eq(pending_beat)]
+        with m.Else():
+            m.d.comb += [self.payload.valid.eq(self.i.valid & send_now),
+                         self.payload.payload.eq(send)]
+        with m.If(pending & self.payload.ready):
+            m.d.sync += pending.eq(0)
+        with m.If(fire & beat.last & defer_tail):
+            m.d.sync += [pending.eq(1), pending_beat.eq(tail_beat)]
+
+        m.d.comb += self.header.valid.eq(header_pending & ~pending)
+        with m.If(self.header.valid & self.header.ready):
+            m.d.sync += header_pending.eq(0)
+        with m.If(fire & beat.last):
+            m.d.sync += [header_pending.eq(1), self.header.payload.eq(entry)]
+        return m

@@ -1,0 +1,146 @@
+"""Top levels with flat, named ports, for cocotb and the benchmarks.
+
+`DatapathTop` is one port's datapath: parser and packet queue on receive (``rx_*``), deparser
+on transmit (``tx_*``). With ``loopback`` high the queue feeds the deparser; low, the queue's
+output leaves on ``hdr_o_*``/``pl_o_*`` and the deparser takes ``hdr_i_*``/``pl_i_*``, so
+each side can be driven alone. Frame ports follow AXI-Stream naming (tdata, tkeep, tlast,
+tvalid, tready), so cocotbext-axi's models drive them.
+"""
+
+from amaranth import Elaboratable, Module, Signal
+from amaranth.lib import wiring
+
+from hw import headers as H
+from hw.deparser import Deparser
+from hw.icrc import IcrcEngine
+from hw.packet_queue import COUNTER_WIDTH, PacketQueue
+from hw.parser import Parser
+
+
+class _AxisPorts:
+    def __init__(self, prefix, width):
+        self.tdata = Signal(width, name=f"{prefix}_tdata")
+        self.tkeep = Signal(width // 8, name=f"{prefix}_tkeep")
+        self.tlast = Signal(name=f"{prefix}_tlast")
+        self.tvalid = Signal(name=f"{prefix}_tvalid")
+        self.tready = Signal(name=f"{prefix}_tready")
+
+    def ports(self):
+        return [self.tdata, self.tkeep, self.tlast, self.tvalid, self.tready]
+
+    def drive(self, m, stream):
+        """These ports feed `stream` (an input of the design)."""
+        m.d.comb += [
+            stream.payload.data.eq(self.tdata), stream.payload.keep.eq(self.tkeep),
+            stream.payload.last.eq(self.tlast), stream.valid.eq(self.tvalid),
+            self.tready.eq(stream.ready),
+        ]
+
+    def observe(self, m, stream, enable=1):
+        """These ports show `stream` (an output of the design)."""
+        m.d.comb += [
+            self.tdata.eq(stream.payload.data), self.tkeep.eq(stream.payload.keep),
+            self.tlast.eq(stream.payload.last), self.tvalid.eq(stream.valid & enable),
+        ]
+        with m.If(enable):
+            m.d.comb += stream.ready.eq(self.tready)
+
+
+class _HeaderPorts:
+    def __init__(self, prefix):
+        self.data = Signal(H.PACKET_HEADER.size, name=f"{prefix}_data")
+        self.valid = Signal(name=f"{prefix}_valid")
+        self.ready = Signal(name=f"{prefix}_ready")
+
+    def ports(self):
+        return [self.data, self.valid, self.ready]
+
+
+class DatapathTop(Elaboratable):
+    def __init__(self, width: int, capacity: int = 16384):
+        self.width = width
+        self.capacity = capacity
+        self.rx = _AxisPorts("rx", width)
+        self.tx = _AxisPorts("tx", width)
+        self.pl_o = _AxisPorts("pl_o", width)
+        self.pl_i = _AxisPorts("pl_i", width)
+        self.hdr_o = _HeaderPorts("hdr_o")
+        self.hdr_i = _HeaderPorts("hdr_i")
+        self.loopback = Signal(name="loopback")
+        self.passed = Signal(COUNTER_WIDTH, name="passed")
+        self.drops = [Signal(COUNTER_WIDTH, name=f"drops_{v.name.lower()}") for v in H.Verdict]
+
+    def ports(self):
+        return [
+            *self.rx.ports(), *self.tx.ports(), *self.pl_o.ports(), *self.pl_i.ports(),
+            *self.hdr_o.ports(), *self.hdr_i.ports(), self.loopback, self.passed, *self.drops,
+        ]
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.parser = parser = Parser(self.width)
+        m.submodules.queue = queue = PacketQueue(self.width, self.capacity)
+        m.submodules.deparser = deparser = Deparser(self.width)
+        wiring.connect(m, parser=parser.header, queue=queue.i_header)
+        wiring.connect(m, parser=parser.payload, queue=queue.i_payload)
+        self.rx.drive(m, parser.i)
+        self.tx.observe(m, deparser.o)
+        m.d.comb += self.passed.eq(queue.passed)
+        for counter, value in zip(self.drops, queue.drops):
+            m.d.comb += counter.eq(value)
+
+        loop = self.loopback
+        self.pl_o.observe(m, queue.o_payload, enable=~loop)
+        m.d.comb += [
+            self.hdr_o.data.eq(queue.o_header.payload),
+            self.hdr_o.valid.eq(queue.o_header.valid & ~loop),
+        ]
+        with m.If(loop):
+            m.d.comb += [
+                deparser.header.payload.eq(queue.o_header.payload),
+                deparser.header.valid.eq(queue.o_header.valid),
+                queue.o_header.ready.eq(deparser.header.ready),
+                deparser.payload.payload.eq(queue.o_payload.payload),
+                deparser.payload.valid.eq(queue.o_payload.valid),
+                queue.o_payload.ready.eq(deparser.payload.ready),
+            ]
+        with m.Else():
+            m.d.comb += [
+                queue.o_header.ready.eq(self.hdr_o.ready),
+                deparser.header.payload.eq(self.hdr_i.data),
+                deparser.header.valid.eq(self.hdr_i.valid),
+                self.hdr_i.ready.eq(deparser.header.ready),
+            ]
+            self.pl_i.drive(m, deparser.payload)
+        return m
+
+
+class IcrcTop(Elaboratable):
+    """The ICRC engine alone: drive a frame beat by beat with the region's end."""
+
+    def __init__(self, width: int):
+        self.width = width
+        self.valid = Signal(name="valid")
+        self.data = Signal(width, name="data")
+        self.last = Signal(name="last")
+        self.end = Signal(16, name="end")
+        self.final = Signal(32, name="final")
+        self.ok = Signal(name="ok")
+        self.in_region_end = Signal(name="in_region_end")
+
+    def ports(self):
+        return [self.valid, self.data, self.last, self.end, self.final, self.ok,
+                self.in_region_end]
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.engine = engine = IcrcEngine(self.width)
+        m.d.comb += [
+            engine.valid.eq(self.valid), engine.data.eq(self.data), engine.last.eq(self.last),
+            engine.end.eq(self.end), self.final.eq(engine.final), self.ok.eq(engine.ok),
+            self.in_region_end.eq(engine.in_region_end),
+        ]
+        return m
+
+
+TOPS = {"datapath": DatapathTop, "icrc": IcrcTop}

@@ -1,0 +1,43 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from hw.beat import WIDTHS  # noqa: E402
+from sim.build import cocotb_runner  # noqa: E402
+from sim.toolchain import have_icarus  # noqa: E402
+
+SIMULATORS = [
+    "verilator",
+    pytest.param("icarus", marks=pytest.mark.skipif(not have_icarus(),
+                                                    reason="Icarus Verilog is not installed")),
+]
+
+
+def run_cocotb(module: str, top: str, testcase: str, simulator: str = "verilator",
+               env: dict | None = None, **params):
+    """Run cocotb test `testcase` of tests/`module`.py on `top` built with `params`.
+
+    WAVES=1 in the environment writes a waveform (FST for Verilator) into the build dir.
+    """
+    waves = os.environ.get("WAVES") == "1"
+    runner, build_dir = cocotb_runner(top, simulator=simulator, waves=waves, **params)
+    extra_env = {
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "NETAGG_WIDTH": str(params.get("width", 64)),
+        **(env or {}),
+    }
+    runner.test(
+        test_module=f"tests.{module}", hdl_toplevel="top", testcase=testcase,
+        build_dir=build_dir, test_dir=build_dir, extra_env=extra_env, waves=waves,
+        results_xml=f"{testcase}.{os.getpid()}.xml",
+    )
+
+
+@pytest.fixture(params=WIDTHS, ids=lambda w: f"w{w}")
+def width(request):
+    return request.param

@@ -1,0 +1,147 @@
+"""RoCEv2 frames built with scapy, the independent oracle for the packet format.
+
+scapy.contrib.roce provides the BTH (with the ICRC) and the AETH; RETH and ImmDt are
+declared here as scapy layers and bound to the BTH's opcodes, so every frame, its ICRC
+included, is built and dissected by scapy.
+"""
+
+from __future__ import annotations
+
+import random
+
+from scapy.contrib.roce import AETH, BTH
+from scapy.fields import IntField, LongField, XIntField
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
+from scapy.packet import Packet, Raw
+
+from hw import headers as H
+
+
+class RETH(Packet):
+    name = "RETH"
+    fields_desc = [LongField("va", 0), XIntField("rkey", 0), IntField("dma_length", 0)]
+
+
+class ImmDt(Packet):
+    name = "ImmDt"
+    fields_desc = [XIntField("data", 0)]
+
+
+OPCODES = sorted(H.OPCODE_CLASSES)
+# One opcode of each class, RC and UC, for sweeps.
+CLASS_OPCODES = {
+    H.OpClass.NONE: [0x04, 0x24, 0x07, 0x0E, 0x81],
+    H.OpClass.IMM: [0x05, 0x29],
+    H.OpClass.RETH: [0x0A, 0x26],
+    H.OpClass.RETH_IMM: [0x0B, 0x2B],
+    H.OpClass.AETH: [0x10, 0x0D],
+    H.OpClass.READ_REQ: [0x0C],
+    H.OpClass.ACK: [0x11],
+}
+
+
+def roce_frame(opcode: int = 0x0A, payload: bytes = b"", *, rng: random.Random | None = None,
+               psn: int = 0, dqpn: int = 0x11, dscp: int = 0, ttl: int = 64,
+               udp_checksum: int | None = 0, **fields) -> Ether:
+    """A RoCEv2 frame as a scapy packet, with the extension headers of its opcode.
+
+    Random header values come from `rng` when given. Pads the payload to four bytes and
+    sets PadCnt; scapy computes lengths, checksums and the ICRC.
+    """
+    rng = rng or random.Random(0)
+    cls = H.OPCODE_CLASSES[opcode]
+    if cls in H.NO_PAYLOAD:
+        payload = b""
+    pad = -len(payload) % 4
+    pkt = (
+        Ether(dst=fields.get("eth_dst", "02:00:00:00:00:01"),
+              src=fields.get("eth_src", "02:00:00:00:00:02"))
+        / IP(src=fields.get("ip_src", "10.0.0.2"), dst=fields.get("ip_dst", "10.0.0.1"),
+             tos=dscp << 2, ttl=ttl, id=rng.randrange(1 << 16), flags="DF")
+        / UDP(sport=fields.get("sport", 0xC000 | rng.randrange(1 << 14)), dport=H.ROCEV2_PORT,
+              chksum=udp_checksum)
+        / BTH(opcode=opcode, padcount=pad, psn=psn, dqpn=dqpn,
+              pkey=fields.get("pkey", 0xFFFF), ackreq=fields.get("ackreq", 0),
+              solicited=fields.get("se", 0))
+    )
+    if cls in (H.OpClass.RETH, H.OpClass.RETH_IMM, H.OpClass.READ_REQ):
+        pkt = pkt / RETH(va=rng.randrange(1 << 64), rkey=rng.randrange(1 << 32),
+                         dma_length=len(payload) if cls != H.OpClass.READ_REQ else 4096)
+    if cls in (H.OpClass.IMM, H.OpClass.RETH_IMM):
+        pkt = pkt / ImmDt(data=rng.randrange(1 << 32))
+    if cls in (H.OpClass.AETH, H.OpClass.ACK):
+        pkt = pkt / AETH(syndrome=rng.randrange(1 << 5), msn=rng.randrange(1 << 24))
+    if payload or pad:
+        pkt = pkt / Raw(payload + bytes(pad))
+    return pkt
+
+
+def frame_bytes(pkt) -> bytes:
+    return bytes(pkt)
+
+
+def icrc_of(frame: bytes) -> bytes:
+    return frame[-4:]
+
+
+def header_fields(frame: bytes) -> dict:
+    """What the parser's header entry must hold for a good frame, read back by scapy."""
+    pkt = Ether(frame)
+    ip, udp, bth = pkt[IP], pkt[UDP], pkt[BTH]
+    cls = H.OPCODE_CLASSES[bth.opcode]
+    ext = H.EXT_LENGTH[cls]
+    payload_length = udp.len - 8 - 12 - ext - 4 - bth.padcount
+    out = {
+        "eth": {"dst": int(pkt.dst.replace(":", ""), 16), "src": int(pkt.src.replace(":", ""), 16),
+                "ethertype": pkt.type},
+        "ip": {"version": ip.version, "ihl": ip.ihl, "dscp": ip.tos >> 2, "ecn": ip.tos & 3,
+               "total_length": ip.len, "identification": ip.id, "flags": int(ip.flags),
+               "fragment_offset": ip.frag, "ttl": ip.ttl, "protocol": ip.proto,
+               "checksum": ip.chksum, "src": _ip(ip.src), "dst": _ip(ip.dst)},
+        "udp": {"src_port": udp.sport, "dst_port": udp.dport, "length": udp.len,
+                "checksum": udp.chksum},
+        "bth": {"opcode": bth.opcode, "se": bth.solicited, "migreq": bth.migreq,
+                "padcnt": bth.padcount, "tver": bth.version, "pkey": bth.pkey,
+                "fecn": bth.fecn, "becn": bth.becn, "resv6": bth.resv6, "dqpn": bth.dqpn,
+                "ackreq": bth.ackreq, "resv7": bth.resv7, "psn": bth.psn},
+        "reth": {"va": 0, "rkey": 0, "dma_length": 0},
+        "immdt": {"data": 0},
+        "aeth": {"syndrome": 0, "msn": 0},
+        "opclass": int(cls),
+        "payload_length": payload_length,
+        "verdict": int(H.Verdict.OK),
+    }
+    after = frame[H.EXT_OFFSET:]
+    if cls in (H.OpClass.RETH, H.OpClass.RETH_IMM, H.OpClass.READ_REQ):
+        reth = RETH(after[:16])
+        out["reth"] = {"va": reth.va, "rkey": reth.rkey, "dma_length": reth.dma_length}
+    if cls == H.OpClass.IMM:
+        out["immdt"] = {"data": ImmDt(after[:4]).data}
+    if cls == H.OpClass.RETH_IMM:
+        out["immdt"] = {"data": ImmDt(after[16:20]).data}
+    if cls in (H.OpClass.AETH, H.OpClass.ACK):
+        aeth = AETH(after[:4])
+        out["aeth"] = {"syndrome": aeth.syndrome, "msn": aeth.msn}
+    return out
+
+
+def payload_of(frame: bytes) -> bytes:
+    fields = header_fields(frame)
+    start = H.EXT_OFFSET + H.EXT_LENGTH[H.OpClass(fields["opclass"])]
+    return frame[start : start + fields["payload_length"]]
+
+
+def _ip(text: str) -> int:
+    return int.from_bytes(bytes(int(x) for x in text.split(".")), "big")
+
+
+def sweep(rng: random.Random, sizes) -> list[bytes]:
+    """Frames of every opcode class over `sizes`, classes taken in turn."""
+    classes = [op for ops in CLASS_OPCODES.values() for op in ops]
+    frames = []
+    for n, size in enumerate(sizes):
+        opcode = classes[n % len(classes)]
+        payload = bytes(rng.randrange(256) for _ in range(size))
+        frames.append(bytes(roce_frame(opcode, payload, rng=rng, psn=n)))
+    return frames

@@ -1,0 +1,37 @@
+"""The datapath of one port, in cocotb on Verilator (and Icarus when installed)."""
+
+import pytest
+
+from tests.conftest import SIMULATORS, run_cocotb
+
+
+@pytest.mark.parametrize("mode", ["none", "both"])
+def test_roundtrip(width, mode):
+    run_cocotb("cocotb_datapath", "datapath", "roundtrip", width=width,
+               env={"NETAGG_MODE": mode})
+
+
+@pytest.mark.parametrize("mode", ["idle", "backpressure"])
+def test_parser_output(width, mode):
+    run_cocotb("cocotb_datapath", "datapath", "parser_output", width=width,
+               env={"NETAGG_MODE": mode})
+
+
+@pytest.mark.parametrize("mode", ["idle", "backpressure"])
+def test_deparser_output(width, mode):
+    run_cocotb("cocotb_datapath", "datapath", "deparser_output", width=width,
+               env={"NETAGG_MODE": mode})
+
+
+def test_corrupted_frames(width):
+    run_cocotb("cocotb_datapath", "datapath", "corrupted_frames", width=width)
+
+
+def test_line_rate(width):
+    run_cocotb("cocotb_datapath", "datapath", "line_rate", width=width)
+
+
+@pytest.mark.parametrize("simulator", SIMULATORS)
+def test_roundtrip_on_each_simulator(simulator):
+    run_cocotb("cocotb_datapath", "datapath", "roundtrip", simulator=simulator, width=128,
+               env={"NETAGG_MODE": "both"})
