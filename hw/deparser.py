@@ -91,7 +91,9 @@ class Deparser(wiring.Component):
                 m.d.comb += ext.eq(H.to_wire(entry.immdt))
             with m.Case(H.OpClass.AETH, H.OpClass.ACK):
                 m.d.comb += ext.eq(H.to_wire(entry.aeth))
-        wire = Cat(H.to_wire(entry.eth), H.to_wire(ip_sent), H.to_wire(udp), H.to_wire(bth), ext)
+        wire = Signal(unsigned(8 * H.MAX_HEADER_LENGTH))
+        m.d.comb += wire.eq(
+            Cat(H.to_wire(entry.eth), H.to_wire(ip_sent), H.to_wire(udp), H.to_wire(bth), ext))
 
         # Payload beats: out beat k carries payload beat k - header_beats from lane `shift`
         # on, and the top `shift` bytes of the beat before it below.

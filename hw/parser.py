@@ -54,11 +54,11 @@ class Parser(wiring.Component):
         # in the beat that brings them.
         cap_beats = -(-H.MAX_HEADER_LENGTH // nb)
         captured = Signal(unsigned(cap_beats * nb * 8))
-        now = []
-        for p in range(H.MAX_HEADER_LENGTH):
-            k, lane = divmod(p, nb)
-            reg = captured[8 * p : 8 * p + 8]
-            now.append(Mux(index == k, beat.data[8 * lane : 8 * lane + 8], reg))
+        seen = Signal(unsigned(8 * H.MAX_HEADER_LENGTH))
+        for k in range(cap_beats):
+            lo, hi = k * self.width, min((k + 1) * self.width, len(seen))
+            m.d.comb += seen[lo:hi].eq(Mux(index == k, beat.data[: hi - lo], captured[lo:hi]))
+        now = [seen[8 * p : 8 * p + 8] for p in range(H.MAX_HEADER_LENGTH)]
         for k in range(cap_beats):
             with m.If(fire & (index == k)):
                 m.d.sync += captured[k * self.width : (k + 1) * self.width].eq(beat.data)

@@ -7,8 +7,10 @@ tests and benchmarks rebuild only what changed.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from .toolchain import cache_dir, ensure_verilator
@@ -46,10 +48,10 @@ def verilog(top: str, **params) -> Path:
     out_dir = cache_dir() / "verilog"
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{build_key(top, params, 'v')}.v"
-    if not path.exists():
+    if not path.exists():  # written atomically: parallel writers produce the same text
         design = TOPS[top](**params)
         text = amaranth_verilog.convert(design, name=TOPLEVEL, ports=design.ports())
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(text)
         tmp.replace(path)
     return path
@@ -57,8 +59,6 @@ def verilog(top: str, **params) -> Path:
 
 def cocotb_runner(top: str, simulator: str = "verilator", waves: bool = False, **params):
     """A cocotb runner with the top built for `simulator`; returns (runner, build_dir)."""
-    import os
-
     from cocotb_tools.runner import get_runner
 
     if simulator == "verilator":
@@ -69,20 +69,16 @@ def cocotb_runner(top: str, simulator: str = "verilator", waves: bool = False, *
     key = build_key(top, {**params, "waves": int(waves)}, simulator)
     build_dir = cache_dir() / "builds" / key
     runner = get_runner(simulator)
-    stamp = build_dir / "netagg.built"
-    if not stamp.exists():
-        build_args = list(VERILATOR_ARGS) if simulator == "verilator" else []
-        if simulator == "verilator" and waves:
-            build_args += ["--trace-fst", "--trace-structs"]
+    build_args = list(VERILATOR_ARGS) if simulator == "verilator" else []
+    if simulator == "verilator" and waves:
+        build_args += ["--trace-fst", "--trace-structs"]
+    # always=False: the runner rebuilds only when the Verilog is newer than the build. The
+    # lock keeps parallel test workers from building the same top at once.
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir.parent / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         runner.build(
             sources=[source], hdl_toplevel=TOPLEVEL, build_dir=build_dir,
-            build_args=build_args, waves=waves, always=True, timescale=("1ns", "1ps"),
+            build_args=build_args, waves=waves, always=False, timescale=("1ns", "1ps"),
         )
-        stamp.write_text(source.name)
-    else:
-        # A runner that did not build must still know where the build is.
-        runner.build_dir = build_dir
-        runner.hdl_toplevel = TOPLEVEL
-        runner.sources = [source]
-        runner.waves = waves
     return runner, build_dir

@@ -116,17 +116,20 @@ class DatapathTop(Elaboratable):
 
 
 class IcrcTop(Elaboratable):
-    """The ICRC engine alone: drive a frame beat by beat with the region's end."""
+    """The ICRC engine alone: drive a frame beat by beat with the region's end.
+
+    (Ports avoid the name `final`, which Verilator's C++ model already uses.)
+    """
 
     def __init__(self, width: int):
         self.width = width
         self.valid = Signal(name="valid")
         self.data = Signal(width, name="data")
         self.last = Signal(name="last")
-        self.end = Signal(16, name="end")
-        self.final = Signal(32, name="final")
-        self.ok = Signal(name="ok")
-        self.in_region_end = Signal(name="in_region_end")
+        self.end = Signal(16, name="region_end")
+        self.final = Signal(32, name="crc_state")
+        self.ok = Signal(name="check_ok")
+        self.in_region_end = Signal(name="at_end")
 
     def ports(self):
         return [self.valid, self.data, self.last, self.end, self.final, self.ok,

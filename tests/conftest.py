@@ -1,5 +1,6 @@
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,13 +32,23 @@ def run_cocotb(module: str, top: str, testcase: str, simulator: str = "verilator
         "NETAGG_WIDTH": str(params.get("width", 64)),
         **(env or {}),
     }
+    test_dir = Path(tempfile.mkdtemp(prefix=f"{testcase.split(',')[0]}-", dir=build_dir))
     runner.test(
         test_module=f"tests.{module}", hdl_toplevel="top", testcase=testcase,
-        build_dir=build_dir, test_dir=build_dir, extra_env=extra_env, waves=waves,
-        results_xml=f"{testcase}.{os.getpid()}.xml",
+        build_dir=build_dir, test_dir=test_dir, extra_env=extra_env, waves=waves,
+        results_xml=str(test_dir / "results.xml"),
     )
 
 
 @pytest.fixture(params=WIDTHS, ids=lambda w: f"w{w}")
 def width(request):
     return request.param
+
+
+def pytest_collection_modifyitems(items):
+    """Keep tests of one build on one xdist worker (`--dist loadgroup`): each worker then
+    builds its own tops, in parallel with the other."""
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        group = f"w{params['width']}" if "width" in params else params.get("simulator", "misc")
+        item.add_marker(pytest.mark.xdist_group(str(group)))

@@ -90,14 +90,15 @@ class HeaderSink:
 
 
 class DatapathTB:
-    def __init__(self, dut, loopback: bool, idle=0.0, backpressure=0.0, seed=0):
+    def __init__(self, dut, loopback: bool, idle=0.0, backpressure=0.0, seed=0, source=True):
         self.dut = dut
         self.rng = random.Random(seed)
         cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
         dut.loopback.value = int(loopback)
-        self.source = AxiStreamSource(AxiStreamBus.from_prefix(dut, "rx"), dut.clk, dut.rst)
+        if source:
+            self.source = AxiStreamSource(AxiStreamBus.from_prefix(dut, "rx"), dut.clk, dut.rst)
         self.sink = AxiStreamSink(AxiStreamBus.from_prefix(dut, "tx"), dut.clk, dut.rst)
-        if idle:
+        if idle and source:
             self.source.set_pause_generator(pauses(random.Random(seed + 1), idle))
         if backpressure:
             self.sink.set_pause_generator(pauses(random.Random(seed + 2), backpressure))

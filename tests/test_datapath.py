@@ -35,3 +35,7 @@ def test_line_rate(width):
 def test_roundtrip_on_each_simulator(simulator):
     run_cocotb("cocotb_datapath", "datapath", "roundtrip", simulator=simulator, width=128,
                env={"NETAGG_MODE": "both"})
+
+
+def test_icrc_engine(width):
+    run_cocotb("cocotb_icrc", "icrc", "icrc_matches_scapy,crc_of_random_bytes", width=width)
