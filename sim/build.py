@@ -25,10 +25,10 @@ VERILATOR_ARGS = [
 
 def _source_hash() -> str:
     digest = hashlib.sha256()
-    for path in sorted([*(ROOT / "hw").rglob("*.py"), ROOT / "sim" / "tops.py",
-                        ROOT / "sim" / "build.py"]):
+    for path in sorted([*(ROOT / "hw").rglob("*.py"), ROOT / "sim" / "tops.py"]):
         digest.update(path.relative_to(ROOT).as_posix().encode())
         digest.update(path.read_bytes())
+    digest.update(" ".join(VERILATOR_ARGS).encode())
     return digest.hexdigest()
 
 
