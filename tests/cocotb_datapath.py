@@ -149,7 +149,7 @@ def corruptions(rng: random.Random):
         ("RETH", _edit(base, 60, "!B", lambda v: v ^ 4), V.BAD_ICRC),
         ("IP source", _edit(base, 26, "!B", lambda v: v ^ 1), V.BAD_ICRC),
     ]
-    for n in range(12):
+    for _ in range(12):
         bit = rng.randrange(8 * (len(base) - 74)) + 8 * 74   # payload or ICRC
         flipped = bytearray(base)
         flipped[bit // 8] ^= 1 << (bit % 8)
@@ -173,7 +173,7 @@ async def corrupted_frames(dut):
     rng = random.Random(WIDTH + 3)
     cases = corruptions(rng)
     good, expected = [], {v.name: 0 for v in V if v != V.OK}
-    for n, (name, bad, verdict) in enumerate(cases):
+    for n, (_, bad, verdict) in enumerate(cases):
         before = bytes(F.roce_frame(0x0A, bytes(rng.randrange(256) for _ in range(n % 70)),
                                     rng=rng, psn=2 * n))
         after = bytes(F.roce_frame(0x04, bytes(rng.randrange(256) for _ in range(n % 33)),

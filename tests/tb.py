@@ -25,7 +25,7 @@ def pauses(rng: random.Random, fraction: float):
 def layout_to_dict(value) -> dict:
     """A data.Const of a struct layout as nested dicts of ints."""
     out = {}
-    for name, field in value.shape():
+    for name, _ in value.shape():
         item = getattr(value, name)
         out[name] = layout_to_dict(item) if hasattr(item, "shape") and hasattr(
             item.shape(), "__iter__") else int(item)
