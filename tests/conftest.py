@@ -40,7 +40,13 @@ def run_cocotb(module: str, top: str, testcase: str, simulator: str = "verilator
     )
 
 
-@pytest.fixture(params=WIDTHS, ids=lambda w: f"w{w}")
+# The default run covers 64 bits; the other widths are the slow set (`pytest -m slow`), as
+# each needs a Verilator build of its own of several minutes on two cores.
+DEFAULT_WIDTHS = (64,)
+
+
+@pytest.fixture(params=[w if w in DEFAULT_WIDTHS else pytest.param(w, marks=pytest.mark.slow)
+                        for w in WIDTHS], ids=lambda w: f"w{w}")
 def width(request):
     return request.param
 

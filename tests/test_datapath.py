@@ -33,7 +33,7 @@ def test_line_rate(width):
 
 @pytest.mark.parametrize("simulator", SIMULATORS)
 def test_roundtrip_on_each_simulator(simulator):
-    run_cocotb("cocotb_datapath", "datapath", "roundtrip", simulator=simulator, width=128,
+    run_cocotb("cocotb_datapath", "datapath", "roundtrip", simulator=simulator, width=64,
                env={"NETAGG_MODE": "both"})
 
 
