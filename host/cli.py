@@ -21,6 +21,8 @@ def bench_datapath(widths, quiet: bool) -> dict:
     from sim.build import cocotb_runner
 
     console = Console(stderr=True, quiet=quiet)
+    if str(ROOT) not in sys.path:   # the runner hands sys.path to the simulator's Python
+        sys.path.insert(0, str(ROOT))
     results = {}
     for width in widths:
         with console.status(f"width {width}: building (cached after the first run) ..."):
