@@ -28,7 +28,6 @@ class ImmDt(Packet):
     fields_desc = [XIntField("data", 0)]
 
 
-OPCODES = sorted(H.OPCODE_CLASSES)
 # One opcode of each class, RC and UC, for sweeps.
 CLASS_OPCODES = {
     H.OpClass.NONE: [0x04, 0x24, 0x07, 0x0E, 0x81],
@@ -75,14 +74,6 @@ def roce_frame(opcode: int = 0x0A, payload: bytes = b"", *, rng: random.Random |
     if payload or pad:
         pkt = pkt / Raw(payload + bytes(pad))
     return pkt
-
-
-def frame_bytes(pkt) -> bytes:
-    return bytes(pkt)
-
-
-def icrc_of(frame: bytes) -> bytes:
-    return frame[-4:]
 
 
 def header_fields(frame: bytes) -> dict:

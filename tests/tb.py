@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 import random
 
@@ -142,6 +141,3 @@ class DatapathTB:
         """A generous bound on the cycles a list of frames needs."""
         beats = sum(len(f) // (WIDTH // 8) + 2 for f in frames)
         return 20 * beats + 2000
-
-
-__all__ = ["WIDTH", "DatapathTB", "pack_header", "unpack_header", "pauses", "itertools"]
