@@ -1,0 +1,379 @@
+"""netagg's wire format, software side: the one place the host and the golden model build and
+read packets. The gateware declares the same format in `hw.headers`; tests check both against
+scapy's RoCEv2.
+
+Every packet is a RoCEv2 frame (Ethernet, IPv4 without options, UDP to 4791, BTH, ...).
+
+Contribution, worker -> switch: UC RDMA WRITE Only with Immediate (opcode 0x2B).
+    RETH.va          byte offset of this chunk in the result buffer (the switch adds the
+                     worker's base address from the job table)
+    RETH.rkey        ignored (the worker's R_Key comes from the job table)
+    RETH.dma_length  payload length
+    ImmDt            REQUEST_IMM: job 4 | rank 5 | version 1 | slot 12 | exponent 8 (signed)
+                     | droppable 1 | reserved 1   (most significant first)
+    payload          int32 lanes, little-endian, 4..MAX_PAYLOAD bytes
+    IPv4 DSCP        priority (0 lowest)
+
+Result, switch -> each contributor: UC RDMA WRITE Only with Immediate (0x2B) addressed from the
+job table: worker MAC/IP/UDP port/QPN/R_Key, PSN from a per-worker counter, RETH.va = base +
+offset, RETH.dma_length = payload length.
+    ImmDt            RESULT_IMM: job 4 | count 6 | version 1 | slot 12 | exponent 8 (max over
+                     contributions) | overflow 1
+    payload          the saturated int32 sums, little-endian
+
+Control, host -> switch: UC SEND Only (0x24) to QPN CONTROL_QPN; payload: records of 8 bytes,
+(address u32 big-endian, bit 31 = write; value u32 big-endian), 1..MAX_CONTROL_RECORDS. The
+switch answers to the sender with a SEND Only to CONTROL_QPN, the request's PSN, the addresses
+and source/destination swapped, and each record's value replaced by the register's value after
+the record was applied.
+
+Frames that the switch builds use a canonical IPv4 header (identification 0, DF, TTL 64),
+and so does a host that sends over a UDP socket and computes its ICRC for that header.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import struct
+import zlib
+
+ROCEV2_PORT = 4791
+OP_SEND_ONLY_UC = 0x24
+OP_WRITE_ONLY_IMM_UC = 0x2B
+OP_CONTRIBUTION = OP_RESULT = OP_WRITE_ONLY_IMM_UC
+OP_CONTROL = OP_SEND_ONLY_UC
+CONTROL_QPN = 0x000001
+PKEY_DEFAULT = 0xFFFF
+TTL = 64
+IP_FLAGS_DF = 0x4000              # flags/fragment offset word with Don't Fragment set
+MAX_PAYLOAD = 1024
+MAX_CONTROL_RECORDS = 64
+MAX_WORKERS = 32
+MAX_JOBS = 16
+MAX_SLOTS = 4096                  # per version; a slot has two copies (version 0 and 1)
+
+ETH_LEN, IP_LEN, UDP_LEN, BTH_LEN, RETH_LEN, IMM_LEN, ICRC_LEN = 14, 20, 8, 12, 16, 4, 4
+IP_OFFSET = ETH_LEN
+UDP_OFFSET = IP_OFFSET + IP_LEN
+BTH_OFFSET = UDP_OFFSET + UDP_LEN
+
+
+def _bits(fields):
+    """(name, shift, width) of fields listed most significant first in a 32-bit word."""
+    out, pos = [], 32
+    for name, width in fields:
+        pos -= width
+        out.append((name, pos, width))
+    assert pos == 0
+    return out
+
+
+REQUEST_IMM = _bits([("job", 4), ("rank", 5), ("version", 1), ("slot", 12), ("exponent", 8),
+                     ("droppable", 1), ("reserved", 1)])
+RESULT_IMM = _bits([("job", 4), ("count", 6), ("version", 1), ("slot", 12), ("exponent", 8),
+                    ("overflow", 1)])
+SIGNED_FIELDS = {"exponent"}
+
+
+def pack_imm(layout, **values) -> int:
+    word = 0
+    for name, shift, width in layout:
+        v = values.get(name, 0)
+        signed = name in SIGNED_FIELDS
+        lo, hi = (-(1 << (width - 1)), 1 << (width - 1)) if signed else (0, 1 << width)
+        if not lo <= v < hi:
+            raise ValueError(f"{name}={v} does not fit in {width} bits")
+        word |= (v & ((1 << width) - 1)) << shift
+    return word
+
+
+def unpack_imm(layout, word: int) -> dict:
+    out = {}
+    for name, shift, width in layout:
+        v = (word >> shift) & ((1 << width) - 1)
+        if name in SIGNED_FIELDS and v >> (width - 1):
+            v -= 1 << width
+        out[name] = v
+    return out
+
+
+# --- registers (word addresses; every register is 32 bits) -------------------------------
+
+MAGIC = 0x4E414747          # "NAGG"
+REG_MAGIC = 0x0000          # ro
+REG_PARAMS = 0x0001         # ro: ports [31:24], jobs [23:16], max workers [15:8], width/64 [7:0]
+REG_SLOTS = 0x0002          # ro: slots per version
+REG_MAX_PAYLOAD = 0x0003    # ro: bytes
+REG_MAC_HI = 0x0004         # rw: switch MAC bits 47:32 (source of results)
+REG_MAC_LO = 0x0005         # rw: switch MAC bits 31:0
+REG_IP = 0x0006             # rw: switch IPv4 address (source of results)
+REG_UDP_SPORT = 0x0007      # rw: UDP source port of results (reset 0xC000)
+
+JOB_BASE, JOB_STRIDE = 0x1000, 0x200
+JOB_CONFIG = 0x00           # rw: enable [31], workers [5:0]; a write resets the job's PSNs
+JOB_SLOT_BASE = 0x01        # rw: first slot of the job
+JOB_SLOT_COUNT = 0x02       # rw: slots of the job (slot numbers 0..count-1 in packets)
+WORKER_BASE, WORKER_STRIDE = 0x20, 8
+WORKER_PORT = 0             # rw: switch port [19:16], UDP port [15:0]
+WORKER_MAC_HI = 1           # rw: bits 47:32
+WORKER_MAC_LO = 2
+WORKER_IP = 3
+WORKER_QPN = 4              # rw: 24 bits
+WORKER_RKEY = 5
+WORKER_VA_HI = 6
+WORKER_VA_LO = 7
+
+PORT_COUNTERS_BASE, PORT_COUNTERS_STRIDE = 0x4000, 0x20
+JOB_COUNTERS_BASE, JOB_COUNTERS_STRIDE = 0x6000, 0x20
+# Counters are read-only, 32 bits, wrapping. Per port: frames the parser passed, frames sent,
+# frames dropped by the parser's verdict (hw.headers.Verdict order, OK excluded), and drops
+# after the parser. Per job: what the aggregator did with the job's packets.
+PORT_COUNTERS = (
+    "rx", "tx",
+    "drop_not_roce", "drop_truncated", "drop_bad_length", "drop_bad_ip_checksum",
+    "drop_bad_opcode", "drop_bad_icrc", "drop_oversize",
+    "drop_unhandled",      # good RoCEv2, but neither a contribution nor a control request
+    "drop_bad_job",        # a contribution for a job that does not exist or is disabled
+    "drop_bad_payload",    # contribution/control payload length not allowed
+    "control",             # control requests served
+)
+JOB_COUNTERS = (
+    "contributions",       # contributions added to a slot
+    "completed",           # slots completed
+    "duplicates",          # contributions already counted, slot not complete: dropped
+    "replays",             # contributions already counted, slot complete: result sent again
+    "overflows",           # slots completed with a saturated lane
+    "drop_bad_slot",       # slot number outside the job's range
+    "drop_bad_worker",     # rank outside the job, or source IP not the rank's
+    "drop_bad_length",     # payload length differs from the slot's other contributions
+    "results",             # result packets sent
+)
+
+
+def job_reg(job: int, offset: int) -> int:
+    return JOB_BASE + job * JOB_STRIDE + offset
+
+
+def worker_reg(job: int, rank: int, offset: int) -> int:
+    return job_reg(job, WORKER_BASE + rank * WORKER_STRIDE + offset)
+
+
+def port_counter(port: int, name: str) -> int:
+    return PORT_COUNTERS_BASE + port * PORT_COUNTERS_STRIDE + PORT_COUNTERS.index(name)
+
+
+def job_counter(job: int, name: str) -> int:
+    return JOB_COUNTERS_BASE + job * JOB_COUNTERS_STRIDE + JOB_COUNTERS.index(name)
+
+
+WRITE = 1 << 31
+
+
+def pack_records(records) -> bytes:
+    """Control payload from (address, value) pairs; an address with WRITE set writes."""
+    return b"".join(struct.pack(">II", a, v & 0xFFFFFFFF) for a, v in records)
+
+
+def unpack_records(payload: bytes):
+    if len(payload) % 8:
+        raise ValueError(f"control payload of {len(payload)} bytes is not whole records")
+    return [struct.unpack_from(">II", payload, i) for i in range(0, len(payload), 8)]
+
+
+# --- frames ------------------------------------------------------------------------------
+
+def ip_to_int(ip) -> int:
+    return int(ipaddress.IPv4Address(ip))
+
+
+def mac_to_int(mac) -> int:
+    return mac if isinstance(mac, int) else int(mac.replace(":", ""), 16)
+
+
+def ipv4_checksum(header: bytes) -> int:
+    total = sum(struct.unpack(f"!{len(header) // 2}H", header))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def icrc(ip_udp: bytes, transport: bytes) -> int:
+    """The ICRC of a packet: `ip_udp` its IPv4 and UDP headers (28 bytes), `transport` the BTH
+    onwards (payload and pad included, ICRC excluded). Masked fields are set to 0xFF here."""
+    ip = bytearray(ip_udp[:IP_LEN])
+    ip[1] = ip[8] = ip[10] = ip[11] = 0xFF
+    udp = bytearray(ip_udp[IP_LEN:IP_LEN + UDP_LEN])
+    udp[6] = udp[7] = 0xFF
+    bth = bytearray(transport[:BTH_LEN])
+    bth[4] = 0xFF
+    return zlib.crc32(b"\xff" * 8 + ip + udp + bth + transport[BTH_LEN:])
+
+
+def ip_udp_header(src, dst, sport: int, dport: int, udp_payload_len: int, dscp: int = 0) -> bytes:
+    """The canonical IPv4 (identification 0, DF, TTL 64, checksum computed) and UDP
+    (checksum 0) headers for a datagram of `udp_payload_len` bytes."""
+    total = IP_LEN + UDP_LEN + udp_payload_len
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, dscp << 2, total, 0, IP_FLAGS_DF, TTL, 17, 0,
+                     ipaddress.IPv4Address(src).packed, ipaddress.IPv4Address(dst).packed)
+    ip = ip[:10] + struct.pack("!H", ipv4_checksum(ip)) + ip[12:]
+    return ip + struct.pack("!HHHH", sport, dport, UDP_LEN + udp_payload_len, 0)
+
+
+def bth(opcode: int, dqpn: int, psn: int, padcnt: int = 0, pkey: int = PKEY_DEFAULT) -> bytes:
+    return struct.pack("!BBHII", opcode, padcnt << 4, pkey, dqpn & 0xFFFFFF, psn & 0xFFFFFF)
+
+
+def reth(va: int, rkey: int, length: int) -> bytes:
+    return struct.pack("!QII", va & (2**64 - 1), rkey & 0xFFFFFFFF, length)
+
+
+@dataclasses.dataclass
+class Endpoint:
+    """Where a packet comes from or goes to."""
+
+    ip: str
+    port: int = ROCEV2_PORT
+    mac: int = 0
+
+
+@dataclasses.dataclass
+class Packet:
+    """A netagg packet as software sees it: the fields that matter, read from or for a frame."""
+
+    opcode: int
+    dqpn: int
+    psn: int
+    payload: bytes = b""
+    va: int | None = None           # RETH, for WRITE packets
+    rkey: int = 0
+    dma_length: int | None = None
+    imm: int | None = None
+    src: Endpoint | None = None
+    dst: Endpoint | None = None
+    dscp: int = 0
+
+    def transport(self) -> bytes:
+        """BTH onwards, without the ICRC."""
+        pad = -len(self.payload) % 4
+        out = bth(self.opcode, self.dqpn, self.psn, pad)
+        if self.va is not None:
+            length = len(self.payload) if self.dma_length is None else self.dma_length
+            out += reth(self.va, self.rkey, length)
+        if self.imm is not None:
+            out += struct.pack("!I", self.imm)
+        return out + self.payload + bytes(pad)
+
+    def datagram(self) -> bytes:
+        """The UDP payload (BTH .. ICRC) for a sender whose kernel builds the canonical IPv4
+        and UDP headers (see `ip_udp_header`)."""
+        body = self.transport()
+        hdr = ip_udp_header(self.src.ip, self.dst.ip, self.src.port, self.dst.port,
+                            len(body) + ICRC_LEN, self.dscp)
+        return body + struct.pack("<I", icrc(hdr, body))
+
+    def frame(self) -> bytes:
+        """The whole Ethernet frame (no FCS)."""
+        return wrap_datagram(self.src, self.dst, self.datagram(), self.dscp)
+
+
+class WireError(ValueError):
+    """A frame or datagram that is not a well-formed netagg packet."""
+
+
+_HAS_RETH = {0x06, 0x0A, 0x0B, 0x26, 0x2A, 0x2B}
+_HAS_IMM = {0x03, 0x05, 0x09, 0x0B, 0x23, 0x25, 0x29, 0x2B}
+
+
+def parse_transport(body: bytes, src: Endpoint | None = None, dst: Endpoint | None = None,
+                    ip_udp: bytes | None = None, dscp: int = 0) -> Packet:
+    """Read BTH .. ICRC. When `ip_udp` (the packet's IPv4 and UDP headers) is given, the
+    ICRC is checked against it; else against the canonical headers for `src` and `dst`."""
+    if len(body) < BTH_LEN + ICRC_LEN:
+        raise WireError(f"{len(body)} bytes is too short for a BTH and an ICRC")
+    opcode, flags, _pkey, dqpn, psn = struct.unpack_from("!BBHII", body)
+    if flags & 0x0F:
+        raise WireError("BTH transport version is not 0")
+    padcnt = (flags >> 4) & 3
+    pos = BTH_LEN
+    pkt = Packet(opcode=opcode, dqpn=dqpn & 0xFFFFFF, psn=psn & 0xFFFFFF, src=src, dst=dst,
+                 dscp=dscp)
+    if opcode in _HAS_RETH:
+        if len(body) < pos + RETH_LEN + ICRC_LEN:
+            raise WireError("truncated RETH")
+        pkt.va, pkt.rkey, pkt.dma_length = struct.unpack_from("!QII", body, pos)
+        pos += RETH_LEN
+    if opcode in _HAS_IMM:
+        if len(body) < pos + IMM_LEN + ICRC_LEN:
+            raise WireError("truncated ImmDt")
+        (pkt.imm,) = struct.unpack_from("!I", body, pos)
+        pos += IMM_LEN
+    end = len(body) - ICRC_LEN
+    if end - pos < padcnt:
+        raise WireError("PadCnt larger than the payload")
+    pkt.payload = body[pos:end - padcnt]
+    if ip_udp is None:
+        if src is None or dst is None:
+            raise WireError("the ICRC needs the packet's addresses")
+        ip_udp = ip_udp_header(src.ip, dst.ip, src.port, dst.port, len(body), dscp)
+    (got,) = struct.unpack_from("<I", body, end)
+    if got != icrc(ip_udp, body[:end]):
+        raise WireError("bad ICRC")
+    return pkt
+
+
+def parse_frame(frame: bytes) -> Packet:
+    """Read a whole Ethernet frame (no FCS) of RoCEv2 over IPv4, checking lengths and ICRC."""
+    if len(frame) < BTH_OFFSET + BTH_LEN + ICRC_LEN:
+        raise WireError(f"frame of {len(frame)} bytes is too short for RoCEv2")
+    if frame[12:14] != b"\x08\x00" or frame[IP_OFFSET] != 0x45:
+        raise WireError("not IPv4 without options")
+    total = struct.unpack_from("!H", frame, IP_OFFSET + 2)[0]
+    if frame[IP_OFFSET + 9] != 17 or total > len(frame) - ETH_LEN:
+        raise WireError("not UDP, or IPv4 length beyond the frame")
+    sport, dport, ulen = struct.unpack_from("!HHH", frame, UDP_OFFSET)
+    if ulen + IP_LEN != total:
+        raise WireError("UDP length disagrees with the IPv4 length")
+    src = Endpoint(str(ipaddress.IPv4Address(frame[IP_OFFSET + 12:IP_OFFSET + 16])), sport,
+                   int.from_bytes(frame[6:12], "big"))
+    dst = Endpoint(str(ipaddress.IPv4Address(frame[IP_OFFSET + 16:IP_OFFSET + 20])), dport,
+                   int.from_bytes(frame[0:6], "big"))
+    end = ETH_LEN + total
+    return parse_transport(frame[BTH_OFFSET:end], src, dst, ip_udp=frame[IP_OFFSET:BTH_OFFSET],
+                           dscp=frame[IP_OFFSET + 1] >> 2)
+
+
+def strip_frame(frame: bytes):
+    """(source, destination, UDP payload) of a frame, for a bridge that carries datagrams."""
+    total = struct.unpack_from("!H", frame, IP_OFFSET + 2)[0]
+    sport, dport = struct.unpack_from("!HH", frame, UDP_OFFSET)
+    src = Endpoint(str(ipaddress.IPv4Address(frame[IP_OFFSET + 12:IP_OFFSET + 16])), sport,
+                   int.from_bytes(frame[6:12], "big"))
+    dst = Endpoint(str(ipaddress.IPv4Address(frame[IP_OFFSET + 16:IP_OFFSET + 20])), dport,
+                   int.from_bytes(frame[0:6], "big"))
+    return src, dst, frame[BTH_OFFSET:ETH_LEN + total]
+
+
+def wrap_datagram(src: Endpoint, dst: Endpoint, datagram: bytes, dscp: int = 0) -> bytes:
+    """The Ethernet frame a bridge injects for a UDP datagram, with the canonical headers."""
+    hdr = ip_udp_header(src.ip, dst.ip, src.port, dst.port, len(datagram), dscp)
+    eth = mac_to_int(dst.mac).to_bytes(6, "big") + mac_to_int(src.mac).to_bytes(6, "big")
+    return eth + b"\x08\x00" + hdr + datagram
+
+
+def contribution(*, job: int, rank: int, slot: int, version: int, offset: int,
+                 lanes: bytes, psn: int, src: Endpoint, dst: Endpoint, exponent: int = 0,
+                 droppable: bool = False, dscp: int = 0, dqpn: int = 2) -> Packet:
+    """A contribution packet: `lanes` are the little-endian int32 values."""
+    if not 4 <= len(lanes) <= MAX_PAYLOAD or len(lanes) % 4:
+        raise ValueError(f"a contribution carries 4..{MAX_PAYLOAD} bytes of int32 lanes")
+    imm = pack_imm(REQUEST_IMM, job=job, rank=rank, version=version, slot=slot,
+                   exponent=exponent, droppable=int(droppable))
+    return Packet(OP_CONTRIBUTION, dqpn, psn, lanes, va=offset, rkey=0, imm=imm, src=src,
+                  dst=dst, dscp=dscp)
+
+
+def control_request(records, psn: int, src: Endpoint, dst: Endpoint) -> Packet:
+    if not 1 <= len(records) <= MAX_CONTROL_RECORDS:
+        raise ValueError(f"a control request carries 1..{MAX_CONTROL_RECORDS} records")
+    return Packet(OP_CONTROL, CONTROL_QPN, psn, pack_records(records), src=src, dst=dst)

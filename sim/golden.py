@@ -1,0 +1,420 @@
+"""The golden model: a plain-Python, bit-exact description of what the switch does.
+
+Frames in, frames out. `GoldenSwitch.receive(port, frame)` applies one frame, in the order the
+switch commits frames (the end of the frame, then the lower port first), and returns the
+frames it sends as (port, frame) pairs; on each port they leave in that order. The RTL is
+checked against this model, and the host can use it as a switch where no compiler is
+available (`send`/`run` is the interface every backend has).
+
+What the switch does, frame by frame:
+
+1. The parser's checks (`hw.parser`), with the same verdicts; a frame that fails is dropped
+   and counted on its port by reason (`drop_<verdict>`). A good frame counts `rx`.
+2. Classification: opcode 0x2B (UC RDMA WRITE Only with Immediate) is a contribution; opcode
+   0x24 (UC SEND Only) to QPN 1 is a control request; anything else is `drop_unhandled`.
+3. A control request whose payload is not 1..64 whole records is `drop_bad_payload`; else
+   each record is applied in order and the reply (`host.wire`) goes out of the same port.
+4. A contribution is checked in this order: payload 4..max_payload bytes, a multiple of 4,
+   equal to RETH.dma_length (else `drop_bad_payload`, port); job below `jobs` and enabled
+   (else `drop_bad_job`, port); rank below the job's workers and source IP the rank's (else
+   `drop_bad_worker`, job); slot below the job's slot count and inside the pool (else
+   `drop_bad_slot`, job).
+5. Slot state, per (slot, version): the running sum (int32 lanes, saturating), the bitmap of
+   contributors, the payload length, the overflow flag and the exponent (signed, maximum).
+   and a count of contributions that returns to 0 when the use completes (as SwitchML's).
+   - bit already set: if the count is 0 (the use completed), the result goes again to this
+     worker alone (`replays`), else the packet is dropped (`duplicates`);
+   - count 0: this is the first contribution of a new use: the sum, length, exponent and
+     overflow are overwritten;
+   - else a different length is `drop_bad_length`; otherwise the lanes are added;
+   - the worker's bit is set in this version and cleared in the other (shadow copy), and the
+     count goes up.
+   When the count reaches the job's workers, it returns to 0, the use is complete and the
+   result goes to every worker of the job, in rank order, each on the port its job-table
+   entry names; the result's count is the job's workers.
+   A worker reuses a slot with the other version only after it has the result of the current
+   use; then the copy it leaves is only overwritten after every worker has its result. As in
+   SwitchML, this is exact as long as the network does not deliver a contribution after
+   the next use of its slot has begun.
+6. A result is addressed from the job table: the worker's MAC, IP, UDP port, QPN and R_Key,
+   its own PSN (a counter per worker, reset by a write of the job's CONFIG), RETH.va = the
+   worker's base address + the contribution's RETH.va. A write of a job's CONFIG also clears
+   the slot state of the job's slot range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from collections import deque
+
+from host import wire as W
+
+# Parser verdicts, in hw.headers.Verdict's order (the model does not import the gateware).
+OK, NOT_ROCE, TRUNCATED, BAD_LENGTH, BAD_IP_CHECKSUM, BAD_OPCODE, BAD_ICRC, OVERSIZE = range(8)
+VERDICT_COUNTERS = {
+    NOT_ROCE: "drop_not_roce", TRUNCATED: "drop_truncated", BAD_LENGTH: "drop_bad_length",
+    BAD_IP_CHECKSUM: "drop_bad_ip_checksum", BAD_OPCODE: "drop_bad_opcode",
+    BAD_ICRC: "drop_bad_icrc", OVERSIZE: "drop_oversize",
+}
+MIN_ETHERNET_FRAME = 60
+
+# Extension header length after the BTH, by opcode, and opcodes that carry no payload.
+_RC_EXT = {0x00: 0, 0x01: 0, 0x02: 0, 0x03: 4, 0x04: 0, 0x05: 4, 0x06: 16, 0x07: 0, 0x08: 0,
+           0x09: 4, 0x0A: 16, 0x0B: 20, 0x0C: 16, 0x0D: 4, 0x0E: 0, 0x0F: 4, 0x10: 4, 0x11: 4}
+EXT_LENGTH = {**_RC_EXT, **{0x20 + op: n for op, n in _RC_EXT.items() if op <= 0x0B}, 0x81: 0}
+NO_PAYLOAD = {0x0C, 0x11}
+
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def _ones_sum(data: bytes) -> int:
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return total
+
+
+def parse(frame: bytes):
+    """The parser's verdict on a frame, and (opcode, payload offset, payload length)."""
+    n = len(frame)
+    if n < W.IP_OFFSET:
+        return TRUNCATED, None
+    if frame[12:14] != b"\x08\x00":
+        return NOT_ROCE, None
+    if n < W.UDP_OFFSET:
+        return TRUNCATED, None
+    ip = frame[W.IP_OFFSET:W.UDP_OFFSET]
+    flags_frag = struct.unpack_from("!H", ip, 6)[0]
+    if ip[0] != 0x45 or flags_frag & 0x3FFF or ip[9] != 17:
+        return NOT_ROCE, None
+    if _ones_sum(ip) != 0xFFFF:
+        return BAD_IP_CHECKSUM, None
+    if n < W.BTH_OFFSET:
+        return TRUNCATED, None
+    if struct.unpack_from("!H", frame, W.UDP_OFFSET + 2)[0] != W.ROCEV2_PORT:
+        return NOT_ROCE, None
+    if n < W.BTH_OFFSET + W.BTH_LEN:
+        return TRUNCATED, None
+    opcode, flags = frame[W.BTH_OFFSET], frame[W.BTH_OFFSET + 1]
+    if flags & 0x0F:
+        return NOT_ROCE, None
+    if opcode not in EXT_LENGTH:
+        return BAD_OPCODE, None
+    total = struct.unpack_from("!H", ip, 2)[0]
+    ip_end = W.IP_OFFSET + total
+    if n < ip_end:
+        return TRUNCATED, None
+    udp_length = struct.unpack_from("!H", frame, W.UDP_OFFSET + 4)[0]
+    ext = EXT_LENGTH[opcode]
+    fixed = W.UDP_LEN + W.BTH_LEN + W.ICRC_LEN
+    padded = udp_length - fixed - ext
+    padcnt = (flags >> 4) & 3
+    length_ok = n == ip_end or (n == MIN_ETHERNET_FRAME and ip_end < MIN_ETHERNET_FRAME)
+    if (not length_ok or udp_length != total - W.IP_LEN or padded < 0 or padded % 4
+            or padded < padcnt or (opcode in NO_PAYLOAD and padded)):
+        return BAD_LENGTH, None
+    body_end = ip_end - W.ICRC_LEN
+    got = struct.unpack_from("<I", frame, body_end)[0]
+    if got != W.icrc(frame[W.IP_OFFSET:W.BTH_OFFSET], frame[W.BTH_OFFSET:body_end]):
+        return BAD_ICRC, None
+    return OK, (opcode, W.BTH_OFFSET + W.BTH_LEN + ext, padded - padcnt)
+
+
+@dataclasses.dataclass
+class Worker:
+    port: int = 0
+    udp_port: int = 0
+    mac: int = 0
+    ip: int = 0
+    qpn: int = 0
+    rkey: int = 0
+    va: int = 0
+    psn: int = 0
+
+
+@dataclasses.dataclass
+class Job:
+    enable: bool = False
+    workers: int = 0
+    slot_base: int = 0
+    slot_count: int = 0
+    table: list = dataclasses.field(default_factory=list)
+
+    @property
+    def config(self) -> int:
+        return (int(self.enable) << 31) | self.workers
+
+
+@dataclasses.dataclass
+class SlotCopy:
+    """One version of a slot."""
+
+    bitmap: int = 0
+    count: int = 0
+    lanes: list = dataclasses.field(default_factory=list)
+    length: int = 0
+    exponent: int = 0
+    overflow: bool = False
+
+
+def _lanes(payload: bytes) -> list:
+    return list(struct.unpack(f"<{len(payload) // 4}i", payload))
+
+
+def _saturate(v: int) -> tuple[int, bool]:
+    if v > INT32_MAX:
+        return INT32_MAX, True
+    if v < INT32_MIN:
+        return INT32_MIN, True
+    return v, False
+
+
+class GoldenSwitch:
+    """The switch as a Python object. Parameters as the gateware's: `ports`, `jobs`,
+    `max_workers` (per job), `slots` (per version), `width` (reported in PARAMS only),
+    `max_payload` (bytes of lanes), `queue_capacity` (bytes of payload a port's queue holds:
+    a larger frame is OVERSIZE)."""
+
+    def __init__(self, ports: int = 4, jobs: int = 4, max_workers: int = 8, slots: int = 64,
+                 width: int = 64, max_payload: int = W.MAX_PAYLOAD,
+                 queue_capacity: int = 4096):
+        if not 2 <= ports <= 16:
+            raise ValueError(f"ports must be 2..16, not {ports}")
+        if not 1 <= jobs <= W.MAX_JOBS or not 1 <= max_workers <= W.MAX_WORKERS:
+            raise ValueError("jobs must be 1..16 and max_workers 1..32")
+        if not 1 <= slots <= W.MAX_SLOTS:
+            raise ValueError(f"slots must be 1..{W.MAX_SLOTS}")
+        self.ports, self.jobs, self.max_workers, self.slots = ports, jobs, max_workers, slots
+        self.width, self.max_payload, self.queue_capacity = width, max_payload, queue_capacity
+        self.mac, self.ip, self.udp_sport = 0, 0, 0xC000
+        self.job = [Job(table=[Worker() for _ in range(max_workers)]) for _ in range(jobs)]
+        self.state = [[SlotCopy(), SlotCopy()] for _ in range(slots)]
+        self.port_counters = [dict.fromkeys(W.PORT_COUNTERS, 0) for _ in range(ports)]
+        self.job_counters = [dict.fromkeys(W.JOB_COUNTERS, 0) for _ in range(jobs)]
+        self._pending = deque()
+
+    # --- the backend interface ------------------------------------------------------------
+
+    def send(self, port: int, frame: bytes):
+        self._pending.append((port, bytes(frame)))
+
+    def run(self) -> list:
+        out = []
+        while self._pending:
+            out += self.receive(*self._pending.popleft())
+        return out
+
+    # --- one frame ------------------------------------------------------------------------
+
+    def receive(self, port: int, frame: bytes) -> list:
+        if not 0 <= port < self.ports:
+            raise ValueError(f"port {port} does not exist (ports 0..{self.ports - 1})")
+        counters = self.port_counters[port]
+        verdict, info = parse(frame)
+        if verdict == OK and info[2] > self.queue_capacity:
+            verdict = OVERSIZE
+        if verdict != OK:
+            counters[VERDICT_COUNTERS[verdict]] += 1
+            return []
+        counters["rx"] += 1
+        opcode, start, length = info
+        payload = frame[start:start + length]
+        pkt = W.parse_frame(frame[:W.IP_OFFSET + struct.unpack_from("!H", frame, 16)[0]])
+        dqpn = pkt.dqpn
+        if opcode == W.OP_CONTRIBUTION:
+            out = self._contribution(port, pkt, payload)
+        elif opcode == W.OP_CONTROL and dqpn == W.CONTROL_QPN:
+            out = self._control(port, pkt, payload)
+        else:
+            counters["drop_unhandled"] += 1
+            out = []
+        for p, _ in out:
+            self.port_counters[p]["tx"] += 1
+        return out
+
+    def _contribution(self, port: int, pkt: W.Packet, payload: bytes) -> list:
+        length = len(payload)
+        if not (4 <= length <= self.max_payload and length % 4 == 0
+                and pkt.dma_length == length):
+            self.port_counters[port]["drop_bad_payload"] += 1
+            return []
+        req = W.unpack_imm(W.REQUEST_IMM, pkt.imm)
+        j, rank, slot, version = req["job"], req["rank"], req["slot"], req["version"]
+        if j >= self.jobs or not self.job[j].enable:
+            self.port_counters[port]["drop_bad_job"] += 1
+            return []
+        job, counters = self.job[j], self.job_counters[j]
+        if rank >= job.workers or W.ip_to_int(pkt.src.ip) != job.table[rank].ip:
+            counters["drop_bad_worker"] += 1
+            return []
+        index = job.slot_base + slot
+        if slot >= job.slot_count or index >= self.slots:
+            counters["drop_bad_slot"] += 1
+            return []
+        copy, other = self.state[index][version], self.state[index][1 - version]
+        bit = 1 << rank
+        if copy.bitmap & bit:
+            if copy.count == 0:
+                counters["replays"] += 1
+                return self._results(j, slot, version, copy, [rank], pkt.va)
+            counters["duplicates"] += 1
+            return []
+        lanes = _lanes(payload)
+        if copy.count == 0:
+            copy.lanes, copy.length = lanes, length
+            copy.exponent, copy.overflow = req["exponent"], False
+        elif length != copy.length:
+            counters["drop_bad_length"] += 1
+            return []
+        else:
+            for i, v in enumerate(lanes):
+                copy.lanes[i], sat = _saturate(copy.lanes[i] + v)
+                copy.overflow |= sat
+            copy.exponent = max(copy.exponent, req["exponent"])
+        copy.bitmap |= bit
+        other.bitmap &= ~bit
+        copy.count += 1
+        counters["contributions"] += 1
+        if copy.count < job.workers:
+            return []
+        copy.count = 0
+        counters["completed"] += 1
+        counters["overflows"] += int(copy.overflow)
+        return self._results(j, slot, version, copy, range(job.workers), pkt.va)
+
+    def _results(self, j: int, slot: int, version: int, copy: SlotCopy, ranks, offset: int):
+        job = self.job[j]
+        imm = W.pack_imm(W.RESULT_IMM, job=j, count=job.workers,
+                         version=version, slot=slot, exponent=copy.exponent,
+                         overflow=int(copy.overflow))
+        lanes = struct.pack(f"<{len(copy.lanes)}i", *copy.lanes)
+        src = W.Endpoint(_ip_str(self.ip), self.udp_sport, self.mac)
+        out = []
+        for rank in ranks:
+            w = job.table[rank]
+            if w.port >= self.ports:
+                continue                      # no such port: the result cannot leave
+            dst = W.Endpoint(_ip_str(w.ip), w.udp_port, w.mac)
+            pkt = W.Packet(W.OP_RESULT, w.qpn, w.psn, lanes, va=w.va + offset, rkey=w.rkey,
+                           imm=imm, src=src, dst=dst)
+            w.psn = (w.psn + 1) & 0xFFFFFF
+            self.job_counters[j]["results"] += 1
+            out.append((w.port, pkt.frame()))
+        return out
+
+    # --- control ----------------------------------------------------------------------------
+
+    def _control(self, port: int, pkt: W.Packet, payload: bytes) -> list:
+        if not 8 <= len(payload) <= 8 * W.MAX_CONTROL_RECORDS or len(payload) % 8:
+            self.port_counters[port]["drop_bad_payload"] += 1
+            return []
+        self.port_counters[port]["control"] += 1
+        replies = []
+        for addr, value in W.unpack_records(payload):
+            if addr & W.WRITE:
+                self.write(addr & ~W.WRITE, value)
+            replies.append((addr, self.read(addr & ~W.WRITE)))
+        reply = W.Packet(W.OP_CONTROL, W.CONTROL_QPN, pkt.psn, W.pack_records(replies),
+                         src=pkt.dst, dst=pkt.src)
+        return [(port, reply.frame())]
+
+    def _decode(self, addr: int):
+        """(kind, index, offset) of a register address."""
+        if addr < W.JOB_BASE:
+            return "global", 0, addr
+        if addr < W.PORT_COUNTERS_BASE:
+            j, off = divmod(addr - W.JOB_BASE, W.JOB_STRIDE)
+            if j >= self.jobs:
+                return None, 0, 0
+            if off >= W.WORKER_BASE:
+                rank, field = divmod(off - W.WORKER_BASE, W.WORKER_STRIDE)
+                return ("worker", (j, rank), field) if rank < self.max_workers else (None, 0, 0)
+            return "job", j, off
+        if addr < W.JOB_COUNTERS_BASE:
+            p, off = divmod(addr - W.PORT_COUNTERS_BASE, W.PORT_COUNTERS_STRIDE)
+            ok = p < self.ports and off < len(W.PORT_COUNTERS)
+            return ("port_counter", p, off) if ok else (None, 0, 0)
+        j, off = divmod(addr - W.JOB_COUNTERS_BASE, W.JOB_COUNTERS_STRIDE)
+        ok = j < self.jobs and off < len(W.JOB_COUNTERS)
+        return ("job_counter", j, off) if ok else (None, 0, 0)
+
+    def read(self, addr: int) -> int:
+        kind, index, off = self._decode(addr)
+        if kind == "global":
+            return {
+                W.REG_MAGIC: W.MAGIC,
+                W.REG_PARAMS: (self.ports << 24) | (self.jobs << 16) | (self.max_workers << 8)
+                | (self.width // 64),
+                W.REG_SLOTS: self.slots, W.REG_MAX_PAYLOAD: self.max_payload,
+                W.REG_MAC_HI: self.mac >> 32, W.REG_MAC_LO: self.mac & 0xFFFFFFFF,
+                W.REG_IP: self.ip, W.REG_UDP_SPORT: self.udp_sport,
+            }.get(off, 0)
+        if kind == "job":
+            job = self.job[index]
+            return {W.JOB_CONFIG: job.config, W.JOB_SLOT_BASE: job.slot_base,
+                    W.JOB_SLOT_COUNT: job.slot_count}.get(off, 0)
+        if kind == "worker":
+            j, rank = index
+            w = self.job[j].table[rank]
+            return (
+                (w.port << 16) | w.udp_port, w.mac >> 32, w.mac & 0xFFFFFFFF, w.ip, w.qpn,
+                w.rkey, w.va >> 32, w.va & 0xFFFFFFFF,
+            )[off]
+        if kind == "port_counter":
+            return self.port_counters[index][W.PORT_COUNTERS[off]] & 0xFFFFFFFF
+        if kind == "job_counter":
+            return self.job_counters[index][W.JOB_COUNTERS[off]] & 0xFFFFFFFF
+        return 0
+
+    def write(self, addr: int, value: int):
+        kind, index, off = self._decode(addr)
+        if kind == "global":
+            if off == W.REG_MAC_HI:
+                self.mac = ((value & 0xFFFF) << 32) | (self.mac & 0xFFFFFFFF)
+            elif off == W.REG_MAC_LO:
+                self.mac = (self.mac & ~0xFFFFFFFF) | value
+            elif off == W.REG_IP:
+                self.ip = value
+            elif off == W.REG_UDP_SPORT:
+                self.udp_sport = value & 0xFFFF
+        elif kind == "job":
+            job = self.job[index]
+            if off == W.JOB_CONFIG:
+                job.enable = bool(value >> 31)
+                job.workers = min(value & 0x3F, self.max_workers)
+                for w in job.table:
+                    w.psn = 0
+                for s in range(job.slot_base, min(job.slot_base + job.slot_count, self.slots)):
+                    self.state[s] = [SlotCopy(), SlotCopy()]
+            elif off == W.JOB_SLOT_BASE:
+                job.slot_base = value & 0xFFFF
+            elif off == W.JOB_SLOT_COUNT:
+                job.slot_count = value & 0xFFFF
+        elif kind == "worker":
+            j, rank = index
+            w = self.job[j].table[rank]
+            if off == W.WORKER_PORT:
+                w.port, w.udp_port = (value >> 16) & 0xF, value & 0xFFFF
+            elif off == W.WORKER_MAC_HI:
+                w.mac = ((value & 0xFFFF) << 32) | (w.mac & 0xFFFFFFFF)
+            elif off == W.WORKER_MAC_LO:
+                w.mac = (w.mac & ~0xFFFFFFFF) | value
+            elif off == W.WORKER_IP:
+                w.ip = value
+            elif off == W.WORKER_QPN:
+                w.qpn = value & 0xFFFFFF
+            elif off == W.WORKER_RKEY:
+                w.rkey = value
+            elif off == W.WORKER_VA_HI:
+                w.va = (value << 32) | (w.va & 0xFFFFFFFF)
+            elif off == W.WORKER_VA_LO:
+                w.va = (w.va & ~0xFFFFFFFF) | value
+
+    def counters(self) -> dict:
+        return {"ports": [dict(c) for c in self.port_counters],
+                "jobs": [dict(c) for c in self.job_counters]}
+
+
+def _ip_str(ip: int) -> str:
+    return ".".join(str((ip >> s) & 0xFF) for s in (24, 16, 8, 0))

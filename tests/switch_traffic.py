@@ -1,0 +1,192 @@
+"""Switch traffic built with scapy: control requests, contributions, and whole scenarios of
+N workers (several jobs, duplicates, reordering, malformed frames between good ones) with the
+sums numpy expects. Used by the golden-model tests and the switch testbench alike."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import numpy as np
+from scapy.contrib.roce import BTH
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
+from scapy.packet import Raw
+
+from host import wire as W
+from tests.frames import RETH, ImmDt
+
+SWITCH_IP = "10.0.0.1"
+SWITCH_MAC = 0x02AA00000001
+HOST_IP = "10.0.9.9"          # where control requests come from
+
+
+def mac_str(mac: int) -> str:
+    return ":".join(f"{(mac >> s) & 0xFF:02x}" for s in range(40, -8, -8))
+
+
+def _frame(opcode, dqpn, psn, payload, *, src_ip, dst_ip, src_mac, dst_mac, sport,
+           dport=W.ROCEV2_PORT, reth=None, imm=None, dscp=0, ip_id=0) -> bytes:
+    pkt = (Ether(dst=mac_str(dst_mac), src=mac_str(src_mac))
+           / IP(src=src_ip, dst=dst_ip, tos=dscp << 2, ttl=64, id=ip_id, flags="DF")
+           / UDP(sport=sport, dport=dport, chksum=0)
+           / BTH(opcode=opcode, padcount=-len(payload) % 4, psn=psn, dqpn=dqpn, pkey=0xFFFF))
+    if reth is not None:
+        pkt = pkt / RETH(va=reth[0], rkey=reth[1], dma_length=reth[2])
+    if imm is not None:
+        pkt = pkt / ImmDt(data=imm)
+    if payload:
+        pkt = pkt / Raw(payload + bytes(-len(payload) % 4))
+    return bytes(pkt)
+
+
+def control_frame(records, psn=0, *, src_ip=HOST_IP, sport=0xD000, src_mac=0x02BB00000009):
+    return _frame(W.OP_CONTROL, W.CONTROL_QPN, psn, W.pack_records(records), src_ip=src_ip,
+                  dst_ip=SWITCH_IP, src_mac=src_mac, dst_mac=SWITCH_MAC, sport=sport)
+
+
+def dissect(frame: bytes) -> Ether:
+    """scapy's reading of a frame, with the UDP payload read as a BTH whatever the ports
+    (scapy binds the BTH to destination port 4791 only; results and control replies go to
+    the worker's own UDP port)."""
+    pkt = Ether(frame)
+    if BTH not in pkt:
+        udp = pkt[UDP]
+        bth = BTH(bytes(udp.payload))
+        udp.remove_payload()
+        pkt = pkt / bth
+        pkt = Ether(bytes(pkt))
+        pkt[UDP].remove_payload()
+        pkt = pkt / bth
+    return pkt
+
+
+def scapy_rebuilds(frame: bytes) -> bool:
+    """Whether scapy, dissecting `frame` and recomputing lengths, checksum and ICRC, gives
+    back the same bytes."""
+    pkt = dissect(frame)
+    del pkt[IP].len, pkt[IP].chksum, pkt[UDP].len, pkt[BTH].icrc
+    return bytes(pkt) == frame
+
+
+@dataclasses.dataclass
+class Worker:
+    job: int
+    rank: int
+    ip: str
+    mac: int
+    udp_port: int
+    port: int          # the switch port results leave on
+    qpn: int
+    rkey: int
+    va: int
+
+    def contribution(self, slot, version, offset, lanes: np.ndarray, psn, exponent=0,
+                     ingress_sport=None, length=None, **overrides) -> bytes:
+        payload = lanes.astype("<i4").tobytes()
+        imm = W.pack_imm(W.REQUEST_IMM, job=overrides.pop("job", self.job),
+                         rank=overrides.pop("rank", self.rank), version=version, slot=slot,
+                         exponent=exponent)
+        return _frame(W.OP_CONTRIBUTION, 2, psn, payload, src_ip=overrides.pop("ip", self.ip),
+                      dst_ip=SWITCH_IP, src_mac=self.mac, dst_mac=SWITCH_MAC,
+                      sport=ingress_sport or self.udp_port,
+                      reth=(offset, 0, len(payload) if length is None else length), imm=imm)
+
+
+def job_config_records(job: int, workers: list[Worker], slot_base: int, slot_count: int):
+    """Control records that set up `job` (CONFIG last, which clears its slots)."""
+    recs = [(W.WRITE | W.job_reg(job, W.JOB_SLOT_BASE), slot_base),
+            (W.WRITE | W.job_reg(job, W.JOB_SLOT_COUNT), slot_count)]
+    for w in workers:
+        ip = W.ip_to_int(w.ip)
+        for off, value in ((W.WORKER_PORT, (w.port << 16) | w.udp_port),
+                           (W.WORKER_MAC_HI, w.mac >> 32), (W.WORKER_MAC_LO, w.mac & 0xFFFFFFFF),
+                           (W.WORKER_IP, ip), (W.WORKER_QPN, w.qpn), (W.WORKER_RKEY, w.rkey),
+                           (W.WORKER_VA_HI, w.va >> 32), (W.WORKER_VA_LO, w.va & 0xFFFFFFFF)):
+            recs.append((W.WRITE | W.worker_reg(job, w.rank, off), value))
+    recs.append((W.WRITE | W.job_reg(job, W.JOB_CONFIG), (1 << 31) | len(workers)))
+    return recs
+
+
+def switch_records():
+    return [(W.WRITE | W.REG_MAC_HI, SWITCH_MAC >> 32), (W.WRITE | W.REG_MAC_LO,
+            SWITCH_MAC & 0xFFFFFFFF), (W.WRITE | W.REG_IP, W.ip_to_int(SWITCH_IP))]
+
+
+def make_workers(job: int, n: int, ports: int, rng: random.Random) -> list[Worker]:
+    return [Worker(job=job, rank=r, ip=f"10.{job + 1}.0.{r + 10}",
+                   mac=0x020000000000 | (job << 8) | r,
+                   udp_port=0xC100 + 16 * job + r, port=(r + job) % ports,
+                   qpn=rng.randrange(1, 1 << 24), rkey=rng.randrange(1 << 32),
+                   va=rng.randrange(1 << 63))
+            for r in range(n)]
+
+
+@dataclasses.dataclass
+class Scenario:
+    """Configuration frames, then contribution frames (each tagged with an ingress port),
+    and what every result must hold."""
+
+    config: list                  # control frames, in order, all on port 0
+    rounds: list                  # per round, [(ingress port, frame)]
+    expected: dict                # (round, job, slot, rank) -> (lanes int32 array, overflow)
+    workers: dict                 # job -> [Worker]
+
+
+def scenario(rng: random.Random, *, ports: int, jobs: int = 2, workers: int = 3, slots: int = 8,
+             rounds: int = 2, max_lanes: int = 256, duplicates: float = 0.1,
+             malformed: float = 0.05, saturate: bool = False) -> Scenario:
+    """Each job allreduces `rounds` uses of each of its `slots` slots (versions alternating).
+    A round's packets are shuffled; some are sent twice; malformed frames and misaddressed
+    contributions are mixed in. A round is sent once the one before it has been answered, as
+    workers do (a worker reuses a slot only after it has the result of its previous use)."""
+    ws = {j: make_workers(j, workers, ports, rng) for j in range(jobs)}
+    config = [control_frame(switch_records(), psn=0)]
+    for j in range(jobs):
+        config.append(control_frame(job_config_records(j, ws[j], j * slots, slots), psn=j + 1))
+    expected, rounds_out, psn = {}, [], {}
+    for rnd in range(rounds):
+        batch = []
+        version = rnd % 2
+        for j in range(jobs):
+            for s in range(slots):
+                n = rng.randrange(1, max_lanes + 1)
+                limit = 1 << 31 if saturate else 1 << 28
+                contrib = [np.array([rng.randrange(-limit, limit) for _ in range(n)], np.int64)
+                           for _ in range(workers)]
+                total = sum(contrib)
+                clipped = np.clip(total, -(1 << 31), (1 << 31) - 1)
+                for w in ws[j]:
+                    expected[(rnd, j, s, w.rank)] = (clipped.astype(np.int32),
+                                                         bool((clipped != total).any()))
+                for w, lanes in zip(ws[j], contrib):
+                    key = (j, w.rank)
+                    psn[key] = psn.get(key, -1) + 1
+                    f = w.contribution(s, version, 4096 * s, lanes.astype(np.int32), psn[key],
+                                       exponent=rng.randrange(-8, 8))
+                    port = rng.randrange(ports)
+                    batch.append((port, f))
+                    if rng.random() < duplicates:
+                        batch.append((rng.randrange(ports), f))
+                    if rng.random() < malformed:
+                        batch.append((port, _malformed(rng, f, w)))
+        rng.shuffle(batch)
+        rounds_out.append(batch)
+    return Scenario(config, rounds_out, expected, ws)
+
+
+def _malformed(rng: random.Random, good: bytes, w: Worker) -> bytes:
+    """A frame that must be dropped without touching any slot."""
+    kind = rng.randrange(5)
+    if kind == 0:      # bad ICRC
+        b = bytearray(good)
+        b[-1 - rng.randrange(4)] ^= 1 << rng.randrange(8)
+        return bytes(b)
+    if kind == 1:      # truncated
+        return good[:rng.randrange(20, len(good) - 1)]
+    if kind == 2:      # another rank's IP claimed (bad worker)
+        return w.contribution(0, 0, 0, np.ones(4, np.int32), 0, rank=(w.rank + 1) % 32,
+                              ip="10.99.0.1")
+    if kind == 3:      # slot outside the job
+        return w.contribution(1000, 0, 0, np.ones(4, np.int32), 0)
+    return w.contribution(0, 0, 0, np.ones(4, np.int32), 0, job=15)   # unknown job
