@@ -38,6 +38,9 @@ import ipaddress
 import struct
 import zlib
 
+# The register map is declared once, in hw/regmap.py (plain data), and read here.
+from hw.regmap import *  # noqa: F403
+
 ROCEV2_PORT = 4791
 OP_SEND_ONLY_UC = 0x24
 OP_WRITE_ONLY_IMM_UC = 0x2B
@@ -98,76 +101,6 @@ def unpack_imm(layout, word: int) -> dict:
     return out
 
 
-# --- registers (word addresses; every register is 32 bits) -------------------------------
-
-MAGIC = 0x4E414747          # "NAGG"
-REG_MAGIC = 0x0000          # ro
-REG_PARAMS = 0x0001         # ro: ports [31:24], jobs [23:16], max workers [15:8], width/64 [7:0]
-REG_SLOTS = 0x0002          # ro: slots per version
-REG_MAX_PAYLOAD = 0x0003    # ro: bytes
-REG_MAC_HI = 0x0004         # rw: switch MAC bits 47:32 (source of results)
-REG_MAC_LO = 0x0005         # rw: switch MAC bits 31:0
-REG_IP = 0x0006             # rw: switch IPv4 address (source of results)
-REG_UDP_SPORT = 0x0007      # rw: UDP source port of results (reset 0xC000)
-
-JOB_BASE, JOB_STRIDE = 0x1000, 0x200
-JOB_CONFIG = 0x00           # rw: enable [31], workers [5:0]; a write resets the job's PSNs
-JOB_SLOT_BASE = 0x01        # rw: first slot of the job
-JOB_SLOT_COUNT = 0x02       # rw: slots of the job (slot numbers 0..count-1 in packets)
-WORKER_BASE, WORKER_STRIDE = 0x20, 8
-WORKER_PORT = 0             # rw: switch port [19:16], UDP port [15:0]
-WORKER_MAC_HI = 1           # rw: bits 47:32
-WORKER_MAC_LO = 2
-WORKER_IP = 3
-WORKER_QPN = 4              # rw: 24 bits
-WORKER_RKEY = 5
-WORKER_VA_HI = 6
-WORKER_VA_LO = 7
-
-PORT_COUNTERS_BASE, PORT_COUNTERS_STRIDE = 0x4000, 0x20
-JOB_COUNTERS_BASE, JOB_COUNTERS_STRIDE = 0x6000, 0x20
-# Counters are read-only, 32 bits, wrapping. Per port: frames the parser passed, frames sent,
-# frames dropped by the parser's verdict (hw.headers.Verdict order, OK excluded), and drops
-# after the parser. Per job: what the aggregator did with the job's packets.
-PORT_COUNTERS = (
-    "rx", "tx",
-    "drop_not_roce", "drop_truncated", "drop_bad_length", "drop_bad_ip_checksum",
-    "drop_bad_opcode", "drop_bad_icrc", "drop_oversize",
-    "drop_unhandled",      # good RoCEv2, but neither a contribution nor a control request
-    "drop_bad_job",        # a contribution for a job that does not exist or is disabled
-    "drop_bad_payload",    # contribution/control payload length not allowed
-    "control",             # control requests served
-)
-JOB_COUNTERS = (
-    "contributions",       # contributions added to a slot
-    "completed",           # slots completed
-    "duplicates",          # contributions already counted, slot not complete: dropped
-    "replays",             # contributions already counted, slot complete: result sent again
-    "overflows",           # slots completed with a saturated lane
-    "drop_bad_slot",       # slot number outside the job's range
-    "drop_bad_worker",     # rank outside the job, or source IP not the rank's
-    "drop_bad_length",     # payload length differs from the slot's other contributions
-    "results",             # result packets sent
-)
-
-
-def job_reg(job: int, offset: int) -> int:
-    return JOB_BASE + job * JOB_STRIDE + offset
-
-
-def worker_reg(job: int, rank: int, offset: int) -> int:
-    return job_reg(job, WORKER_BASE + rank * WORKER_STRIDE + offset)
-
-
-def port_counter(port: int, name: str) -> int:
-    return PORT_COUNTERS_BASE + port * PORT_COUNTERS_STRIDE + PORT_COUNTERS.index(name)
-
-
-def job_counter(job: int, name: str) -> int:
-    return JOB_COUNTERS_BASE + job * JOB_COUNTERS_STRIDE + JOB_COUNTERS.index(name)
-
-
-WRITE = 1 << 31
 
 
 def pack_records(records) -> bytes:
