@@ -19,11 +19,18 @@ def check_width(width: int) -> int:
     return width
 
 
+def check_wide_width(width: int) -> int:
+    """Widths inside the switch, where ports' beats are gathered, may be wider."""
+    if not isinstance(width, int) or width < 64 or width & (width - 1):
+        raise ValueError(f"beat width must be a power of two of at least 64, not {width!r}")
+    return width
+
+
 class BeatLayout(data.StructLayout):
     """One beat of a frame: ``data``, ``keep`` (byte enables) and ``last``."""
 
     def __init__(self, width: int):
-        check_width(width)
+        check_wide_width(width)
         self.width = width
         self.bytes = width // 8
         super().__init__({"data": unsigned(width), "keep": unsigned(width // 8), "last": 1})

@@ -183,3 +183,22 @@ def ipv4_checksum_sum(wire_bytes):
     total = sum(words)
     folded = total[:16] + total[16:]
     return (folded[:16] + folded[16:])[:16]
+
+
+# --- netagg's packets (host/wire.py is the software side of the same format) -------------
+
+OP_CONTRIBUTION = 0x2B      # UC RDMA WRITE Only with Immediate: worker -> switch
+OP_RESULT = 0x2B            # the same opcode: switch -> worker
+OP_CONTROL = 0x24           # UC SEND Only to CONTROL_QPN: control request and reply
+CONTROL_QPN = 0x000001
+RESULT_TTL = 64
+IP_FLAGS_DF = 0b010
+
+# The immediate data of a contribution and of a result (the ImmDt's 32 bits, first field most
+# significant), read from `PACKET_HEADER.immdt.data`.
+REQUEST_IMM = Header("RequestImm", {
+    "job": 4, "rank": 5, "version": 1, "slot": 12, "exponent": 8, "droppable": 1, "reserved": 1,
+})
+RESULT_IMM = Header("ResultImm", {
+    "job": 4, "count": 6, "version": 1, "slot": 12, "exponent": 8, "overflow": 1,
+})

@@ -8,7 +8,8 @@ whose payload would not fit in an empty queue is dropped as OVERSIZE. Frames out
 order. Latency: a committed payload beat leaves two cycles after its header arrives; one beat
 per cycle in and out.
 
-`capacity` is in bytes of payload; the header FIFO holds `headers` entries.
+`capacity` is in bytes of payload; the header FIFO holds `headers` entries, of
+`header_layout` (`hw.headers.PACKET_HEADER`, or a layout that has its fields and more).
 """
 
 from amaranth import Module, Signal, unsigned
@@ -17,14 +18,15 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from . import headers as H
-from .beat import BeatLayout, FrameStream, check_width
+from .beat import BeatLayout, FrameStream, check_wide_width
 
 COUNTER_WIDTH = 32
 
 
 class PacketQueue(wiring.Component):
-    def __init__(self, width: int, capacity: int = 16384, headers: int = 32):
-        self.width = check_width(width)
+    def __init__(self, width: int, capacity: int = 16384, headers: int = 32,
+                 header_layout=H.PACKET_HEADER):
+        self.width = check_wide_width(width)
         depth = capacity // (width // 8)
         if depth < 4 or depth & (depth - 1):
             raise ValueError(f"capacity {capacity} must be a power of two of at least 4 beats")
@@ -33,11 +35,12 @@ class PacketQueue(wiring.Component):
         self.depth = depth
         self.headers = headers
         super().__init__({
-            "i_header": In(stream.Signature(H.PACKET_HEADER)),
+            "i_header": In(stream.Signature(header_layout)),
             "i_payload": In(FrameStream(width)),
-            "o_header": Out(stream.Signature(H.PACKET_HEADER)),
+            "o_header": Out(stream.Signature(header_layout)),
             "o_payload": Out(FrameStream(width)),
             "passed": Out(unsigned(COUNTER_WIDTH)),
+            "committed": Out(1),   # high in the cycle a frame is committed
             "drops": Out(unsigned(COUNTER_WIDTH)).array(len(H.Verdict)),
         })
 
@@ -49,7 +52,7 @@ class PacketQueue(wiring.Component):
         write = memory.write_port()
         read = memory.read_port()
         m.submodules.header_fifo = header_fifo = fifo.SyncFIFOBuffered(
-            width=H.PACKET_HEADER.size, depth=self.headers)
+            width=self.i_header.payload.shape().size, depth=self.headers)
 
         write_ptr = Signal(ptr)
         commit_ptr = Signal(ptr)
@@ -63,7 +66,8 @@ class PacketQueue(wiring.Component):
         take_header = self.i_header.valid & self.i_header.ready
         commit = take_header & good & ~overflowed
         rewind = take_header & ~commit
-        m.d.comb += [header_fifo.w_data.eq(header), header_fifo.w_en.eq(commit)]
+        m.d.comb += [header_fifo.w_data.eq(header), header_fifo.w_en.eq(commit),
+                     self.committed.eq(commit)]
 
         # Payload in. A beat waits while a header is waiting, so that no beat of the next
         # frame is taken before the current frame is committed or rewound. A beat taken in
