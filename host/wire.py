@@ -34,6 +34,7 @@ and so does a host that sends over a UDP socket and computes its ICRC for that h
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import struct
 import zlib
@@ -116,8 +117,20 @@ def unpack_records(payload: bytes):
 
 # --- frames ------------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=4096)
+def ip_packed(ip) -> bytes:
+    """The 4 bytes of an IPv4 address (cached: addresses repeat on every packet)."""
+    return ipaddress.IPv4Address(ip).packed
+
+
+@functools.lru_cache(maxsize=4096)
+def ip_text(packed: bytes) -> str:
+    """The dotted text of 4 address bytes (cached)."""
+    return str(ipaddress.IPv4Address(packed))
+
+
 def ip_to_int(ip) -> int:
-    return int(ipaddress.IPv4Address(ip))
+    return int.from_bytes(ip_packed(ip), "big")
 
 
 def mac_to_int(mac) -> int:
@@ -148,7 +161,7 @@ def ip_udp_header(src, dst, sport: int, dport: int, udp_payload_len: int, dscp: 
     (checksum 0) headers for a datagram of `udp_payload_len` bytes."""
     total = IP_LEN + UDP_LEN + udp_payload_len
     ip = struct.pack("!BBHHHBBH4s4s", 0x45, dscp << 2, total, 0, IP_FLAGS_DF, TTL, 17, 0,
-                     ipaddress.IPv4Address(src).packed, ipaddress.IPv4Address(dst).packed)
+                     ip_packed(src), ip_packed(dst))
     ip = ip[:10] + struct.pack("!H", ipv4_checksum(ip)) + ip[12:]
     return ip + struct.pack("!HHHH", sport, dport, UDP_LEN + udp_payload_len, 0)
 
@@ -267,9 +280,9 @@ def parse_frame(frame: bytes) -> Packet:
     sport, dport, ulen = struct.unpack_from("!HHH", frame, UDP_OFFSET)
     if ulen + IP_LEN != total:
         raise WireError("UDP length disagrees with the IPv4 length")
-    src = Endpoint(str(ipaddress.IPv4Address(frame[IP_OFFSET + 12:IP_OFFSET + 16])), sport,
+    src = Endpoint(ip_text(frame[IP_OFFSET + 12:IP_OFFSET + 16]), sport,
                    int.from_bytes(frame[6:12], "big"))
-    dst = Endpoint(str(ipaddress.IPv4Address(frame[IP_OFFSET + 16:IP_OFFSET + 20])), dport,
+    dst = Endpoint(ip_text(frame[IP_OFFSET + 16:IP_OFFSET + 20]), dport,
                    int.from_bytes(frame[0:6], "big"))
     end = ETH_LEN + total
     return parse_transport(frame[BTH_OFFSET:end], src, dst, ip_udp=frame[IP_OFFSET:BTH_OFFSET],
@@ -280,9 +293,9 @@ def strip_frame(frame: bytes):
     """(source, destination, UDP payload) of a frame, for a bridge that carries datagrams."""
     total = struct.unpack_from("!H", frame, IP_OFFSET + 2)[0]
     sport, dport = struct.unpack_from("!HH", frame, UDP_OFFSET)
-    src = Endpoint(str(ipaddress.IPv4Address(frame[IP_OFFSET + 12:IP_OFFSET + 16])), sport,
+    src = Endpoint(ip_text(frame[IP_OFFSET + 12:IP_OFFSET + 16]), sport,
                    int.from_bytes(frame[6:12], "big"))
-    dst = Endpoint(str(ipaddress.IPv4Address(frame[IP_OFFSET + 16:IP_OFFSET + 20])), dport,
+    dst = Endpoint(ip_text(frame[IP_OFFSET + 16:IP_OFFSET + 20]), dport,
                    int.from_bytes(frame[0:6], "big"))
     return src, dst, frame[BTH_OFFSET:ETH_LEN + total]
 

@@ -1,0 +1,155 @@
+"""host/wire.py against scapy's RoCEv2: contributions, results and control packets are the
+bytes scapy builds (ICRC included), and parse_frame rejects truncated and corrupted frames."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from scapy.contrib.roce import BTH
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
+from scapy.packet import Raw
+
+from host import wire as W
+from tests.frames import RETH, ImmDt
+
+WORKER = W.Endpoint("10.1.0.7", 0xC123, 0x02AB00000007)
+SWITCH = W.Endpoint("10.0.0.1", W.ROCEV2_PORT, 0x02AA00000001)
+RESULT_SRC = W.Endpoint("10.0.0.1", 0xC000, 0x02AA00000001)
+
+
+def mac(m: int) -> str:
+    return ":".join(f"{(m >> s) & 0xFF:02x}" for s in range(40, -8, -8))
+
+
+def scapy_frame(opcode, dqpn, psn, payload, src, dst, reth=None, imm=None, dscp=0) -> bytes:
+    pkt = (Ether(dst=mac(dst.mac), src=mac(src.mac))
+           / IP(src=src.ip, dst=dst.ip, tos=dscp << 2, ttl=64, id=0, flags="DF")
+           / UDP(sport=src.port, dport=dst.port, chksum=0)
+           / BTH(opcode=opcode, padcount=-len(payload) % 4, psn=psn, dqpn=dqpn, pkey=0xFFFF))
+    if reth is not None:
+        pkt = pkt / RETH(va=reth[0], rkey=reth[1], dma_length=reth[2])
+    if imm is not None:
+        pkt = pkt / ImmDt(data=imm)
+    if payload:
+        pkt = pkt / Raw(payload + bytes(-len(payload) % 4))
+    frame = bytes(pkt)
+    if dst.port != W.ROCEV2_PORT:
+        # scapy binds the BTH (and so computes the ICRC) on destination port 4791 only:
+        # build with 4791, then put the real port back (the ICRC covers it: recompute)
+        body = frame[W.BTH_OFFSET:-4]
+        hdr = bytearray(frame[W.IP_OFFSET:W.BTH_OFFSET])
+        hdr[22:24] = dst.port.to_bytes(2, "big")
+        frame = frame[:W.IP_OFFSET] + bytes(hdr) + body
+        frame += W.icrc(bytes(hdr), body).to_bytes(4, "little")
+    return frame
+
+
+@pytest.mark.parametrize("lanes", [1, 7, 255, 256])
+def test_contribution_is_scapys(lanes):
+    rng = random.Random(lanes)
+    payload = bytes(rng.randrange(256) for _ in range(4 * lanes))
+    fields = dict(job=3, rank=17, slot=4000, version=1, exponent=-5, droppable=True)
+    pkt = W.contribution(**fields, offset=0x1234_5678_9ABC, lanes=payload, psn=0xABCDEF,
+                         src=WORKER, dst=SWITCH, dscp=5, dqpn=2)
+    imm = W.pack_imm(W.REQUEST_IMM, **{k: int(v) for k, v in fields.items()})
+    expected = scapy_frame(W.OP_CONTRIBUTION, 2, 0xABCDEF, payload, WORKER, SWITCH,
+                           reth=(0x1234_5678_9ABC, 0, len(payload)), imm=imm, dscp=5)
+    assert pkt.frame() == expected
+    assert pkt.datagram() == expected[W.BTH_OFFSET:]
+    back = W.parse_frame(expected)
+    assert (back.opcode, back.psn, back.va, back.dma_length, back.payload, back.dscp) == \
+        (W.OP_CONTRIBUTION, 0xABCDEF, 0x1234_5678_9ABC, len(payload), payload, 5)
+    assert W.unpack_imm(W.REQUEST_IMM, back.imm) == {**fields, "droppable": 1, "reserved": 0}
+    # a UDP receiver gets the datagram only: it checks the ICRC against the canonical headers
+    assert W.parse_transport(expected[W.BTH_OFFSET:], WORKER, SWITCH).payload == payload
+
+
+def test_result_is_scapys():
+    payload = bytes(range(256)) * 4
+    imm = W.pack_imm(W.RESULT_IMM, job=2, count=32 - 1, version=0, slot=9, exponent=127,
+                     overflow=1)
+    pkt = W.Packet(W.OP_RESULT, 0x123456, 77, payload, va=(1 << 63) + 1024, rkey=0xDEADBEEF,
+                   imm=imm, src=RESULT_SRC, dst=WORKER)
+    expected = scapy_frame(W.OP_RESULT, 0x123456, 77, payload, RESULT_SRC, WORKER,
+                           reth=((1 << 63) + 1024, 0xDEADBEEF, len(payload)), imm=imm)
+    assert pkt.frame() == expected
+    back = W.parse_frame(expected)
+    assert W.unpack_imm(W.RESULT_IMM, back.imm) == dict(job=2, count=31, version=0, slot=9,
+                                                         exponent=127, overflow=1)
+    assert (back.dst.ip, back.dst.port, back.rkey) == (WORKER.ip, WORKER.port, 0xDEADBEEF)
+
+
+def test_control_request_and_reply_are_scapys():
+    records = [(W.WRITE | W.worker_reg(1, 3, W.WORKER_IP), W.ip_to_int(WORKER.ip)),
+               (W.REG_MAGIC, 0), (W.job_counter(2, "results"), 0)]
+    req = W.control_request(records, 5, WORKER, SWITCH)
+    expected = scapy_frame(W.OP_CONTROL, W.CONTROL_QPN, 5, W.pack_records(records), WORKER,
+                           SWITCH)
+    assert req.frame() == expected
+    assert W.unpack_records(W.parse_frame(expected).payload) == records
+    reply = W.Packet(W.OP_CONTROL, W.CONTROL_QPN, 5, W.pack_records(records), src=SWITCH,
+                     dst=WORKER)
+    assert reply.frame() == scapy_frame(W.OP_CONTROL, W.CONTROL_QPN, 5,
+                                        W.pack_records(records), SWITCH, WORKER)
+    with pytest.raises(ValueError):
+        W.control_request([], 0, WORKER, SWITCH)
+    with pytest.raises(ValueError):
+        W.control_request([(0, 0)] * (W.MAX_CONTROL_RECORDS + 1), 0, WORKER, SWITCH)
+
+
+def test_imm_fields_round_trip_and_range():
+    rng = random.Random(1)
+    for _ in range(200):
+        v = dict(job=rng.randrange(16), rank=rng.randrange(32), version=rng.randrange(2),
+                 slot=rng.randrange(4096), exponent=rng.randrange(-128, 128),
+                 droppable=rng.randrange(2), reserved=0)
+        assert W.unpack_imm(W.REQUEST_IMM, W.pack_imm(W.REQUEST_IMM, **v)) == v
+    for bad in (dict(job=16), dict(slot=4096), dict(exponent=128), dict(exponent=-129)):
+        with pytest.raises(ValueError):
+            W.pack_imm(W.REQUEST_IMM, **bad)
+
+
+def _frame():
+    pkt = W.contribution(job=1, rank=2, slot=3, version=0, offset=4096,
+                         lanes=bytes(range(200)) + bytes(56), psn=9, src=WORKER, dst=SWITCH)
+    return pkt.frame()
+
+
+def test_parse_rejects_every_truncation():
+    frame = _frame()
+    W.parse_frame(frame)
+    for n in range(len(frame)):
+        with pytest.raises(W.WireError):
+            W.parse_frame(frame[:n])
+
+
+# Bytes the ICRC does not cover and parse_frame does not check: the MAC addresses, IPv4
+# DSCP/ECN, TTL and header checksum, UDP checksum, BTH FECN/BECN byte.
+UNCHECKED = set(range(12)) | {15, 22, 24, 25, 40, 41, 46}
+
+
+def test_parse_rejects_every_corrupted_byte():
+    frame = _frame()
+    rng = random.Random(7)
+    for i in range(len(frame)):
+        bad = bytearray(frame)
+        bad[i] ^= 1 << rng.randrange(8)
+        if i in UNCHECKED:
+            W.parse_frame(bytes(bad))          # variant fields: still a good frame
+            continue
+        with pytest.raises(W.WireError):
+            W.parse_frame(bytes(bad))
+
+
+def test_datagram_checked_against_the_addresses():
+    pkt = W.contribution(job=0, rank=0, slot=0, version=0, offset=0, lanes=bytes(8), psn=1,
+                         src=WORKER, dst=SWITCH)
+    dgram = pkt.datagram()
+    W.parse_transport(dgram, WORKER, SWITCH)
+    other = W.Endpoint(WORKER.ip, WORKER.port + 1)
+    with pytest.raises(W.WireError):
+        W.parse_transport(dgram, other, SWITCH)
+    with pytest.raises(W.WireError):
+        W.parse_transport(dgram[:10], WORKER, SWITCH)
