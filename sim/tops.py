@@ -147,3 +147,78 @@ class IcrcTop(Elaboratable):
 
 
 TOPS = {"datapath": DatapathTop, "icrc": IcrcTop}
+
+
+class LoopbackTop(Elaboratable):
+    """`ports` frame ports, each a FIFO of `depth` beats from ``rx{i}`` to ``tx{(i+1)%ports}``.
+
+    A stand-in with the switch's port names (``rx{i}_*`` in, ``tx{i}_*`` out, AXI-Stream
+    style), for the Python-driven Verilator model (sim/model.py) and its tests. Frames come out
+    of the next port so that a mixed-up port shows; they are otherwise untouched, one beat per
+    cycle when the sink is ready.
+    """
+
+    def __init__(self, ports: int = 4, width: int = 64, depth: int = 16):
+        if ports < 1:
+            raise ValueError(f"a loopback needs at least one port, not {ports!r}")
+        if width < 8 or width % 8:
+            raise ValueError(f"width must be a positive multiple of 8, not {width!r}")
+        self.nports = ports
+        self.width = width
+        self.depth = depth
+        self.rx = [_AxisPorts(f"rx{i}", width) for i in range(ports)]
+        self.tx = [_AxisPorts(f"tx{i}", width) for i in range(ports)]
+
+    def ports(self):
+        return [sig for axis in [*self.rx, *self.tx] for sig in axis.ports()]
+
+    def elaborate(self, platform):
+        from amaranth import Cat
+        from amaranth.lib.fifo import SyncFIFOBuffered
+
+        m = Module()
+        keep = self.width // 8
+        for i, (rx, tx) in enumerate(zip(self.rx, self.tx[1:] + self.tx[:1])):
+            fifo = SyncFIFOBuffered(width=self.width + keep + 1, depth=self.depth)
+            m.submodules[f"fifo{i}"] = fifo
+            m.d.comb += [
+                fifo.w_data.eq(Cat(rx.tdata, rx.tkeep, rx.tlast)),
+                fifo.w_en.eq(rx.tvalid),
+                rx.tready.eq(fifo.w_rdy),
+                Cat(tx.tdata, tx.tkeep, tx.tlast).eq(fifo.r_data),
+                tx.tvalid.eq(fifo.r_rdy),
+                fifo.r_en.eq(tx.tready),
+            ]
+        return m
+
+
+TOPS["loopback"] = LoopbackTop
+
+
+class SwitchTop(Elaboratable):
+    """The aggregation switch (`hw.switch.Switch`) with flat ports: ``rx{i}_*`` in and
+    ``tx{i}_*`` out (AXI-Stream style), and ``committed{i}``, high in the cycle port i's
+    ingress commits a good frame (the order the golden model applies frames in)."""
+
+    def __init__(self, ports: int = 4, width: int = 64, **params):
+        from hw.switch import Switch
+
+        self.switch = Switch(ports=ports, width=width, **params)
+        self.rx = [_AxisPorts(f"rx{i}", width) for i in range(ports)]
+        self.tx = [_AxisPorts(f"tx{i}", width) for i in range(ports)]
+        self.committed = [Signal(name=f"committed{i}") for i in range(ports)]
+
+    def ports(self):
+        return [*(s for axis in [*self.rx, *self.tx] for s in axis.ports()), *self.committed]
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.switch = sw = self.switch
+        for i, (rx, tx) in enumerate(zip(self.rx, self.tx)):
+            rx.drive(m, sw.rx[i])
+            tx.observe(m, sw.tx[i])
+            m.d.comb += self.committed[i].eq(sw.committed[i])
+        return m
+
+
+TOPS["switch"] = SwitchTop

