@@ -1,0 +1,7 @@
+"""netagg's host side: the wire format, number formats, the protocol engine, transports, the
+worker API (`Worker`) and the `netagg` command line."""
+
+from host.engine import NetaggError, NetaggTimeout
+from host.worker import Handle, SwitchControl, Worker
+
+__all__ = ["Worker", "Handle", "SwitchControl", "NetaggError", "NetaggTimeout"]

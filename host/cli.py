@@ -52,16 +52,82 @@ def bench_datapath(widths, quiet: bool) -> dict:
     return {"bench": "datapath", "widths": results}
 
 
+# Allreduce benchmark sizes: 4 KB .. 64 MB; the golden model (plain Python, a few thousand
+# packets per second) stops at 4 MB unless --sizes asks for more.
+ALLREDUCE_SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+GOLDEN_MAX_SIZE = 4 << 20
+
+
+def _size(text: str) -> int:
+    text = text.strip().upper()
+    for suffix, mult in (("KB", 1 << 10), ("MB", 1 << 20), ("K", 1 << 10), ("M", 1 << 20)):
+        if text.endswith(suffix):
+            return int(float(text[:-len(suffix)]) * mult)
+    return int(text)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="netagg", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="run a benchmark and print its figures")
-    bench.add_argument("what", choices=["datapath"])
+    bench.add_argument("what", choices=["datapath", "allreduce"])
     bench.add_argument("--widths", default="64,128,256,512",
-                       help="datapath widths in bits, comma-separated")
+                       help="datapath: widths in bits, comma-separated")
+    bench.add_argument("--sizes", default=None,
+                       help="allreduce: tensor sizes (e.g. 4K,1M); default 4 KB..64 MB, "
+                            "capped at 4 MB for the golden model")
+    bench.add_argument("--workers", type=int, default=4, help="allreduce: workers")
+    bench.add_argument("--backend", choices=["golden", "rtl"], default="golden")
+    bench.add_argument("--transports", default="inproc,udp", help="allreduce: inproc,udp")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
+
+    demo = sub.add_parser("demo", help="allreduce through a simulated switch, checked")
+    demo.add_argument("--workers", type=int, default=4)
+    demo.add_argument("--nodes", type=int, default=2,
+                      help="nodes the workers are grouped into (hierarchical allreduce)")
+    demo.add_argument("--values", type=int, default=2_000_000, help="float32 values per worker")
+    demo.add_argument("--steps", type=int, default=8, help="tensors the values are split into")
+    demo.add_argument("--backend", choices=["golden", "rtl"], default="golden")
+    demo.add_argument("--pcap", default=None, help="write every switch frame to this file")
+    demo.add_argument("--json", action="store_true", help="print one JSON object")
+
+    sim = sub.add_parser("sim", help="the simulated switch")
+    simsub = sim.add_subparsers(dest="sim_command", required=True)
+    serve = simsub.add_parser("serve", help="serve a simulated switch on UDP")
+    serve.add_argument("--backend", choices=["golden", "rtl"], default="golden")
+    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument("--port", type=int, default=4791, help="UDP port (0: any free port)")
+    serve.add_argument("--pcap", default=None, help="write every frame in and out to this file")
+    serve.add_argument("--ports", type=int, default=4, help="switch ports")
+    serve.add_argument("--jobs", type=int, default=4)
+    serve.add_argument("--slots", type=int, default=64, help="slots per version")
+    serve.add_argument("--max-workers", type=int, default=8)
     args = parser.parse_args(argv)
 
+    if args.command == "demo":
+        from host.demo import demo as run_demo
+        report = run_demo(workers=args.workers, nodes=args.nodes, values=args.values,
+                          backend=args.backend, steps=args.steps, as_json=args.json,
+                          pcap=args.pcap)
+        if args.json:
+            print(json.dumps(report))
+        return 0 if report["verified"] else 1
+    if args.command == "sim":
+        from host.serve import serve_main
+        return serve_main(args.backend, args.host, args.port, args.pcap, ports=args.ports,
+                          jobs=args.jobs, slots=args.slots, max_workers=args.max_workers)
+    if args.command == "bench" and args.what == "allreduce":
+        from host.demo import bench_allreduce
+        if args.sizes:
+            sizes = [_size(s) for s in args.sizes.split(",")]
+        else:
+            sizes = [s for s in ALLREDUCE_SIZES
+                     if args.backend != "golden" or s <= GOLDEN_MAX_SIZE]
+        report = bench_allreduce(sizes, workers=args.workers, backend=args.backend,
+                                 transports=args.transports.split(","), quiet=args.json)
+        if args.json:
+            print(json.dumps(report))
+        return 0
     if args.command == "bench":
         widths = [int(w) for w in args.widths.split(",")]
         report = bench_datapath(widths, quiet=False)

@@ -1,0 +1,235 @@
+"""`netagg demo` and `netagg bench allreduce`: worker processes against a simulated switch.
+
+The demo starts the simulated switch (`SimServer`, in a thread of this process) on a free UDP
+port and `workers` processes (grouped into `nodes` nodes: hierarchical when a node has more
+than one), each allreducing `values` float32 values in `steps` tensors, and checks every
+worker's result against numpy (float64 sum of every worker's input) within the fixed-point
+bound (`host.numerics.error_bound`) and against the other workers' results (bit for bit).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import queue as queue_mod
+import time
+import uuid
+
+import numpy as np
+
+from host import numerics as N
+
+
+def demo_data(rank: int, values: int, seed: int, dtype: str = "float32") -> np.ndarray:
+    """What worker `rank` contributes: normal values with a scale per 64K-value layer."""
+    rng = np.random.default_rng([seed, rank])
+    if dtype == "int32":
+        return rng.integers(-(1 << 20), 1 << 20, size=values, dtype=np.int32)
+    layer_scale = np.repeat(10.0 ** np.random.default_rng(seed).uniform(-3, 1, -(-values //
+                                                                                 65536)), 65536)
+    return (rng.standard_normal(values) * layer_scale[:values]).astype(dtype)
+
+
+def worker_main(rank: int, world: int, url: str, local_size: int, session: str, values: int,
+                steps: int, seed: int, dtype: str, progress, results, faults=None,
+                timeout: float = 60.0, verify: bool = True):
+    """One worker process: allreduce `values` values in `steps` tensors, report."""
+    from host import Worker
+    try:
+        data = demo_data(rank, values, seed, dtype)
+        pieces = np.array_split(data, steps)
+        with Worker(rank, world, url, local_size=local_size, session=session,
+                    timeout=timeout, faults=faults) as w:
+            t0 = time.perf_counter()
+            handles = [w.allreduce_async(p) for p in pieces] if local_size == 1 else None
+            outs = []
+            for i, p in enumerate(pieces):
+                out = handles[i].wait() if handles else w.allreduce(p)
+                outs.append(out)
+                with progress.get_lock():
+                    progress[rank] += p.size
+            seconds = time.perf_counter() - t0
+            counters = w.counters()
+        result = np.concatenate(outs)
+        report = {"rank": rank, "seconds": seconds, "counters": counters,
+                  "digest": hashlib.sha256(result.tobytes()).hexdigest()}
+        if verify:
+            inputs = [demo_data(r, values, seed, dtype) for r in range(world)]
+            exact = np.sum([x.astype(np.float64) for x in inputs], axis=0)
+            err = np.abs(result.astype(np.float64) - exact)
+            if dtype == "int32":
+                report.update(max_error=float(err.max(initial=0)),
+                              ok=bool(np.array_equal(result, exact.astype(np.int64))))
+            else:
+                fmt = N.format_of(result)
+                # the bound per tensor piece (blocks restart at every tensor)
+                exps = np.concatenate([N.shared_exponents(
+                    [x[sum(len(q) for q in pieces[:i]):][:len(p)] for x in inputs], fmt)
+                    for i, p in enumerate(pieces)])
+                bound = N.error_bound(result.astype(np.float64), exps, world, fmt)
+                report.update(max_error=float(err.max(initial=0)),
+                              max_relative_error=float((err / np.maximum(np.abs(exact),
+                                                                         1e-30)).max()),
+                              ok=bool(np.all(err <= bound)))
+        results.put(report)
+    except BaseException as e:       # the parent reports it
+        results.put({"rank": rank, "error": f"{type(e).__name__}: {e}"})
+
+
+def run_workers(url: str, *, workers: int, nodes: int, values: int, steps: int = 8,
+                seed: int = 0, dtype: str = "float32", faults=None, timeout: float = 60.0,
+                verify: bool = True, on_progress=None, session: str | None = None) -> dict:
+    """Start the worker processes against `url`, wait for them, gather their reports."""
+    if workers % nodes:
+        raise ValueError(f"{workers} workers do not split into {nodes} nodes")
+    ctx = mp.get_context("spawn")
+    progress = ctx.Array("q", workers)
+    results = ctx.Queue()
+    session = session or uuid.uuid4().hex
+    procs = [ctx.Process(target=worker_main, daemon=True,
+                         args=(r, workers, url, workers // nodes, session, values, steps, seed,
+                               dtype, progress, results, faults, timeout, verify))
+             for r in range(workers)]
+    t0 = time.perf_counter()
+    for p in procs:
+        p.start()
+    reports = []
+    deadline = time.monotonic() + timeout + 120
+    while len(reports) < workers:
+        try:
+            reports.append(results.get(timeout=0.1))
+        except queue_mod.Empty:
+            if on_progress:
+                on_progress(sum(progress[:]))
+            if time.monotonic() > deadline:
+                break
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead and results.empty():
+                time.sleep(0.5)
+                if results.empty():
+                    break
+    wall = time.perf_counter() - t0
+    for p in procs:
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+    if on_progress:
+        on_progress(sum(progress[:]))
+    reports.sort(key=lambda r: r["rank"])
+    errors = [f"rank {r['rank']}: {r['error']}" for r in reports if "error" in r]
+    missing = sorted(set(range(workers)) - {r["rank"] for r in reports})
+    errors += [f"rank {r}: exited without a report" for r in missing]
+    good = [r for r in reports if "error" not in r]
+    agree = len({r["digest"] for r in good}) == 1 if good else False
+    counters = {}
+    for r in good:
+        for k, v in r["counters"].items():
+            counters[k] = counters.get(k, 0) + v
+    seconds = max((r["seconds"] for r in good), default=0.0)
+    nbytes = values * np.dtype(dtype).itemsize
+    return {
+        "workers": workers, "nodes": nodes, "values": values, "dtype": dtype,
+        "tensor_bytes": nbytes, "steps": steps,
+        "seconds": round(seconds, 3), "wall_seconds": round(wall, 3),
+        "goodput_MBps": round(nbytes / seconds / 1e6, 3) if seconds else 0.0,
+        "packets_sent": counters.get("packets_sent", 0),
+        "packets_received": counters.get("packets_received", 0),
+        "retransmissions": counters.get("retransmissions", 0),
+        "bytes_sent": counters.get("bytes_sent", 0),
+        "bytes_received": counters.get("bytes_received", 0),
+        "max_error": max((r.get("max_error", 0.0) for r in good), default=None),
+        "verified": bool(verify and not errors and agree and all(r.get("ok") for r in good)),
+        "results_agree": agree,
+        "errors": errors,
+    }
+
+
+def demo(workers: int = 4, nodes: int = 2, values: int = 2_000_000, backend: str = "golden",
+         steps: int = 8, as_json: bool = False, pcap: str | None = None,
+         timeout: float = 60.0) -> dict:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from host.serve import SimServer, make_backend
+
+    console = Console(stderr=True, quiet=as_json)
+    server = SimServer(make_backend(backend), "127.0.0.1", 0, pcap=pcap).start()
+    try:
+        console.print(f"netagg demo: {backend} switch on {server.url}, {workers} workers in "
+                      f"{nodes} nodes, {values:,} float32 values each")
+        total = workers * values
+        with Progress(TextColumn("allreduce"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
+                      TimeElapsedColumn(), console=console, transient=True) as bar:
+            task = bar.add_task("allreduce", total=total)
+            report = run_workers(server.url, workers=workers, nodes=nodes, values=values,
+                                 steps=steps, timeout=timeout,
+                                 on_progress=lambda done: bar.update(task, completed=done))
+        report["backend"] = backend
+        report["switch"] = dict(server.stats)
+    finally:
+        server.stop()
+    if not as_json:
+        r = report
+        lines = [
+            f"workers        {r['workers']} ({r['nodes']} nodes of {r['workers'] // r['nodes']})",
+            f"tensor         {r['values']:,} float32 = {r['tensor_bytes'] / 1e6:.1f} MB "
+            f"per worker, in {r['steps']} tensors",
+            f"time           {r['seconds']:.2f} s (wall {r['wall_seconds']:.2f} s with start-up)",
+            f"goodput        {r['goodput_MBps']:.2f} MB/s per worker (tensor bytes / time)",
+            f"packets        {r['packets_sent']:,} sent, {r['packets_received']:,} received",
+            f"bytes          {r['bytes_sent']:,} sent, {r['bytes_received']:,} received "
+            "(UDP payloads)",
+            f"retransmitted  {r['retransmissions']:,}",
+            f"max |error|    {r['max_error']:.3g} (within the fixed-point bound: "
+            f"{'yes' if r['verified'] else 'NO'})" if r["max_error"] is not None else "",
+            "verified       " + ("yes: every worker matches numpy and the others"
+                                  if r["verified"] else "NO"),
+        ]
+        for e in r["errors"]:
+            lines.append(f"error          {e}")
+        print("\n".join(line for line in lines if line))
+    return report
+
+
+def bench_allreduce(sizes, workers: int = 4, backend: str = "golden", transports=("inproc", "udp"),
+                    quiet: bool = False) -> dict:
+    """Goodput (tensor bytes per worker / time, MB/s) of a float32 allreduce of each size,
+    with `workers` in-process workers (cooperative, one process) and over UDP (one process per
+    worker against `SimServer`)."""
+    from rich.console import Console
+
+    from host import Worker
+    from host.serve import SimServer, make_backend
+
+    console = Console(stderr=True, quiet=quiet)
+    out = {"bench": "allreduce", "backend": backend, "workers": workers, "dtype": "float32",
+           "inproc": {}, "udp": {}}
+    for size in sizes:
+        values = max(1, size // 4)
+        if "inproc" in transports:
+            switch = make_backend(backend)
+            ws = [Worker(r, workers, switch, session=f"bench-{size}") for r in range(workers)]
+            xs = [demo_data(r, values, 1) for r in range(workers)]
+            t0 = time.perf_counter()
+            for h in [w.allreduce_async(x) for w, x in zip(ws, xs)]:
+                h.wait()
+            dt = time.perf_counter() - t0
+            packets = sum(w.counters().get("packets_sent", 0) for w in ws)
+            for w in ws:
+                w.close()
+            out["inproc"][str(size)] = {"seconds": round(dt, 4),
+                                        "goodput_MBps": round(size / dt / 1e6, 3),
+                                        "packets": packets}
+            console.print(f"in-process {size:>10,} B: {size / dt / 1e6:8.3f} MB/s ({dt:.3f} s)")
+        if "udp" in transports:
+            with SimServer(make_backend(backend), "127.0.0.1", 0).start() as server:
+                r = run_workers(server.url, workers=workers, nodes=1, values=values, steps=1,
+                                seed=1, verify=False)
+            if r["errors"]:
+                raise SystemExit(f"UDP run of {size} bytes failed: {r['errors']}")
+            out["udp"][str(size)] = {"seconds": r["seconds"], "goodput_MBps": r["goodput_MBps"],
+                                     "packets": r["packets_sent"],
+                                     "retransmissions": r["retransmissions"]}
+            console.print(f"UDP        {size:>10,} B: {r['goodput_MBps']:8.3f} MB/s "
+                          f"({r['seconds']:.3f} s, {r['retransmissions']} retransmissions)")
+    return out

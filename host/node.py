@@ -1,0 +1,138 @@
+"""Shared memory between the local workers of one node, for the hierarchical allreduce.
+
+Two segments per node and session (names `netagg_<session hash>_<node>_c` and `..._d<gen>`):
+
+- control: one int64 epoch per local worker, the barrier. A worker arrives by writing its own
+  epoch (one writer per word, so no atomic operation is needed), and waits until every epoch
+  has reached its own. Waiting polls, and gives up with `NetaggTimeout` after `timeout`
+  seconds naming the local workers that did not arrive.
+- data: the local workers' inputs (one region each) and the result, for one step. It grows
+  (a new generation, the same decision on every local worker since all see the same tensor
+  sizes) when a step needs more.
+
+Local worker 0 creates and finally unlinks both; the others attach, waiting for them to exist.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from multiprocessing import resource_tracker, shared_memory
+
+import numpy as np
+
+from host.engine import NetaggTimeout
+
+
+def _attach(name: str, timeout: float) -> shared_memory.SharedMemory:
+    deadline = time.monotonic() + timeout
+    while True:
+        register = resource_tracker.register
+        # the creator owns the segment: an attaching process must not register it (its
+        # tracker would unlink it at exit, or complain when the creator unlinks it)
+        resource_tracker.register = lambda *args, **kwargs: None
+        try:
+            shm = shared_memory.SharedMemory(name=name)
+        except (FileNotFoundError, ValueError):   # not there yet, or not yet sized
+            if time.monotonic() > deadline:
+                raise NetaggTimeout(f"shared memory {name} was not created by local worker 0 "
+                                    f"within {timeout:.1f} s") from None
+            time.sleep(0.005)
+            continue
+        finally:
+            resource_tracker.register = register
+        return shm
+
+
+def _create(name: str, size: int) -> shared_memory.SharedMemory:
+    try:
+        old = shared_memory.SharedMemory(name=name)
+        old.close()
+        old.unlink()            # left by a run that crashed with the same session
+    except FileNotFoundError:
+        pass
+    return shared_memory.SharedMemory(name=name, create=True, size=size)
+
+
+class Region:
+    def __init__(self, buf, local_size: int, capacity: int):
+        self.buf, self.local_size, self.capacity = buf, local_size, capacity
+
+    def _view(self, index: int, offset: int, like: np.ndarray) -> np.ndarray:
+        start = index * self.capacity + offset
+        return np.ndarray(like.size, like.dtype, buffer=self.buf, offset=start)
+
+    def input(self, local_rank: int, offset: int, like: np.ndarray) -> np.ndarray:
+        return self._view(local_rank, offset, like)
+
+    def result(self, offset: int, like: np.ndarray) -> np.ndarray:
+        return self._view(self.local_size, offset, like)
+
+
+class NodeShm:
+    def __init__(self, session, node: int, local_rank: int, local_size: int,
+                 timeout: float = 20.0):
+        self.prefix = f"netagg_{zlib.crc32(str(session).encode()):08x}_{node}"
+        self.local_rank, self.local_size, self.timeout = local_rank, local_size, timeout
+        size = 8 * local_size
+        name = self.prefix + "_c"
+        self.ctl = _create(name, size) if local_rank == 0 else _attach(name, timeout)
+        self.epochs = np.ndarray(local_size, np.int64, buffer=self.ctl.buf)
+        self.epoch = 0
+        self.data = None
+        self.gen = 0
+        self.capacity = 0
+
+    def region(self, nbytes: int) -> Region:
+        """The data segment for a step of `nbytes` per local worker."""
+        if nbytes > self.capacity:
+            self.capacity = max(nbytes, 2 * self.capacity, 1 << 16)
+            self.gen += 1
+            name = f"{self.prefix}_d{self.gen}"
+            old = self.data
+            if self.local_rank == 0:
+                self.data = _create(name, self.capacity * (self.local_size + 1))
+                if old is not None:
+                    old.unlink()
+            else:
+                self.data = _attach(name, self.timeout)
+            if old is not None:
+                self._close(old)
+        return Region(self.data.buf, self.local_size, self.capacity)
+
+    @staticmethod
+    def _close(shm):
+        try:
+            shm.close()
+        except BufferError:     # numpy views still alive: the mapping goes with them
+            pass
+
+    def arrive(self):
+        self.epoch += 1
+        self.epochs[self.local_rank] = self.epoch
+
+    def wait_all(self):
+        deadline = time.monotonic() + self.timeout
+        spins = 0
+        while True:
+            behind = np.flatnonzero(self.epochs < self.epoch)
+            if behind.size == 0:
+                return
+            if time.monotonic() > deadline:
+                raise NetaggTimeout(
+                    f"local workers {behind.tolist()} of this node did not reach step "
+                    f"{self.epoch} within {self.timeout:.1f} s")
+            spins += 1
+            time.sleep(0 if spins < 100 else 0.0002)
+
+    def close(self):
+        self.epochs = None
+        for shm in (self.data, self.ctl):
+            if shm is None:
+                continue
+            self._close(shm)
+            if self.local_rank == 0:
+                try:
+                    shm.unlink()
+                except FileNotFoundError:
+                    pass

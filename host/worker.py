@@ -1,0 +1,406 @@
+"""The worker API, in the style of torch.distributed.
+
+    from host import Worker
+    w = Worker(rank, world_size, switch="udp://127.0.0.1:4791", session="run-42")
+    total = w.allreduce(gradient)                  # blocking, returns a new array
+    h = w.allreduce_async([g1, g2], op="mean")     # several tensors in one step
+    g1_mean, g2_mean = h.wait()
+
+`switch` is a `udp://host:port` address (a board, or `netagg sim serve`), a backend object
+(`send(port, frame)` / `run()`, e.g. `sim.golden.GoldenSwitch`) for in-process workers, or a
+`host.transport.Transport`. Every worker of a run must pass the same `session` (any string,
+like torch's rendezvous id): rank 0 resets the job for the run and tags it with the session,
+and the other ranks wait for that tag before they send anything, so nothing left in the
+switch by an earlier run can mix into this one.
+
+Flat (`local_size=1`): switch job `job`, switch rank `rank`, `world_size` workers.
+
+Hierarchical (`local_size=L`, ranks `node * L + local_rank`): the L workers of a node share
+their tensors through shared memory; local worker i contributes, for its shard i of every
+tensor, the node's sum of that shard to switch job `job + i` as rank `node` (so a hierarchical
+run uses jobs job .. job + L - 1, each with `world_size / L` workers, and every local worker
+uses the network); the results are shared back through the same memory. Shards are whole
+exponent blocks, and a node proposes the maximum exponent of its local workers, so the
+answer is bit for bit the flat allreduce's.
+
+In-process workers of one backend run cooperatively: `allreduce_async` on each, then `wait`
+on the handles; waiting drives every worker of that backend. They may also run in threads.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+
+import numpy as np
+
+from host import numerics as N
+from host import transport as T
+from host import wire as W
+from host.engine import Engine, NetaggError, NetaggTimeout, Work
+
+__all__ = ["Worker", "Handle", "SwitchControl", "NetaggError", "NetaggTimeout"]
+
+ENABLE = 1 << 31
+
+
+def session_tag(session) -> int:
+    return ENABLE | (zlib.crc32(str(session).encode()) & 0x7FFFFFFF)
+
+
+def _make_transport(switch, ip: str | None):
+    if isinstance(switch, T.Transport):
+        return switch
+    if isinstance(switch, str):
+        return T.UdpTransport(switch)
+    if hasattr(switch, "send") and (hasattr(switch, "run") or isinstance(switch, T.InProcessHub)):
+        return T.InProcessTransport(switch, ip=ip)
+    raise TypeError(f"switch must be 'udp://host:port', a backend or a Transport, not {switch!r}")
+
+
+class SwitchControl:
+    """The switch's registers through control packets: the same code for the simulated and
+    the real switch. `switch` as for `Worker`."""
+
+    def __init__(self, switch, timeout: float = 5.0, ip: str = "10.0.255.254"):
+        self.transport = _make_transport(switch, ip)
+        self.engine = Engine(self.transport, job=0, rank=0, workers=1, slots=1,
+                             timeout=timeout)
+        self.params = self.read_params()
+
+    def read(self, *addresses) -> list[int]:
+        return [v for _, v in self.engine.control([(a, 0) for a in addresses])]
+
+    def write(self, pairs) -> list[int]:
+        """Write (address, value) pairs; returns the values read back."""
+        return [v for _, v in self.engine.control([(a | W.WRITE, v) for a, v in pairs])]
+
+    def read_params(self) -> dict:
+        magic, params, slots, max_payload, ip, sport = self.read(
+            W.REG_MAGIC, W.REG_PARAMS, W.REG_SLOTS, W.REG_MAX_PAYLOAD, W.REG_IP,
+            W.REG_UDP_SPORT)
+        if magic != W.MAGIC:
+            raise NetaggError(f"the switch answered with magic {magic:#x}, not netagg's "
+                              f"{W.MAGIC:#x}")
+        return {"ports": params >> 24, "jobs": (params >> 16) & 0xFF,
+                "max_workers": (params >> 8) & 0xFF, "width": 64 * (params & 0xFF),
+                "slots": slots, "max_payload": max_payload,
+                "ip": _ip_str(ip), "udp_sport": sport}
+
+    def counters(self, ports=None, jobs=None) -> dict:
+        """Port and job counters, by name."""
+        ports = range(self.params["ports"]) if ports is None else ports
+        jobs = range(self.params["jobs"]) if jobs is None else jobs
+        out = {"ports": {}, "jobs": {}}
+        for p in ports:
+            vals = self.read(*[W.port_counter(p, n) for n in W.PORT_COUNTERS])
+            out["ports"][p] = dict(zip(W.PORT_COUNTERS, vals))
+        for j in jobs:
+            vals = self.read(*[W.job_counter(j, n) for n in W.JOB_COUNTERS])
+            out["jobs"][j] = dict(zip(W.JOB_COUNTERS, vals))
+        return out
+
+    def close(self):
+        self.transport.close()
+
+
+def _ip_str(ip: int) -> str:
+    return ".".join(str((ip >> s) & 0xFF) for s in (24, 16, 8, 0))
+
+
+class Handle:
+    """A pending allreduce; `wait()` returns the result (an array, or a list for a list)."""
+
+    def __init__(self, worker, works, outs, single, finish=None):
+        self.worker, self.works, self.outs, self.single = worker, works, outs, single
+        self._finish = finish
+        self._result = None
+        self._done = False
+
+    def done(self) -> bool:
+        if not self._done and self._finish is None:
+            self.worker._progress(0.0)
+        return all(w.done for w in self.works) and self._finish is None
+
+    def wait(self, timeout: float | None = None):
+        if self._done:
+            return self._result
+        if self._finish is not None:
+            self._finish(self)
+        self.worker._wait_works(self.works, timeout)
+        for w in self.works:
+            if w.error is not None:
+                raise w.error
+        self._done = True
+        self._result = self.outs[0] if self.single else self.outs
+        return self._result
+
+
+class Worker:
+    def __init__(self, rank: int, world_size: int, switch="udp://127.0.0.1:4791", job: int = 0,
+                 *, local_size: int = 1, session=None, slots: int | None = None,
+                 slot_base: int | None = None, timeout: float = 20.0,
+                 fraction_bits: int | None = None, block: int = N.DEFAULT_BLOCK,
+                 faults: dict | None = None):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
+        if local_size < 1 or world_size % local_size:
+            raise ValueError(f"world_size {world_size} is not a multiple of local_size "
+                             f"{local_size}")
+        self.rank, self.world_size, self.local_size = rank, world_size, local_size
+        self.node, self.local_rank = divmod(rank, local_size)
+        self.nodes = world_size // local_size
+        self.switch_job = job + self.local_rank
+        self.switch_rank = self.node
+        self.switch_workers = self.nodes
+        self.session = os.environ.get("NETAGG_SESSION", "default") if session is None \
+            else session
+        self.tag = session_tag(f"{self.session}/{self.switch_job}")
+        self.timeout = timeout
+        self.fraction_bits = N.fraction_bits(world_size) if fraction_bits is None \
+            else fraction_bits
+        self.block = block
+        self._pending = []          # hierarchical handles, in submission order
+        self._closed = False
+        ip = f"10.{1 + self.switch_job}.{self.switch_rank // 250}.{self.switch_rank % 250 + 1}"
+        transport = _make_transport(switch, ip)
+        if faults:
+            transport = T.LossyTransport(transport, **faults)
+        self.transport = transport
+        self.engine = Engine(transport, job=self.switch_job, rank=self.switch_rank,
+                             workers=self.switch_workers, slots=None, qpn=0x100 + rank,
+                             session_tag=self.tag, timeout=timeout,
+                             fraction_bits=self.fraction_bits, block=block)
+        try:
+            self._configure(slots, slot_base)
+        except BaseException:
+            self.transport.close()
+            raise
+        self.shm = None
+        if local_size > 1:
+            from host.node import NodeShm
+            self.shm = NodeShm(self.session, self.node, self.local_rank, local_size, timeout)
+        if transport.driver is not None:
+            transport.driver.engines.append(self.engine)
+
+    # --- set-up -------------------------------------------------------------------------
+
+    def _configure(self, slots, slot_base):
+        e, t = self.engine, self.transport
+        magic, params, total_slots, max_payload, ip, sport = [v for _, v in e.control(
+            [(W.REG_MAGIC, 0), (W.REG_PARAMS, 0), (W.REG_SLOTS, 0), (W.REG_MAX_PAYLOAD, 0),
+             (W.REG_IP, 0), (W.REG_UDP_SPORT, 0)])]
+        if magic != W.MAGIC:
+            raise NetaggError(f"the switch answered with magic {magic:#x}, not netagg's")
+        ports, jobs, max_workers = params >> 24, (params >> 16) & 0xFF, (params >> 8) & 0xFF
+        if self.switch_job >= jobs:
+            raise NetaggError(f"the switch has jobs 0..{jobs - 1}; this worker needs job "
+                              f"{self.switch_job}" + (" (one job per local worker)"
+                                                      if self.local_size > 1 else ""))
+        if self.switch_workers > max_workers:
+            raise NetaggError(f"the switch takes at most {max_workers} workers per job, not "
+                              f"{self.switch_workers}")
+        if max_payload < W.MAX_PAYLOAD:
+            raise NetaggError(f"the switch takes {max_payload}-byte payloads; netagg's host "
+                              f"sends {W.MAX_PAYLOAD}")
+        self.switch_params = {"ports": ports, "jobs": jobs, "max_workers": max_workers,
+                              "slots": total_slots}
+        t.switch_port = T.switch_port_for(t.local.ip, t.local.port, ports)
+        if isinstance(t, T.LossyTransport):
+            t.inner.switch_port = t.switch_port
+        t.result_source = W.Endpoint(_ip_str(ip), sport)
+        per_job = total_slots // jobs
+        count = per_job if slots is None else slots
+        base = self.switch_job * per_job if slot_base is None else slot_base
+        if count < 1 or base + count > total_slots:
+            raise NetaggError(f"slots {base}..{base + count - 1} are not inside the switch's "
+                              f"{total_slots}")
+        r = self.switch_rank
+        j = self.switch_job
+        row = [(W.worker_reg(j, r, W.WORKER_PORT), (t.switch_port << 16) | t.local.port),
+               (W.worker_reg(j, r, W.WORKER_MAC_HI), t.local.mac >> 32),
+               (W.worker_reg(j, r, W.WORKER_MAC_LO), t.local.mac & 0xFFFFFFFF),
+               (W.worker_reg(j, r, W.WORKER_IP), W.ip_to_int(t.local.ip)),
+               (W.worker_reg(j, r, W.WORKER_QPN), e.qpn),
+               (W.worker_reg(j, r, W.WORKER_VA_HI), 0),
+               (W.worker_reg(j, r, W.WORKER_VA_LO), 0)]
+        if r != 0:
+            row.append((W.worker_reg(j, r, W.WORKER_RKEY), 0))
+        self._write(row)
+        config = ENABLE | self.switch_workers
+        if r == 0:
+            self._write([(W.job_reg(j, W.JOB_SLOT_BASE), base),
+                         (W.job_reg(j, W.JOB_SLOT_COUNT), count),
+                         (W.job_reg(j, W.JOB_CONFIG), config),
+                         (W.worker_reg(j, 0, W.WORKER_RKEY), self.tag)])
+            e.set_slots(count)
+            return
+        e.joined = False
+
+        def accept(values):
+            cfg, n, rkey = values
+            if rkey != self.tag:
+                return None
+            if cfg != config:
+                raise NetaggError(f"job {j} was configured as {cfg:#x} by rank 0 of this "
+                                  f"session, this worker expects {config:#x}")
+            return n
+        e.join_check = ([(W.job_reg(j, W.JOB_CONFIG), 0), (W.job_reg(j, W.JOB_SLOT_COUNT), 0),
+                         (W.worker_reg(j, 0, W.WORKER_RKEY), 0)], accept)
+
+    def _write(self, pairs):
+        got = self.engine.control([(a | W.WRITE, v) for a, v in pairs])
+        for (a, v), (_, back) in zip(pairs, got):
+            if back != v & 0xFFFFFFFF:
+                raise NetaggError(f"the switch kept {back:#x} at register {a:#x}, not {v:#x}")
+
+    # --- allreduce ----------------------------------------------------------------------
+
+    def allreduce(self, arrays, op: str = "sum", dtype=None, timeout: float | None = None):
+        """Blocking allreduce of one array or a list of arrays; returns new arrays."""
+        return self.allreduce_async(arrays, op, dtype).wait(timeout)
+
+    def allreduce_async(self, arrays, op: str = "sum", dtype=None) -> Handle:
+        if self._closed:
+            raise NetaggError("this worker is closed")
+        single = isinstance(arrays, np.ndarray) or not isinstance(arrays, (list, tuple))
+        arrays = [np.asarray(arrays)] if single else [np.asarray(a) for a in arrays]
+        if op not in ("sum", "mean"):
+            raise ValueError(f"op must be 'sum' or 'mean', not {op!r}")
+        fmts = [N.format_of(a, dtype) for a in arrays]
+        for f in fmts:
+            if op == "mean" and f.kind == "int":
+                raise TypeError("the mean of int32 tensors is not an int32: use op='sum'")
+        outs = [np.empty_like(a) for a in arrays]
+        if self.local_size == 1:
+            works = []
+            for a, f, o in zip(arrays, fmts, outs):
+                flat = np.ascontiguousarray(a).reshape(-1)
+                if flat.size == 0:
+                    continue
+                works.append(self._work(f, [flat], o.reshape(-1), op == "mean",
+                                        [self._proposals(flat, f)]))
+            for w in works:
+                self.engine.submit(w)
+            return Handle(self, works, outs, single)
+        for a, f in zip(arrays, fmts):
+            if f.kind == "fixed":
+                N.check_finite(N.to_float64(a.reshape(-1), f))
+        while self._pending:            # one hierarchical step at a time: they share memory
+            self._pending[0].wait()
+        return self._hierarchical(arrays, fmts, outs, op == "mean", single)
+
+    def _work(self, fmt, sources, out, mean, proposals) -> Work:
+        props = np.max(np.stack(proposals), axis=0) if fmt.kind == "fixed" else None
+        return Work(fmt=fmt, sources=sources, out=out, n=len(out), world_size=self.world_size,
+                    mean=mean, frac=self.fraction_bits, block=self.block, proposals=props)
+
+    def _proposals(self, flat, fmt):
+        """This worker's exponent per block (checking that the values are finite)."""
+        if fmt.kind != "fixed":
+            return None
+        per = N.LANES * self.block
+        out = []
+        for i in range(0, max(1, len(flat)), per):
+            seg = N.to_float64(flat[i:i + per], fmt)
+            N.check_finite(seg)
+            out.append(np.abs(seg).max(initial=0.0))
+        return np.clip(N.exponent_of(np.array(out)), N.EXP_MIN, N.EXP_MAX)
+
+    def _progress(self, timeout: float):
+        driver = self.transport.driver
+        if driver is not None:
+            driver.drive()
+            if self.engine.failed:
+                raise self.engine.failed
+            if timeout:
+                time.sleep(0)
+        else:
+            self.engine.step(timeout)
+
+    def _wait_works(self, works, timeout):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not all(w.done for w in works):
+            if deadline is not None and time.monotonic() > deadline:
+                raise NetaggTimeout(f"allreduce not finished after {timeout} s")
+            self._progress(0.05)
+
+    # --- hierarchical -------------------------------------------------------------------
+
+    def _hierarchical(self, arrays, fmts, outs, mean, single) -> Handle:
+        sizes = [a.nbytes for a in arrays]
+        offsets = np.cumsum([0] + [-(-s // 64) * 64 for s in sizes]).tolist()
+        total = offsets[-1]
+        region = self.shm.region(total)          # same sizes on every local worker
+        for a, off in zip(arrays, offsets):
+            view = region.input(self.local_rank, off, a)
+            view[...] = np.ascontiguousarray(a).reshape(-1)
+        self.shm.arrive()
+
+        def finish(handle):
+            while self._pending and self._pending[0] is not handle:
+                self._pending[0].wait()
+            self.shm.wait_all()
+            works = []
+            per = N.LANES * self.block
+            for a, f, off in zip(arrays, fmts, offsets):
+                n = a.size
+                blocks = -(-n // per)
+                b0 = blocks * self.local_rank // self.local_size
+                b1 = blocks * (self.local_rank + 1) // self.local_size
+                lo, hi = b0 * per, min(b1 * per, n)
+                if hi <= lo:
+                    continue
+                sources = [region.input(i, off, a)[lo:hi] for i in range(self.local_size)]
+                out = region.result(off, a)[lo:hi]
+                works.append(self._work(f, sources, out, mean,
+                                        [self._proposals(s, f) for s in sources]))
+            for w in works:
+                self.engine.submit(w)
+            handle.works = works
+            try:
+                self._wait_works(works, None)
+            finally:
+                self.shm.arrive()
+                self.shm.wait_all()
+            for w in works:
+                if w.error is not None:
+                    raise w.error
+            for a, o, off in zip(arrays, outs, offsets):
+                o.reshape(-1)[...] = region.result(off, a)
+            self.shm.arrive()       # everyone has copied out: the region may be reused
+            self.shm.wait_all()
+            handle._finish = None
+            self._pending.remove(handle)
+
+        handle = Handle(self, [], outs, single, finish)
+        self._pending.append(handle)
+        return handle
+
+    # --- the rest -----------------------------------------------------------------------
+
+    def counters(self) -> dict:
+        """This worker's counters: packets, retransmissions, bytes, ignored results..."""
+        c = self.engine.counters()
+        c["bad_packets"] = self.transport.bad
+        if isinstance(self.transport, T.LossyTransport):
+            c.update({f"injected_{k}": v for k, v in self.transport.faults.items()})
+        return c
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        driver = self.transport.driver
+        if driver is not None and self.engine in driver.engines:
+            driver.engines.remove(self.engine)
+        self.transport.close()
+        if self.shm is not None:
+            self.shm.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
