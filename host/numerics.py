@@ -90,7 +90,8 @@ def to_float64(array: np.ndarray, fmt: Format) -> np.ndarray:
     """The values as float64 (bfloat16 bits widened exactly)."""
     if fmt is BFLOAT16 and array.dtype.name != "bfloat16":
         bits = array.view(np.uint16).astype(np.uint32) << 16
-        return bits.view(np.float32).astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            return bits.view(np.float32).astype(np.float64)
     return array.astype(np.float64)
 
 
@@ -145,7 +146,19 @@ def error_bound(result: np.ndarray, exponents: np.ndarray, world_size: int, fmt:
     bound = world_size * np.ldexp(1.0, exponents - frac - 1)
     if mean:
         bound = bound / world_size
-    return bound + np.abs(result) * fmt.eps
+    return bound + half_ulp(result, fmt)
+
+
+def half_ulp(values: np.ndarray, fmt: Format) -> np.ndarray:
+    """Half the spacing of the output dtype at `values` (subnormals included)."""
+    if fmt is INT32:
+        return np.zeros(np.shape(values))
+    v = np.abs(np.asarray(values, np.float64))
+    if fmt is BFLOAT16:
+        return np.spacing(v.astype(np.float32)).astype(np.float64) * 2.0 ** 16 / 2
+    dtype = np.float16 if fmt is FLOAT16 else np.float32
+    with np.errstate(over="ignore"):
+        return np.spacing(v.astype(dtype)).astype(np.float64) / 2
 
 
 def shared_exponents(arrays, fmt: Format, lanes: int = LANES,

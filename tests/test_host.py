@@ -1,0 +1,327 @@
+"""The host driver in process, against the golden model: exact int32 sums, floats within the
+fixed-point bound, hierarchical equal to flat, loss, overflow, dead peers and switches."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from host import NetaggError, NetaggTimeout, Worker
+from host import numerics as N
+from host import wire as W
+from host.serve import SimServer
+from sim.golden import GoldenSwitch
+
+LENGTHS = [1, 3, N.LANES - 1, N.LANES, N.LANES + 1, 1000, 3 * N.LANES * N.DEFAULT_BLOCK + 7]
+
+
+def workers(n, switch=None, **kw):
+    switch = switch or GoldenSwitch()
+    session = kw.pop("session", uuid.uuid4().hex)
+    return [Worker(r, n, switch, session=session, **kw) for r in range(n)]
+
+
+def allreduce_all(ws, inputs, **kw):
+    """Cooperative in-process allreduce: start every worker, then wait."""
+    handles = [w.allreduce_async(x, **kw) for w, x in zip(ws, inputs)]
+    return [h.wait() for h in handles]
+
+
+def in_threads(fn, n):
+    out, errors = [None] * n, []
+
+    def run(i):
+        try:
+            out[i] = fn(i)
+        except BaseException as e:       # re-raised below
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    if errors:
+        raise errors[0]
+    return out
+
+
+def assert_within_bound(result, inputs, fmt, mean=False, frac=None):
+    exact = np.sum([N.to_float64(x, fmt) for x in inputs], axis=0)
+    if mean:
+        exact = exact / len(inputs)
+    got = N.to_float64(result, fmt)
+    bound = N.error_bound(got, N.shared_exponents(inputs, fmt), len(inputs), fmt, frac=frac,
+                          mean=mean)
+    err = np.abs(got - exact)
+    assert np.all(err <= bound), f"error {err.max()} beyond the bound at {np.argmax(err - bound)}"
+    return err.max()
+
+
+# --- number formats -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 8, 31, 32])
+def test_fraction_bits_cannot_overflow(world):
+    f = N.fraction_bits(world)
+    assert world * 2 ** f <= 2 ** 31 - 1 < world * 2 ** (f + 1)
+
+
+def test_bfloat16_bits_round_trip():
+    bits = np.arange(0, 1 << 16, dtype=np.uint32).astype(np.uint16)
+    values = N.to_float64(bits, N.BFLOAT16)
+    finite = np.isfinite(values)
+    back = N.from_float64(values, N.BFLOAT16, bits)
+    assert np.array_equal(back[finite], bits[finite])
+
+
+def test_bad_input_is_a_clear_error():
+    (w,) = workers(1)
+    with pytest.raises(ValueError, match="NaN"):
+        w.allreduce(np.array([1.0, np.nan], np.float32))
+    with pytest.raises(TypeError, match="int32"):
+        w.allreduce(np.arange(4, dtype=np.int32), op="mean")
+    with pytest.raises(TypeError, match="float64"):
+        w.allreduce(np.arange(4, dtype=np.float64))
+    with pytest.raises(ValueError, match="op"):
+        w.allreduce(np.arange(4, dtype=np.int32), op="max")
+    # the worker still works after refusing them
+    assert np.array_equal(w.allreduce(np.arange(4, dtype=np.int32)), np.arange(4))
+
+
+# --- exact and bounded sums -----------------------------------------------------------------
+
+def test_int32_exact_any_length_several_tensors_per_step():
+    rng = np.random.default_rng(1)
+    ws = workers(4)
+    inputs = [[rng.integers(-2**28, 2**28, n, dtype=np.int32) for n in LENGTHS]
+              for _ in ws]
+    results = allreduce_all(ws, inputs)
+    for i, n in enumerate(LENGTHS):
+        expected = np.sum([x[i].astype(np.int64) for x in inputs], axis=0)
+        for r in results:
+            assert r[i].dtype == np.int32 and r[i].shape == (n,)
+            assert np.array_equal(r[i], expected)
+    c = ws[0].counters()
+    assert c["packets_sent"] == sum(-(-n // N.LANES) for n in LENGTHS)
+    assert c.get("retransmissions", 0) == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("op", ["sum", "mean"])
+def test_floats_within_the_bound(dtype, op):
+    rng = np.random.default_rng(2)
+    n = 2 * N.LANES * N.DEFAULT_BLOCK + 100
+    fmt = {"float32": N.FLOAT32, "float16": N.FLOAT16, "bfloat16": N.BFLOAT16}[dtype]
+    scale = np.repeat(10.0 ** rng.uniform(-3, 2, 3), N.LANES * N.DEFAULT_BLOCK)[:n]
+    values = [rng.standard_normal(n) * scale for _ in range(3)]
+    if dtype == "bfloat16":
+        inputs = [N.from_float64(v, fmt, np.zeros(1, np.uint16)) for v in values]
+    else:
+        inputs = [v.astype(dtype) for v in values]
+    ws = workers(3)
+    results = allreduce_all(ws, inputs, op=op, dtype=dtype)
+    for r in results:
+        assert r.dtype == inputs[0].dtype and np.array_equal(r, results[0])
+    assert_within_bound(results[0], inputs, fmt, mean=op == "mean")
+
+
+def test_float32_zeros_tiny_and_huge():
+    inputs = [np.array([0.0, 1e-40, 1.5e38, -1.5e38, 1.0, 0.0], np.float32) for _ in range(2)]
+    inputs[1][2] = 1e38
+    ws = workers(2)
+    results = allreduce_all(ws, inputs)
+    assert results[0][0] == 0 and np.isfinite(results[0]).all()
+    assert_within_bound(results[0], inputs, N.FLOAT32)
+
+
+def test_overflow_is_redone_not_returned():
+    """With more fraction bits than safe, sums saturate: the engine redoes the chunks with a
+    larger exponent until they fit, and the answer is still right."""
+    rng = np.random.default_rng(3)
+    inputs = [(2 + 1.9 * rng.random(600)).astype(np.float32) for _ in range(4)]   # E = 2
+    ws = workers(4, fraction_bits=30)
+    results = allreduce_all(ws, inputs)
+    exact = np.sum([x.astype(np.float64) for x in inputs], axis=0)
+    assert ws[0].counters()["overflows"] > 0
+    assert np.allclose(results[0], exact, rtol=1e-6)
+
+
+def test_int32_saturation_raises():
+    ws = workers(2)
+    inputs = [np.array([2**30, 2**31 - 1, 5], np.int32), np.array([2**30, 1, 5], np.int32)]
+    for h in [w.allreduce_async(x) for w, x in zip(ws, inputs)]:
+        with pytest.raises(OverflowError, match="saturated"):
+            h.wait()
+
+
+# --- hierarchical -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["int32", "float32"])
+def test_hierarchical_equals_flat(dtype):
+    rng = np.random.default_rng(4)
+    sizes = [5, 3 * N.LANES * N.DEFAULT_BLOCK + 11]
+    if dtype == "int32":
+        inputs = [[rng.integers(-2**20, 2**20, n, dtype=np.int32) for n in sizes]
+                  for _ in range(4)]
+    else:
+        inputs = [[(rng.standard_normal(n) * 10.0 ** rng.uniform(-2, 2)).astype(np.float32)
+                   for n in sizes] for _ in range(4)]
+    flat = allreduce_all(workers(4), inputs)
+    switch, session = GoldenSwitch(), uuid.uuid4().hex
+
+    def hier(rank):
+        with Worker(rank, 4, switch, local_size=2, session=session, timeout=30) as w:
+            first = w.allreduce(inputs[rank])
+            again = w.allreduce(inputs[rank])      # a second step reuses the shared memory
+            return first, again, w.counters()
+    out = in_threads(hier, 4)
+    for rank in range(4):
+        for i in range(len(sizes)):
+            assert np.array_equal(out[rank][0][i], flat[0][i])
+            assert np.array_equal(out[rank][1][i], flat[0][i])
+    # every local worker used the network (its shard)
+    assert all(o[2]["packets_sent"] > 0 for o in out)
+    if dtype == "int32":
+        expected = np.sum([x[1].astype(np.int64) for x in inputs], axis=0)
+        assert np.array_equal(flat[0][1], expected)
+
+
+# --- loss ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rate", [0.01, 0.05])
+def test_lossy_path_still_exact(rate):
+    """Drop, duplicate and delay (reorder) `rate` of the packets in each direction."""
+    rng = np.random.default_rng(5)
+    ints = [rng.integers(-2**24, 2**24, 20 * N.LANES + 3, dtype=np.int32) for _ in range(3)]
+    floats = [rng.standard_normal(10 * N.LANES).astype(np.float32) for _ in range(3)]
+    switch, session = GoldenSwitch(), uuid.uuid4().hex
+    ws = [Worker(r, 3, switch, session=session, timeout=20,
+                 faults=dict(drop=rate, duplicate=rate, reorder=rate, max_delay=0.02,
+                             seed=r + int(rate * 1000)))
+          for r in range(3)]
+    for w in ws:            # the in-process round trip is short: retransmit quickly
+        w.engine.rto_min = w.engine.rto = 0.005
+    t0 = time.monotonic()
+    for _ in range(2):
+        results = allreduce_all(ws, [[a, b] for a, b in zip(ints, floats)])
+        expected = np.sum([x.astype(np.int64) for x in ints], axis=0)
+        for r in results:
+            assert np.array_equal(r[0], expected)
+            assert np.array_equal(r[1], results[0][1])
+        assert_within_bound(results[0][1], floats, N.FLOAT32)
+    assert time.monotonic() - t0 < 60
+    c = [w.counters() for w in ws]
+    assert sum(x["injected_dropped"] for x in c) > 0
+    assert sum(x.get("retransmissions", 0) for x in c) > 0
+
+
+def test_stray_contribution_from_an_earlier_use_is_redone():
+    """A contribution the network delivers after its slot's next use began is added to the
+    wrong use by the switch (as in SwitchML); the check lane catches it and the chunk is
+    redone, so the sum stays exact."""
+    switch = GoldenSwitch()
+    ws = workers(2, switch, slots=1)
+    sent = []
+    inner_send = ws[0].transport.send
+
+    def record(pkt):
+        sent.append(pkt)
+        inner_send(pkt)
+    ws[0].transport.send = record
+    a = [np.arange(N.LANES, dtype=np.int32) * (r + 1) for r in range(2)]
+    allreduce_all(ws, a)                       # use 0 of slot 0 (version 0)
+    b = [np.full(N.LANES, 7 * (r + 1), np.int32) for r in range(2)]
+    allreduce_all(ws, b)                       # use 1 (version 1)
+    ws[0].transport.send = inner_send
+    inner_send(sent[0])                        # use 0 again, late: starts version 0's next use
+    c = [np.full(N.LANES, 100 * (r + 1), np.int32) for r in range(2)]
+    results = allreduce_all(ws, c)
+    assert np.array_equal(results[0], np.full(N.LANES, 300))
+    assert np.array_equal(results[1], np.full(N.LANES, 300))
+    assert ws[1].counters()["mixed_results"] >= 1
+
+
+# --- bounded waiting ------------------------------------------------------------------------
+
+def test_dead_peer_is_a_clear_error_in_bounded_time():
+    switch, session = GoldenSwitch(), uuid.uuid4().hex
+    ws = [Worker(r, 3, switch, session=session, timeout=1.0) for r in range(2)]   # rank 2 never
+    handles = [w.allreduce_async(np.ones(10, np.int32)) for w in ws]
+    t0 = time.monotonic()
+    with pytest.raises(NetaggTimeout, match="a peer of this job stopped contributing"):
+        handles[0].wait()
+    assert time.monotonic() - t0 < 5
+
+
+def test_rank_that_never_gets_configured_times_out():
+    switch = GoldenSwitch()
+    w = Worker(1, 2, switch, session="nobody-else", timeout=0.5)     # rank 0 never comes
+    t0 = time.monotonic()
+    with pytest.raises(NetaggTimeout, match="not configured for this run by its rank 0"):
+        w.allreduce(np.ones(3, np.int32))
+    assert time.monotonic() - t0 < 5
+
+
+def test_no_switch_is_a_clear_error_in_bounded_time():
+    with SimServer(GoldenSwitch(), "127.0.0.1", 0) as server:
+        url = server.url
+    t0 = time.monotonic()
+    with pytest.raises(NetaggTimeout, match="did not answer a control request"):
+        Worker(0, 1, url, timeout=1.0)
+    assert time.monotonic() - t0 < 5
+
+
+def test_switch_dying_mid_run_is_a_clear_error():
+    server = SimServer(GoldenSwitch(), "127.0.0.1", 0).start()
+    w = Worker(0, 2, server.url, session=uuid.uuid4().hex, timeout=1.0)
+    server.stop()
+    t0 = time.monotonic()
+    with pytest.raises(NetaggTimeout, match="does not answer control requests either"):
+        w.allreduce(np.ones(10, np.int32))
+    assert time.monotonic() - t0 < 5
+    w.close()
+
+
+def test_earlier_run_left_in_the_switch_does_not_mix():
+    """A run that died half-way leaves contributions in the slots; the next session's rank 0
+    resets the job and the others wait for it, so the sums are exact."""
+    switch = GoldenSwitch()
+    old = [Worker(r, 3, switch, session="old", timeout=0.5) for r in range(2)]
+    handles = [w.allreduce_async(np.full(50, 1000, np.int32)) for w in old]
+    with pytest.raises(NetaggTimeout):
+        handles[0].wait()
+    assert GoldenSwitch.counters(switch)["jobs"][0]["contributions"] > 0   # left behind
+    for w in old:
+        w.close()
+    new = [Worker(r, 3, switch, session="new", timeout=5) for r in (1, 2, 0)]   # 0 comes last
+    new.sort(key=lambda w: w.rank)
+    results = allreduce_all(new, [np.full(50, r + 1, np.int32) for r in range(3)])
+    for r in results:
+        assert np.array_equal(r, np.full(50, 6))
+
+
+def test_misconfiguration_is_refused():
+    switch = GoldenSwitch(jobs=2, max_workers=4)
+    with pytest.raises(NetaggError, match="at most 4 workers"):
+        Worker(0, 5, switch)
+    with pytest.raises(NetaggError, match="jobs 0..1"):
+        Worker(0, 4, switch, job=2)
+    with pytest.raises(NetaggError, match="jobs 0..1"):
+        Worker(2, 6, switch, job=0, local_size=3)    # needs jobs 0, 1, 2
+
+
+def test_switch_counters_through_control():
+    from host import SwitchControl
+    switch = GoldenSwitch()
+    ws = workers(2, switch)
+    allreduce_all(ws, [np.ones(3 * N.LANES, np.int32)] * 2)
+    ctl = SwitchControl(switch)
+    assert ctl.params["ports"] == 4 and ctl.params["slots"] == 64
+    c = ctl.counters(jobs=[0])
+    assert c["jobs"][0]["completed"] == 3 and c["jobs"][0]["results"] == 6
+    assert c["jobs"][0]["contributions"] == 6
+    assert sum(p["control"] for p in c["ports"].values()) > 0
+    assert ctl.read(W.REG_MAGIC) == [W.MAGIC]
