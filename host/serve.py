@@ -20,6 +20,7 @@ it exists).
 from __future__ import annotations
 
 import select
+import signal
 import socket
 import struct
 import sys
@@ -169,6 +170,7 @@ def serve_main(backend: str = "golden", host: str = "0.0.0.0", port: int = W.ROC
     console.print("a sender (ip, udp port) enters switch port (ip as an integer + udp port) "
                   f"% {server.ports}")
     t0 = time.monotonic()
+    signal.signal(signal.SIGTERM, lambda *_: server._stop.set())
     try:
         server.serve()
     except KeyboardInterrupt:
