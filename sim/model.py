@@ -27,15 +27,15 @@ frame exchange (what `send` queued, what `run` returns) goes through a few funct
 CPython's stable ABI that the harness calls itself, through ``ctypes.PyDLL``: a batch of frames
 crosses in one call each way, with no Python loop over frames or beats.
 
-Why not pyverilator (pyverilator-mm 0.7.6), the usual way to reach a Verilator model from
-Python: its model is a set of per-signal get/set functions plus ``eval``, which is exactly the
-per-cycle crossing this module exists to avoid (TOOLCHAIN.md measured it at 36k-51k cycles/s).
-It has no place for a C++ loop of one's own: it writes its own wrapper as the only ``--exe``
-source and recompiles from scratch on every ``build`` (no cache). A harness could be smuggled
-in as an extra ``.cpp`` through its ``args`` and then called through ``sim.lib`` with ctypes,
-but that is ctypes with pyverilator in the way: it forces ``--trace`` (tracing code in every
-eval), ``--std=c++11`` flags, a serial ``make``, a module name equal to the file name, and the
-perl wrapper. The harness here does the same with nothing but ctypes and the standard library.
+Why not pyverilator (pyverilator-mm 0.7.6), the chosen way to drive a Verilator model from
+Python where it serves: its own interface is per-signal get/set functions plus ``eval``, the
+per-cycle crossing this module exists to avoid (TOOLCHAIN.md measured 36k-51k cycles/s). It can
+host a C++ loop, but only from the side: a ``.cpp`` passed in ``build(args=[...])`` is compiled
+and linked into its library (tried: a loop over ``Vtop*`` called as ``sim.lib.f(sim.model, n)``
+with ctypes runs), so the loop is still reached through ctypes, and pyverilator adds only
+costs: it forces ``--trace`` and ``--std=c++11``, rebuilds from scratch on every ``build`` (no
+cache), runs ``make`` serially, and wants the Verilog file named after its module. The harness
+here is that same kind of ctypes library, built and cached by netagg.
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def _load(library: Path) -> ctypes.CDLL:
         "nm_queued": ([handle, ctypes.c_int], i64),
         "nm_set_pattern": ([handle, ctypes.c_int, ctypes.c_int, u64, ctypes.c_uint, u64], None),
         "nm_errors": ([handle, ctypes.c_char_p, ctypes.c_int], u64),
-        "nm_bench": ([handle, u64, ctypes.c_uint, u64, p], ctypes.c_double),
+        "nm_bench": ([handle, u64, u64, p], None),
     }
     for name, (argtypes, restype) in sigs.items():
         fn = getattr(lib, name)
@@ -240,6 +240,9 @@ def _load(library: Path) -> ctypes.CDLL:
     pylib.nm_push_list.restype = ctypes.c_int
     pylib.nm_take_output.argtypes = [handle]
     pylib.nm_take_output.restype = ctypes.py_object
+    pylib.nm_bench_traffic.argtypes = [handle, ctypes.py_object, ctypes.py_object,
+                                       ctypes.py_object]
+    pylib.nm_bench_traffic.restype = ctypes.c_int
     return lib, pylib
 
 
@@ -279,7 +282,8 @@ class SwitchModel:
         self._pend_ports.append(port)
         self._pend_frames.append(frame)
 
-    def run(self, max_cycles: int = 1_000_000, idle_cycles: int = 100) -> list[tuple[int, bytes]]:
+    def run(self, max_cycles: int = 1_000_000,
+            idle_cycles: int = 1000) -> list[tuple[int, bytes]]:
         """Clock until every frame sent is taken in and the ports have been quiet (no beat
         offered on rx or tx, no frame half out) for `idle_cycles` cycles; return the frames
         that came out, as (tx port, bytes) in the order their last beats left.
@@ -389,36 +393,57 @@ class SwitchModel:
 
     # -- speed ----------------------------------------------------------------------------
 
-    def bench_cpp(self, cycles: int, frame_len: int = 1024, chunk: int = 2048) -> dict:
-        """The C++ reference loop: frames of `frame_len` bytes made in C++ and kept queued on
-        every port, output dropped, `chunk` cycles per step, without returning to Python.
-        Resets the model first and after."""
+    def _traffic(self, traffic, chunk: int):
+        """Per-port frame pools and how many frames to keep queued on each port so that it
+        never runs dry within `chunk` cycles."""
+        pools = {port: [] for port in range(self.ports)}
+        for port, frame in traffic:
+            if not 0 <= port < self.ports:
+                raise ValueError(f"port {port!r} out of range: the model has {self.ports} ports")
+            if not frame:
+                raise ValueError("a frame has at least 1 byte")
+            pools[port].append(bytes(frame))
+        beat = self.width // 8
+        keep = [chunk // -(-min(map(len, f)) // beat) + 2 if f else 0 for f in pools.values()]
+        return pools, keep
+
+    def bench_cpp(self, cycles: int, traffic: list[tuple[int, bytes]], chunk: int = 2048) -> dict:
+        """The C++ reference loop: the frames of `traffic` ((port, frame) pairs) sent over and
+        over, every port kept supplied, `chunk` cycles per step, frames out dropped, without
+        returning to Python. Resets the model before and after."""
+        pools, keep = self._traffic(traffic, chunk)
+        ports = [port for port, frames in pools.items() for _ in frames]
+        frames = [frame for frames in pools.values() for frame in frames]
         self.reset()
+        if self._pylib.nm_bench_traffic(self._h, ports, frames, keep):
+            raise ValueError("bad benchmark traffic")
         stats = (ctypes.c_int64 * 4)()
         cpu = time.process_time()
-        self._lib.nm_bench(self._h, cycles, frame_len, chunk, stats)
+        self._lib.nm_bench(self._h, cycles, chunk, stats)
         cpu = time.process_time() - cpu
+        self._pylib.nm_bench_traffic(self._h, [], [], [0] * self.ports)
         self.reset()
         seconds = stats[3] / 1e9
         return {"cycles_per_s": stats[0] / seconds, "cpu_cycles_per_s": stats[0] / cpu,
                 "cycles": stats[0], "frames": stats[1], "bytes": stats[2], "seconds": seconds}
 
-    def bench_python(self, cycles: int, frame_len: int = 1024, chunk: int = 2048) -> dict:
-        """The same traffic from Python: frames of `frame_len` random bytes kept queued with
-        `send` on every port, `step(chunk)`, every frame that comes out taken as bytes."""
+    def bench_python(self, cycles: int, traffic: list[tuple[int, bytes]],
+                     chunk: int = 2048) -> dict:
+        """The same from Python: every port kept supplied with `send`, `step(chunk)`, every
+        frame that comes out taken as bytes. Resets the model before and after."""
+        pools, keep = self._traffic(traffic, chunk)
+        nexts = [0] * self.ports
+        frames = nbytes = 0
         self.reset()
-        rng = random.Random(1)
-        pool = [rng.randbytes(frame_len) for _ in range(64)]
-        keep_queued = chunk * (self.width // 8) // frame_len + 2
-        frames = nbytes = k = 0
         start = self.cycles
         cpu = time.process_time()
         t0 = time.perf_counter()
         while self.cycles - start < cycles:
-            for port in range(self.ports):
-                for _ in range(keep_queued - self.queued(port)):
-                    self.send(port, pool[k & 63])
-                    k += 1
+            for port, pool in pools.items():
+                if pool:
+                    for _ in range(keep[port] - self.queued(port)):
+                        self.send(port, pool[nexts[port] % len(pool)])
+                        nexts[port] += 1
             out = self.step(chunk)
             frames += len(out)
             nbytes += sum(len(f) for _, f in out)
@@ -446,10 +471,19 @@ class SwitchModel:
         self.close()
 
 
+def random_traffic(ports: int, frame_len: int = 1024, per_port: int = 16,
+                   seed: int = 1) -> list[tuple[int, bytes]]:
+    """`per_port` frames of `frame_len` random bytes for each port."""
+    rng = random.Random(seed)
+    return [(port, rng.randbytes(frame_len)) for port in range(ports) for _ in range(per_port)]
+
+
 def bench(top: str = "loopback", seconds: float = 0.5, frame_len: int = 1024,
-          chunk: int = 2048, rounds: int = 3, **params) -> dict:
+          traffic: list[tuple[int, bytes]] | None = None, chunk: int = 2048, rounds: int = 3,
+          **params) -> dict:
     """Cycles per second of `top` (built with `params`) driven from Python against a pure C++
-    loop over the same model, both with `frame_len`-byte frames back to back on every port.
+    loop over the same model, both sending the frames of `traffic` ((port, frame) pairs; by
+    default `random_traffic` of `frame_len` bytes on every port) over and over, back to back.
     The two alternate for `rounds` rounds of about `seconds` each; each keeps its best round,
     by wall clock (and, as ``*_cpu_*``, by this process's CPU time, steadier on a busy
     machine).
@@ -461,12 +495,14 @@ def bench(top: str = "loopback", seconds: float = 0.5, frame_len: int = 1024,
     model = SwitchModel(top, **params)
     build_s = time.monotonic() - started
     with model:
-        probe = model.bench_cpp(4 * chunk, frame_len, chunk)
+        if traffic is None:
+            traffic = random_traffic(model.ports, frame_len)
+        probe = model.bench_cpp(4 * chunk, traffic, chunk)
         cycles = max(chunk, int(probe["cycles_per_s"] * seconds) // chunk * chunk)
         py, cpp = [], []
         for _ in range(rounds):
-            py.append(model.bench_python(cycles, frame_len, chunk))
-            cpp.append(model.bench_cpp(cycles, frame_len, chunk))
+            py.append(model.bench_python(cycles, traffic, chunk))
+            cpp.append(model.bench_cpp(cycles, traffic, chunk))
     best = {name: (max(r["cycles_per_s"] for r in runs), max(r["cpu_cycles_per_s"] for r in runs))
             for name, runs in (("python", py), ("cpp", cpp))}
     return {
@@ -477,7 +513,7 @@ def bench(top: str = "loopback", seconds: float = 0.5, frame_len: int = 1024,
         "cpp_cpu_cycles_per_s": round(best["cpp"][1]),
         "ratio_cpu": round(best["python"][1] / best["cpp"][1], 3),
         "top": top, "params": params, "ports": model.ports, "width": model.width,
-        "frame_len": frame_len, "cycles_per_round": cycles, "rounds": rounds,
+        "traffic_frames": len(traffic), "cycles_per_round": cycles, "rounds": rounds,
         "python_frames_out": py[-1]["frames"], "cpp_frames_out": cpp[-1]["frames"],
         "build_or_load_s": round(build_s, 1),
     }

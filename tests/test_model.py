@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from sim.model import ContractError, SimulationTimeout, SwitchModel, bench
+from sim.model import ContractError, SimulationTimeout, SwitchModel, bench, random_traffic
 
 PORTS = 4
 PARAMS = {"ports": PORTS, "depth": 16}
@@ -63,7 +63,7 @@ def test_ports_and_width(model, width):
 def test_frames_in_equal_frames_out(model):
     rng = random.Random(model.width)
     sent = send_all(model, rng, 25)
-    out = model.run()
+    out = model.run(idle_cycles=100)
     check_out(model, sent, out)
     # Back to back at one beat per cycle: the busiest port sets the time.
     beats = max(sum(-(-len(f) // (model.width // 8)) for f in frames) for frames in sent.values())
@@ -102,15 +102,15 @@ def test_backpressure_and_gaps(model):
 def test_backpressure_slows_down(model):
     rng = random.Random(4)
     frames = send_all(model, rng, 8, lo=1000, hi=1000)
-    model.run()
-    free = model.cycles
+    model.run(idle_cycles=100)
+    free = model.cycles - 100
     model.reset()
     model.backpressure(pattern="01")
     for port in range(model.ports):
         for frame in frames[port]:
             model.send(port, frame)
-    check_out(model, frames, model.run())
-    assert model.cycles > 1.8 * (free - 100)
+    check_out(model, frames, model.run(idle_cycles=100))
+    assert model.cycles - 100 > 1.8 * free
 
 
 def test_step_counts_cycles_and_collects(model):
@@ -160,8 +160,15 @@ def test_bad_arguments(model):
 
 
 def test_bench_functions(built):
-    cpp = built.bench_cpp(2048 * 3, frame_len=1024)
-    assert cpp["cycles"] >= 2048 * 3 and cpp["frames"] > 0 and cpp["cycles_per_s"] > 0
+    traffic = random_traffic(PORTS, 1024, per_port=4)
+    cpp = built.bench_cpp(2048 * 3, traffic)
+    py = built.bench_python(2048 * 3, traffic)
+    assert cpp["cycles"] == py["cycles"] >= 2048 * 3 and cpp["cycles_per_s"] > 0
+    # The same traffic: the same frames out, and all 4 ports at one beat per cycle.
+    assert cpp["frames"] == py["frames"] and cpp["bytes"] == py["bytes"] > 0
+    assert cpp["bytes"] > 0.9 * PORTS * cpp["cycles"] * built.width // 8
+    one_port = built.bench_cpp(2048, [(3, bytes(100)), (3, bytes(1))])
+    assert one_port["frames"] > 0 and built.cycles == 0
     result = bench("loopback", seconds=0.02, rounds=1, width=built.width, **PARAMS)
     assert result["python_cycles_per_s"] > 0 and result["cpp_cycles_per_s"] > 0
     assert result["ratio"] == pytest.approx(

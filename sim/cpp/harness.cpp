@@ -128,6 +128,9 @@ struct Model {
     std::vector<uint8_t> out_data;
     uint64_t errors = 0;
     std::string first_error;
+    // nm_bench's traffic: frames per port, replayed in turn, and how many to keep queued.
+    std::vector<std::vector<uint8_t>> bench_frames[NETAGG_PORTS];
+    size_t bench_keep[NETAGG_PORTS] = {};
 
     Model() {
         ctx = new VerilatedContext;
@@ -430,27 +433,51 @@ uint64_t nm_errors(Model* m, char* text, int size) {
     return m->errors;
 }
 
-// The reference loop: the same cycles as nm_step, with frames of `frame_len` bytes made here
-// and kept queued on every port, the frames received dropped, `chunk` cycles at a time (as a
-// Python driver would), for at least `cycles` cycles. Fills stats with [cycles, frames
-// received, bytes received, nanoseconds] and returns cycles per second.
-double nm_bench(Model* m, uint64_t cycles, unsigned frame_len, uint64_t chunk,
-                int64_t* stats) {
-    std::vector<uint8_t> frame(frame_len);
-    uint64_t x = 0x2545F4914F6CDD1Dull;
-    for (auto& b : frame) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        b = (uint8_t)x;
+// The traffic of nm_bench: frames[k] (bytes) is a frame of port ports[k], and port p keeps
+// keep[p] frames queued (Python lists, checked by the caller). Returns 0, or -1 on a bad item.
+int nm_bench_traffic(Model* m, PyObject* ports, PyObject* frames, PyObject* keep) {
+    for (auto& t : m->bench_frames) t.clear();
+    Py_ssize_t n = PyList_Size(ports);
+    for (Py_ssize_t k = 0; k < n; ++k) {
+        char* data;
+        Py_ssize_t len;
+        long port = PyLong_AsLong(PyList_GetItem(ports, k));
+        if (PyBytes_AsStringAndSize(PyList_GetItem(frames, k), &data, &len) < 0) return -1;
+        if (port < 0 || port >= NETAGG_PORTS || len <= 0 || len >= (Py_ssize_t)1 << 31) {
+            PyErr_Clear();
+            return -1;
+        }
+        m->bench_frames[port].emplace_back(data, data + len);
     }
-    size_t keep_queued = chunk * kBytes / frame_len + 2;
+    for (int p = 0; p < NETAGG_PORTS; ++p) {
+        long q = PyLong_AsLong(PyList_GetItem(keep, p));
+        if (q < 0) {
+            PyErr_Clear();
+            return -1;
+        }
+        m->bench_keep[p] = (size_t)q;
+    }
+    return 0;
+}
+
+// The reference loop: the same cycles as nm_step, the frames of nm_bench_traffic sent over and
+// over (port p topped up to its keep[p] queued frames before every `chunk` cycles, as a Python
+// driver would), the frames received dropped, for at least `cycles` cycles, without returning
+// to Python. Fills stats with [cycles, frames received, bytes received, nanoseconds].
+void nm_bench(Model* m, uint64_t cycles, uint64_t chunk, int64_t* stats) {
+    size_t next[NETAGG_PORTS] = {};
     int64_t frames = 0, bytes = 0;
     uint64_t start = m->cycles;
     auto t0 = std::chrono::steady_clock::now();
     while (m->cycles - start < cycles) {
-        for (int i = 0; i < NETAGG_PORTS; ++i)
-            while (m->ports[i].in_lens.size() < keep_queued) m->push(i, frame.data(), frame_len);
+        for (int i = 0; i < NETAGG_PORTS; ++i) {
+            const auto& pool = m->bench_frames[i];
+            if (pool.empty()) continue;
+            while (m->ports[i].in_lens.size() < m->bench_keep[i]) {
+                const auto& f = pool[next[i]++ % pool.size()];
+                m->push(i, f.data(), (uint32_t)f.size());
+            }
+        }
         m->step(chunk);
         frames += (int64_t)m->out_lens.size();
         bytes += (int64_t)m->out_data.size();
@@ -462,7 +489,6 @@ double nm_bench(Model* m, uint64_t cycles, unsigned frame_len, uint64_t chunk,
     stats[1] = frames;
     stats[2] = bytes;
     stats[3] = ns;
-    return ns > 0 ? (double)stats[0] * 1e9 / (double)ns : 0.0;
 }
 
 }  // extern "C"
