@@ -223,7 +223,7 @@ def bench_allreduce(sizes, workers: int = 4, backend: str = "golden", transports
             console.print(f"in-process {size:>10,} B: {size / dt / 1e6:8.3f} MB/s ({dt:.3f} s)")
         if "udp" in transports:
             with SimServer(make_backend(backend), "127.0.0.1", 0).start() as server:
-                r = run_workers(server.url, workers=workers, nodes=1, values=values, steps=1,
+                r = run_workers(server.url, workers=workers, nodes=workers, values=values, steps=1,
                                 seed=1, verify=False)
             if r["errors"]:
                 raise SystemExit(f"UDP run of {size} bytes failed: {r['errors']}")
