@@ -235,11 +235,13 @@ class Parser(wiring.Component):
             m.d.comb += [send.eq(tail_beat), send_now.eq(1)]
         defer_tail = normal & tail_due
 
-        # Handshakes. The header slot must be free (or freeing) to take a last beat, and a
-        # payload beat can go only when no tail is waiting and the sink takes it.
-        header_free = ~header_pending | self.header.ready
+        # Handshakes. The header slot must be free (or freeing: its entry leaves in this
+        # cycle) to take a last beat, and a payload beat can go only when no tail is waiting
+        # and the sink takes it. An entry waiting behind a tail beat is not leaving yet,
+        # whatever `header.ready` says.
+        header_free = ~header_pending | (self.header.valid & self.header.ready)
         m.d.comb += self.i.ready.eq(
-            header_free & (~send_now | (~pending & self.payload.ready)))
+            (~beat.last | header_free) & (~send_now | (~pending & self.payload.ready)))
         with m.If(pending):
             m.d.comb += [self.payload.valid.eq(1), self.payload.payload.eq(pending_beat)]
         with m.Else():

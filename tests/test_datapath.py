@@ -27,6 +27,10 @@ def test_corrupted_frames(width):
     run_cocotb("cocotb_datapath", "datapath", "corrupted_frames", width=width)
 
 
+def test_runt_behind_each_size(width):
+    run_cocotb("cocotb_datapath", "datapath", "runt_behind_each_size", width=width)
+
+
 def test_line_rate(width):
     run_cocotb("cocotb_datapath", "datapath", "line_rate", width=width)
 
