@@ -12,7 +12,8 @@ matrices, so no beat ever has to be shifted:
 * the region starts at frame byte 14; the register is seeded with the state that, after
   the zero bytes in front of byte 14 in its beat, equals the state after the 0xFF prefix;
 * the region ends at frame byte `end`; the zero bytes after it in the final beat are taken
-  back by the inverse of the zero-byte step, chosen by their count.
+  back by the inverse of the zero-byte step raised to their count, applied as one optional
+  32x32 matrix per bit of the count (log2 of the beat's bytes of them, not one per count).
 
 `final` is the register after the region, combinationally on the beat that holds its end.
 Over a region that includes the received ICRC it equals `RESIDUE` when the ICRC is right
@@ -99,8 +100,22 @@ def unzero_matrix(nbytes: int):
 
 
 def apply(rows, vector):
-    """The matrix-vector product over GF(2), one XOR tree per output bit."""
-    return Cat(*((vector & Const(row, len(vector))).xor() for row in rows))
+    """The matrix-vector product over GF(2): the XOR of the columns that the set bits of
+    `vector` select.
+
+    Written as one 32-bit `Mux` per input bit and a balanced XOR tree, not as a parity per
+    row: Amaranth turns an AND with a constant into single bits, which Verilator then
+    splices one run of bits at a time, while a Mux between a constant and zero stays a
+    word. Synthesis gives the same XOR trees either way.
+    """
+    terms = []
+    for i in range(len(vector)):
+        column = sum(((row >> i) & 1) << j for j, row in enumerate(rows))
+        if column:
+            terms.append(Mux(vector[i], Const(column, len(rows)), 0))
+    while len(terms) > 1:
+        terms = [a ^ b for a, b in zip(terms[0::2], terms[1::2])] + terms[len(terms) & ~1:]
+    return terms[0] if terms else Const(0, len(rows))
 
 
 def seed(width: int) -> int:
@@ -140,10 +155,14 @@ class IcrcEngine(wiring.Component):
         base = Signal(unsigned(16))
         m.d.comb += base.eq(self.index * nb)
 
+        # Every expression below that feeds many others is a Signal of its own: the XOR
+        # matrices read each input many times, and an inlined expression would be copied
+        # into every row by Verilator.
         covered = Signal(nb)
         masked = Signal(self.width)
         for i in range(nb):
-            pos = base + i
+            pos = Signal(unsigned(16), name=f"pos{i}")
+            m.d.comb += pos.eq(base + i)
             byte = self.data[8 * i : 8 * i + 8]
             variant = Const(0, 1)
             for b in ICRC_MASKED_BYTES:
@@ -153,18 +172,27 @@ class IcrcEngine(wiring.Component):
             m.d.comb += masked[8 * i : 8 * i + 8].eq(
                 Mux(covered[i], Mux(variant, 0xFF, byte), 0))
 
-        state_in = Mux(self.index == first_beat, seed(self.width), state)
+        vector = Signal(32 + self.width)
+        m.d.comb += vector.eq(Cat(Mux(self.index == first_beat, seed(self.width), state),
+                                  masked))
         folded = Signal(32)
-        m.d.comb += folded.eq(apply(update_matrix(self.width), Cat(state_in, masked)))
+        m.d.comb += folded.eq(apply(update_matrix(self.width), vector))
 
-        # Bytes of this beat after the region end, to take back: nb - (end - base), clamped.
+        # Bytes of this beat after the region end, to take back: nb - (end - base), clamped;
+        # undone one power of two at a time (the zero-byte step's powers commute).
         in_beat = Signal(range(nb + 1))
+        extra = Signal(range(nb + 1))
         ahead = self.end - base
-        m.d.comb += in_beat.eq(Mux(self.end <= base, 0, Mux(ahead >= nb, nb, ahead)))
-        with m.Switch(in_beat):
-            for n in range(nb + 1):
-                with m.Case(n):
-                    m.d.comb += self.final.eq(apply(unzero_matrix(nb - n), folded))
+        m.d.comb += [
+            in_beat.eq(Mux(self.end <= base, 0, Mux(ahead >= nb, nb, ahead))),
+            extra.eq(nb - in_beat),
+        ]
+        undone = folded
+        for bit in range(len(extra)):
+            step = Signal(32, name=f"unzero{1 << bit}")
+            m.d.comb += step.eq(Mux(extra[bit], apply(unzero_matrix(1 << bit), undone), undone))
+            undone = step
+        m.d.comb += self.final.eq(undone)
         m.d.comb += [
             self.in_region_end.eq((self.end > base) & (self.end <= base + nb)),
             self.ok.eq(self.final == RESIDUE),
