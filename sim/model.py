@@ -81,7 +81,8 @@ class ContractError(ValueError):
 
 
 class ProtocolError(RuntimeError):
-    """The design broke the frame format on a tx port (keep not packed, short beat)."""
+    """The design broke the frame format on a tx port (keep not packed, short beat). The
+    model keeps reporting it on every `run` or `step` until `reset`."""
 
 
 class SimulationTimeout(RuntimeError):
@@ -254,6 +255,9 @@ class SwitchModel:
 
     `top` names a top of `sim.tops.TOPS`; `params` go to its constructor (for example
     ``ports``, ``width``). `ports` and `width` are read back from the built model.
+
+    One model is driven from one thread at a time; `run` and `step` release the GIL while the
+    clock runs, so other Python threads (sockets, other models) go on meanwhile.
     """
 
     def __init__(self, top: str = "switch", **params):
