@@ -39,19 +39,9 @@ class Deparser(wiring.Component):
         entry = Signal(H.PACKET_HEADER)
         index = icrc.index          # output beat within the frame
 
-        # Lengths of the frame being sent.
-        ext_length = Signal(range(H.MAX_EXT_LENGTH + 1))
-        header_beats = Signal(range(H.MAX_HEADER_LENGTH // nb + 1))
-        shift = Signal(range(nb + 1))   # bytes of the previous payload beat in each out beat
-        with m.Switch(entry.opclass):
-            for cls, length in H.EXT_LENGTH.items():
-                with m.Case(cls):
-                    header_length = H.EXT_OFFSET + length
-                    m.d.comb += [
-                        ext_length.eq(length),
-                        header_beats.eq(header_length // nb),
-                        shift.eq(header_length % nb),
-                    ]
+        # Lengths of the frame being sent. `shift`: the lane where the payload starts, and
+        # the bytes of the previous payload beat in each out beat.
+        ext_length, header_beats, shift = H.payload_start(m, entry.opclass, nb)
         no_payload = (entry.opclass == H.OpClass.READ_REQ) | (entry.opclass == H.OpClass.ACK)
         payload_length = Mux(no_payload, 0, entry.payload_length)
         pad = Signal(2)

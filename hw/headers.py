@@ -15,7 +15,7 @@ Offsets are those of a RoCEv2 frame over IPv4 without options::
 
 import enum
 
-from amaranth import Cat, Const, unsigned
+from amaranth import Cat, Const, Signal, unsigned
 from amaranth.lib import data
 
 
@@ -123,6 +123,26 @@ EXT_LENGTH = {
 NO_PAYLOAD = (OpClass.READ_REQ, OpClass.ACK)
 MAX_EXT_LENGTH = max(EXT_LENGTH.values())
 MAX_HEADER_LENGTH = EXT_OFFSET + MAX_EXT_LENGTH    # 74
+
+
+def payload_start(m, opclass, beat_bytes: int):
+    """Where the payload of a frame of class `opclass` starts, for beats of `beat_bytes`:
+    (extension headers' length, index of the beat holding the first payload byte, its lane
+    in that beat), as Signals driven combinationally in module `m`. The parser and the
+    deparser both place the payload with these."""
+    ext_length = Signal(range(MAX_EXT_LENGTH + 1))
+    first_beat = Signal(range(MAX_HEADER_LENGTH // beat_bytes + 1))
+    lane = Signal(range(beat_bytes))
+    with m.Switch(opclass):
+        for cls, length in EXT_LENGTH.items():
+            with m.Case(cls):
+                m.d.comb += [
+                    ext_length.eq(length),
+                    first_beat.eq((EXT_OFFSET + length) // beat_bytes),
+                    lane.eq((EXT_OFFSET + length) % beat_bytes),
+                ]
+    return ext_length, first_beat, lane
+
 
 _RC_CLASSES = {
     0x00: OpClass.NONE, 0x01: OpClass.NONE, 0x02: OpClass.NONE, 0x03: OpClass.IMM,

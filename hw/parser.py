@@ -78,11 +78,7 @@ class Parser(wiring.Component):
         m.d.comb += rom_read.addr.eq(bth.opcode)
         supported = rom_read.data[3]
         opclass = rom_read.data[:3]
-        ext_length = Signal(range(H.MAX_EXT_LENGTH + 1))
-        with m.Switch(opclass):
-            for cls, length in H.EXT_LENGTH.items():
-                with m.Case(cls):
-                    m.d.comb += ext_length.eq(length)
+        ext_length, start_first, shift = H.payload_start(m, opclass, nb)
 
         # Lengths. padded = payload + pad, from the UDP length.
         fixed = H.UDP.length + H.BTH.length + H.ICRC_LENGTH
@@ -170,16 +166,8 @@ class Parser(wiring.Component):
 
         # Payload realignment. Payload byte q is frame byte start + q; output beat j is
         # frame beats first+j (from lane `shift`) and first+j+1 (below `shift`), sent with
-        # frame beat first+j+1, or with the last frame beat for the final one.
-        start_first = Signal(range(H.MAX_HEADER_LENGTH // nb + 1))
-        shift = Signal(range(nb))
-        with m.Switch(ext_length):
-            for length in sorted(set(H.EXT_LENGTH.values())):
-                with m.Case(length):
-                    m.d.comb += [
-                        start_first.eq((H.EXT_OFFSET + length) // nb),
-                        shift.eq((H.EXT_OFFSET + length) % nb),
-                    ]
+        # frame beat first+j+1, or with the last frame beat for the final one (first is
+        # `start_first`, from `H.payload_start` above).
         previous = Signal(unsigned(self.width))
         with m.If(fire):
             m.d.sync += previous.eq(beat.data)
