@@ -40,9 +40,9 @@ def run_cocotb(module: str, top: str, testcase: str, simulator: str = "verilator
     )
 
 
-# The default run covers 64 bits; the other widths are the slow set (`pytest -m slow`), as
-# each needs a Verilator build of its own of several minutes on two cores.
-DEFAULT_WIDTHS = (64,)
+# Widths in the default run; any other is in the slow set (`pytest -m slow`). Each width is a
+# Verilator build of its own (15-60 s on two cores, see sim/build.py), so all four run.
+DEFAULT_WIDTHS = WIDTHS
 
 
 @pytest.fixture(params=[w if w in DEFAULT_WIDTHS else pytest.param(w, marks=pytest.mark.slow)
@@ -51,10 +51,21 @@ def width(request):
     return request.param
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
-    """Keep tests of one build on one xdist worker (`--dist loadgroup`): each worker then
-    builds its own tops, in parallel with the other."""
+    """Keep the tests of one module and width (or simulator) on one xdist worker (`--dist
+    loadgroup`): each worker then builds its own tops, in parallel with the other, instead of
+    waiting on the other's build lock. Runs before xdist's own hook, which reads the groups.
+    Tests with neither parameter are left to xdist one by one."""
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        group = f"w{params['width']}" if "width" in params else params.get("simulator", "misc")
-        item.add_marker(pytest.mark.xdist_group(str(group)))
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else "tests"
+        if "width" in params:
+            group = f"{module}-w{params['width']}"
+        elif params.get("simulator") == "verilator":
+            group = f"{module}-w64"
+        elif "simulator" in params:
+            group = f"{module}-{params['simulator']}"
+        else:
+            continue
+        item.add_marker(pytest.mark.xdist_group(group))
