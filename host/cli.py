@@ -52,6 +52,40 @@ def bench_datapath(widths, quiet: bool) -> dict:
     return {"bench": "datapath", "widths": results}
 
 
+def bench_switch(ports: int, width: int, rounds: int, quiet: bool) -> dict:
+    """Contributions of 1024-byte payloads back to back on every port of the switch in
+    Verilator: input beats per cycle per port, latency from a slot's last contribution to its
+    first result beat, and simulated cycles per second."""
+    from rich.console import Console
+
+    from sim.build import cocotb_runner
+
+    console = Console(stderr=True, quiet=quiet)
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    params = {"ports": ports, "width": width, "jobs": 1, "max_workers": ports, "slots": 16}
+    with console.status(f"{ports} x {width} bits: building (cached after the first run) ..."):
+        t0 = time.perf_counter()
+        runner, build_dir = cocotb_runner("switch", **params)
+        build_seconds = time.perf_counter() - t0
+    with console.status(f"{ports} x {width} bits: streaming contributions ..."), \
+            tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        runner.test(
+            test_module="tests.cocotb_switch", hdl_toplevel="top", testcase="line_rate",
+            build_dir=build_dir, test_dir=tmp,
+            extra_env={"PYTHONPATH": str(ROOT), "NETAGG_SWITCH": json.dumps(params),
+                       "NETAGG_BENCH_OUT": str(out), "NETAGG_ROUNDS": str(rounds)},
+            log_file=Path(tmp) / "sim.log",
+        )
+        if not out.exists():
+            log = (Path(tmp) / "sim.log").read_text(errors="replace")[-3000:]
+            raise SystemExit(f"the switch line-rate run failed:\n{log}")
+        result = json.loads(out.read_text())
+    result["build_seconds"] = round(build_seconds, 1)
+    return {"bench": "switch", **result}
+
+
 # Allreduce benchmark sizes: 4 KB .. 64 MB; the golden model (plain Python, a few thousand
 # packets per second) stops at 4 MB unless --sizes asks for more.
 ALLREDUCE_SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
@@ -70,7 +104,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="netagg", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="run a benchmark and print its figures")
-    bench.add_argument("what", choices=["datapath", "allreduce"])
+    bench.add_argument("what", choices=["datapath", "switch", "allreduce"])
+    bench.add_argument("--ports", type=int, default=4, help="switch: ports")
+    bench.add_argument("--width", type=int, default=512, help="switch: bits per port")
+    bench.add_argument("--rounds", type=int, default=4,
+                       help="switch: rounds of 16 slots of contributions on every port")
     bench.add_argument("--widths", default="64,128,256,512",
                        help="datapath: widths in bits, comma-separated")
     bench.add_argument("--sizes", default=None,
@@ -127,6 +165,17 @@ def main(argv=None) -> int:
                                  transports=args.transports.split(","), quiet=args.json)
         if args.json:
             print(json.dumps(report))
+        return 0
+    if args.command == "bench" and args.what == "switch":
+        report = bench_switch(args.ports, args.width, args.rounds, quiet=args.json)
+        if args.json:
+            print(json.dumps(report))
+        else:
+            rates = ", ".join(f"{r:.3f}" for r in report["beats_per_cycle"])
+            print(f"{report['ports']} ports x {report['width']} bits: beats/cycle per port "
+                  f"{rates}; latency {report['latency_cycles']} cycles from a slot's last "
+                  f"contribution to its first result beat; "
+                  f"{report['cycles_per_second']:,.0f} simulated cycles/s")
         return 0
     if args.command == "bench":
         widths = [int(w) for w in args.widths.split(",")]

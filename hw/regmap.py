@@ -32,7 +32,8 @@ WORKER_VA_LO = 7
 
 PORT_COUNTERS_BASE, PORT_COUNTERS_STRIDE = 0x4000, 0x20
 JOB_COUNTERS_BASE, JOB_COUNTERS_STRIDE = 0x6000, 0x20
-# Counters are read-only, 32 bits, wrapping. Per port: frames the parser passed, frames sent,
+# Counters are read-only, 32 bits, wrapping. Per port: good frames the aggregator took, frames
+# sent,
 # frames dropped by the parser's verdict (hw.headers.Verdict order, OK excluded), and drops
 # after the parser. Per job: what the aggregator did with the job's packets.
 PORT_COUNTERS = (

@@ -41,6 +41,7 @@ def _source_hash() -> str:
         digest.update(path.read_bytes())
     digest.update(" ".join(VERILATOR_ARGS).encode())
     digest.update(json.dumps(MAKE_VARS, sort_keys=True).encode())
+    digest.update(_CONSTANT_PROCESS.pattern.encode())
     return digest.hexdigest()
 
 
@@ -49,6 +50,17 @@ def build_key(top: str, params: dict, simulator: str) -> str:
                        "src": _source_hash()}, sort_keys=True)
     name = "-".join([top, simulator, *(f"{k}{v}" for k, v in sorted(params.items()))])
     return f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+_CONSTANT_PROCESS = re.compile(
+    r"always @\*\n(\s+)([^\n=;]+?) = (\d+'[bdh][0-9a-fA-F_]+);\n")
+
+
+def constant_processes(text: str) -> str:
+    """Yosys writes a constant driven into part of a signal as ``always @* x[a:b] = C;``, a
+    process that reads nothing: simulators never run it (Verilator: ALWNEVER), so those bits
+    would stay 0. Nothing else drives them, so an ``initial`` assignment is the same logic."""
+    return _CONSTANT_PROCESS.sub(r"initial\n\1\2 = \3;\n", text)
 
 
 def verilog(top: str, **params) -> Path:
@@ -62,7 +74,8 @@ def verilog(top: str, **params) -> Path:
     path = out_dir / f"{build_key(top, params, 'v')}.v"
     if not path.exists():  # written atomically: parallel writers produce the same text
         design = TOPS[top](**params)
-        text = amaranth_verilog.convert(design, name=TOPLEVEL, ports=design.ports())
+        text = constant_processes(
+            amaranth_verilog.convert(design, name=TOPLEVEL, ports=design.ports()))
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(text)
         tmp.replace(path)

@@ -193,3 +193,32 @@ class LoopbackTop(Elaboratable):
 
 
 TOPS["loopback"] = LoopbackTop
+
+
+class SwitchTop(Elaboratable):
+    """The aggregation switch (`hw.switch.Switch`) with flat ports: ``rx{i}_*`` in and
+    ``tx{i}_*`` out (AXI-Stream style), and ``committed{i}``, high in the cycle port i's
+    ingress commits a good frame (the order the golden model applies frames in)."""
+
+    def __init__(self, ports: int = 4, width: int = 64, **params):
+        from hw.switch import Switch
+
+        self.switch = Switch(ports=ports, width=width, **params)
+        self.rx = [_AxisPorts(f"rx{i}", width) for i in range(ports)]
+        self.tx = [_AxisPorts(f"tx{i}", width) for i in range(ports)]
+        self.committed = [Signal(name=f"committed{i}") for i in range(ports)]
+
+    def ports(self):
+        return [*(s for axis in [*self.rx, *self.tx] for s in axis.ports()), *self.committed]
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.switch = sw = self.switch
+        for i, (rx, tx) in enumerate(zip(self.rx, self.tx)):
+            rx.drive(m, sw.rx[i])
+            tx.observe(m, sw.tx[i])
+            m.d.comb += self.committed[i].eq(sw.committed[i])
+        return m
+
+
+TOPS["switch"] = SwitchTop

@@ -11,15 +11,13 @@ from scapy.layers.inet import IP, UDP
 
 from host import wire as W
 from sim.golden import GoldenSwitch
-from tests.frames import RETH, ImmDt
 from tests.switch_traffic import (
-    SWITCH_IP,
-    SWITCH_MAC,
+    check_results,
     control_frame,
     dissect,
     job_config_records,
-    mac_str,
     make_workers,
+    run_rounds,
     scapy_rebuilds,
     scenario,
     switch_records,
@@ -30,44 +28,6 @@ def configure(sw, sc):
     for f in sc.config:
         out = sw.receive(0, f)
         assert len(out) == 1 and out[0][0] == 0
-
-
-def run_rounds(sw, sc):
-    """Each round's frames through the model; the outputs, each tagged with its round."""
-    outputs = []
-    for rnd, batch in enumerate(sc.rounds):
-        for port, frame in batch:
-            sw.send(port, frame)
-        outputs += [(rnd, port, frame) for port, frame in sw.run()]
-    return outputs
-
-
-def check_results(sc, outputs):
-    """Every result equals numpy's sum, reaches the right worker once per use (replays
-    aside), and is a frame scapy rebuilds to the same bytes."""
-    seen = {}
-    by_ip = {w.ip: w for ws in sc.workers.values() for w in ws}
-    for rnd, port, frame in outputs:
-        assert scapy_rebuilds(frame)
-        pkt = dissect(frame)
-        w = by_ip[pkt[IP].dst]
-        assert port == w.port
-        assert pkt.dst == mac_str(w.mac) and pkt.src == mac_str(SWITCH_MAC)
-        assert pkt[IP].src == SWITCH_IP and pkt[UDP].dport == w.udp_port
-        assert pkt[BTH].opcode == W.OP_RESULT and pkt[BTH].dqpn == w.qpn
-        imm = W.unpack_imm(W.RESULT_IMM, ImmDt(bytes(pkt[BTH].payload)[16:20]).data)
-        reth = RETH(bytes(pkt[BTH].payload)[:16])
-        lanes = np.frombuffer(bytes(pkt[BTH].payload)[20:], "<i4")
-        assert imm["version"] == rnd % 2
-        sums, overflow = sc.expected[(rnd, imm["job"], imm["slot"], w.rank)]
-        np.testing.assert_array_equal(lanes, sums)
-        assert imm["overflow"] == overflow and imm["count"] == len(sc.workers[imm["job"]])
-        assert reth.rkey == w.rkey and reth.dma_length == 4 * len(sums)
-        assert reth.va == (w.va + 4096 * imm["slot"]) % (1 << 64)
-        seen.setdefault((rnd, imm["job"], imm["slot"], w.rank), []).append(
-            pkt[BTH].psn)
-    assert set(seen) == set(sc.expected)
-    return seen
 
 
 def test_control_reads_and_writes():

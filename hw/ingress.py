@@ -1,0 +1,80 @@
+"""Ingress of one switch port: parse, gather into wide beats, queue until judged good.
+
+A frame goes through the `Parser` (checks, header entry, payload realigned), a `Widen`
+gearbox (`factor` port beats to one wide beat, so that the shared aggregator, `factor` times
+as wide, can serve every port at line rate) and a `PacketQueue` that commits the payload when
+the header entry says OK and discards it otherwise, counting the drop by reason. Each
+committed header entry is stamped with the cycle of its commit (`time`) and the port's
+number, so that the arbiter serves frames of all ports in the order they were committed.
+
+Latency: a header entry is committed two cycles after the frame's last beat at the earliest
+(one in the parser, one waiting for the gearbox to hand over the frame's last wide beat).
+Drops: every frame the parser does not judge OK, and frames larger than the queue.
+"""
+
+from amaranth import Module, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from . import headers as H
+from .beat import FrameStream, check_width
+from .gearbox import Widen
+from .packet_queue import COUNTER_WIDTH, PacketQueue
+from .parser import Parser
+
+TIME_WIDTH = 32
+
+
+def ingress_header(ports: int) -> data.StructLayout:
+    """A committed header entry: the parser's fields, the ingress port and the commit time."""
+    return data.StructLayout({
+        **{name: field.shape for name, field in H.PACKET_HEADER},
+        "port": range(max(ports, 2)),
+        "time": unsigned(TIME_WIDTH),
+    })
+
+
+class Ingress(wiring.Component):
+    def __init__(self, width: int, factor: int, port: int, ports: int, capacity: int = 4096):
+        self.width, self.factor, self.port = check_width(width), factor, port
+        self.capacity = capacity
+        layout = ingress_header(ports)
+        super().__init__({
+            "i": In(FrameStream(width)),
+            "time": In(unsigned(TIME_WIDTH)),
+            "header": Out(stream.Signature(layout)),
+            "payload": Out(FrameStream(width * factor)),
+            "drops": Out(unsigned(COUNTER_WIDTH)).array(len(H.Verdict)),
+            "committed": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.parser = parser = Parser(self.width)
+        m.submodules.widen = widen = Widen(self.width, self.factor)
+        m.submodules.queue = queue = PacketQueue(
+            self.width * self.factor, self.capacity, header_layout=self.header.payload.shape())
+        wiring.connect(m, wiring.flipped(self.i), parser.i)
+        wiring.connect(m, parser.payload, widen.i)
+        wiring.connect(m, widen.o, queue.i_payload)
+        wiring.connect(m, queue.o_header, wiring.flipped(self.header))
+        wiring.connect(m, queue.o_payload, wiring.flipped(self.payload))
+
+        # A header entry goes to the queue once the gearbox has handed over its frame's last
+        # beat; meanwhile the next frame's payload waits, so the gearbox empties.
+        entry = queue.i_header.payload
+        for name, _ in H.PACKET_HEADER:
+            m.d.comb += getattr(entry, name).eq(getattr(parser.header.payload, name))
+        m.d.comb += [
+            entry.port.eq(self.port),
+            entry.time.eq(self.time),
+            queue.i_header.valid.eq(parser.header.valid & widen.idle),
+            parser.header.ready.eq(queue.i_header.ready & widen.idle),
+        ]
+        with m.If(parser.header.valid):
+            m.d.comb += [widen.i.valid.eq(0), parser.payload.ready.eq(0)]
+
+        m.d.comb += self.committed.eq(queue.committed)
+        for mine, theirs in zip(self.drops, queue.drops):
+            m.d.comb += mine.eq(theirs)
+        return m

@@ -1,0 +1,146 @@
+"""The aggregation switch: `ports` RoCEv2 ports around one aggregator.
+
+    port i: frame in -> Ingress (parse, check, widen, queue until judged good)
+                                  \\
+                                   Arbiter (committed packets in commit order)
+                                   -> Aggregator (slots, control)  -> Egress of the ports a
+    port j: frame out <- Egress (headers from the job table, replays, deparse) <- result goes to
+
+The aggregator is `ports` times as wide as a port (`width` bits), so it serves every port at
+line rate. Parameters: `ports` (2..16), `width` (64..512), `jobs`, `max_workers` (per job),
+`slots` (per version), `max_payload` (bytes of int32 lanes), and the ingress queue's and the
+egress ring's capacity in bytes. The packet format is `host.wire`'s; the behaviour is
+`sim.golden`'s, frame for frame, when frames are applied in commit order (`committed`).
+"""
+
+from amaranth import Array, Cat, Module, Mux, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .aggregator import Aggregator
+from .beat import FrameStream, check_width
+from .control import PORT_EVENTS, Control
+from .egress import Egress
+from .ingress import TIME_WIDTH, Ingress
+
+
+class Arbiter(wiring.Component):
+    """Chooses, among the ports whose next committed packet is waiting, the one committed
+    first (the lower port on a tie), and hands over its header entry. Combinational."""
+
+    def __init__(self, header_layout, ports: int):
+        self.ports = ports
+        super().__init__({
+            "i": In(stream.Signature(header_layout)).array(ports),
+            "o": Out(stream.Signature(header_layout)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        index = range(max(self.ports, 2))
+        best, best_valid, best_time = 0, self.i[0].valid, self.i[0].payload.time
+        for p in range(1, self.ports):
+            s = self.i[p]
+            ahead = Signal(TIME_WIDTH, name=f"ahead{p}")   # negative: committed earlier
+            m.d.comb += ahead.eq(s.payload.time - best_time)
+            better = s.valid & (~best_valid | ahead[-1])
+            chosen, valid, time = (Signal(index, name=f"chosen{p}"), Signal(name=f"valid{p}"),
+                                   Signal(TIME_WIDTH, name=f"time{p}"))
+            m.d.comb += [
+                chosen.eq(Mux(better, p, best)), valid.eq(best_valid | s.valid),
+                time.eq(Mux(better, s.payload.time, best_time)),
+            ]
+            best, best_valid, best_time = chosen, valid, time
+        m.d.comb += [
+            self.o.valid.eq(best_valid),
+            self.o.payload.eq(Array(i.payload for i in self.i)[best]),
+        ]
+        for p in range(self.ports):
+            m.d.comb += self.i[p].ready.eq(self.o.ready & (best == p))
+        return m
+
+
+class Switch(wiring.Component):
+    def __init__(self, *, ports: int = 4, width: int = 64, jobs: int = 4, max_workers: int = 8,
+                 slots: int = 64, max_payload: int = 1024, queue_capacity: int = 4096,
+                 egress_capacity: int = 4096):
+        if not 2 <= ports <= 16:
+            raise ValueError(f"ports must be 2..16, not {ports}")
+        if not 1 <= jobs <= 16 or not 1 <= max_workers <= 32 or not 1 <= slots <= 4096:
+            raise ValueError("jobs must be 1..16, max_workers 1..32 and slots 1..4096")
+        self.ports, self.width = ports, check_width(width)
+        self.factor = 1 << (ports - 1).bit_length()      # ports, rounded up to a power of 2
+        self.jobs, self.max_workers, self.slots = jobs, max_workers, slots
+        self.max_payload = max_payload
+        self.queue_capacity, self.egress_capacity = queue_capacity, egress_capacity
+        super().__init__({
+            "rx": In(FrameStream(width)).array(ports),
+            "tx": Out(FrameStream(width)).array(ports),
+            "committed": Out(1).array(ports),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        P, J, MW = self.ports, self.jobs, self.max_workers
+        wide = self.width * self.factor
+        m.submodules.control = control = Control(
+            ports=P, jobs=J, max_workers=MW, slots=self.slots, width=self.width,
+            max_payload=self.max_payload)
+        time = Signal(TIME_WIDTH)
+        m.d.sync += time.eq(time + 1)
+
+        ingress = []
+        for p in range(P):
+            port = Ingress(self.width, self.factor, p, P, self.queue_capacity)
+            m.submodules[f"ingress{p}"] = port
+            wiring.connect(m, wiring.flipped(self.rx[p]), port.i)
+            m.d.comb += [
+                port.time.eq(time), self.committed[p].eq(port.committed),
+            ]
+            for v, count in enumerate(port.drops):
+                m.d.comb += control.queue_drops[p * len(port.drops) + v].eq(count)
+            ingress.append(port)
+
+        m.submodules.arbiter = arbiter = Arbiter(ingress[0].header.payload.shape(), P)
+        m.submodules.aggregator = aggregator = Aggregator(
+            ports=P, width=wide, jobs=J, max_workers=MW, slots=self.slots,
+            max_payload=self.max_payload, control=control)
+        for p in range(P):
+            wiring.connect(m, ingress[p].header, arbiter.i[p])
+            wiring.connect(m, ingress[p].payload, aggregator.payload[p])
+        wiring.connect(m, arbiter.o, aggregator.header)
+
+        egress = []
+        for p in range(P):
+            port = Egress(port=p, ports=P, width=self.width, factor=self.factor, jobs=J,
+                          max_workers=MW, control=control, capacity=self.egress_capacity)
+            m.submodules[f"egress{p}"] = port
+            wiring.connect(m, port.o, wiring.flipped(self.tx[p]))
+            m.d.comb += [
+                port.i.payload.eq(aggregator.egress.payload),
+                port.i.valid.eq(aggregator.egress.valid & aggregator.egress.payload.ports[p]),
+            ]
+            egress.append(port)
+        # A result beat leaves the aggregator when every port it goes to takes it.
+        targets = aggregator.egress.payload.ports
+        m.d.comb += aggregator.egress.ready.eq(
+            Cat(*(~targets[p] | egress[p].i.ready for p in range(P))).all())
+
+        for p in range(P):
+            events = Signal(len(PORT_EVENTS), name=f"port{p}_events")
+            m.d.comb += [events.eq(aggregator.port_events[p]),
+                         events[PORT_EVENTS.index("tx")].eq(egress[p].sent),
+                         events[PORT_EVENTS.index("rx")].eq(
+                             arbiter.o.valid & arbiter.o.ready & (arbiter.o.payload.port == p)),
+                         control.port_events[p].eq(events)]
+        for j in range(J):
+            m.d.comb += [
+                control.job_events[j].eq(aggregator.job_events[j]),
+                control.results[j].eq(sum(
+                    (port.result & (port.result_job == j)) for port in egress)),
+            ]
+        for i in range(J * MW):
+            m.d.comb += control.psn_advance[i].eq(
+                Cat(*(port.psn_advance[i] for port in egress)).any())
+        return m
+
