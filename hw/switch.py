@@ -116,15 +116,17 @@ class Switch(wiring.Component):
                           max_workers=MW, control=control, capacity=self.egress_capacity)
             m.submodules[f"egress{p}"] = port
             wiring.connect(m, port.o, wiring.flipped(self.tx[p]))
-            m.d.comb += [
-                port.i.payload.eq(aggregator.egress.payload),
-                port.i.valid.eq(aggregator.egress.valid & aggregator.egress.payload.ports[p]),
-            ]
             egress.append(port)
-        # A result beat leaves the aggregator when every port it goes to takes it.
+        # A result beat leaves the aggregator when every port it goes to can take it, and
+        # only then is it offered to them (an egress port's ready never depends on valid).
         targets = aggregator.egress.payload.ports
         m.d.comb += aggregator.egress.ready.eq(
             Cat(*(~targets[p] | egress[p].i.ready for p in range(P))).all())
+        for p, port in enumerate(egress):
+            m.d.comb += [
+                port.i.payload.eq(aggregator.egress.payload),
+                port.i.valid.eq(aggregator.egress.valid & targets[p] & aggregator.egress.ready),
+            ]
 
         for p in range(P):
             events = Signal(len(PORT_EVENTS), name=f"port{p}_events")

@@ -524,3 +524,25 @@ def bench(top: str = "loopback", seconds: float = 0.5, frame_len: int = 1024,
         "python_frames_out": py[-1]["frames"], "cpp_frames_out": cpp[-1]["frames"],
         "build_or_load_s": round(build_s, 1),
     }
+
+
+class RtlSwitch(SwitchModel):
+    """The switch's RTL (`sim.tops.SwitchTop`) as a backend for the host: the golden model's
+    interface (`send`, `run`) and parameters, frames in and out of its ports, cycle-accurate.
+    `run` returns once the ports have been quiet for `idle_cycles`; a frame the switch is
+    still working on then comes out of a later `run`."""
+
+    def __init__(self, ports: int = 4, jobs: int = 4, max_workers: int = 8, slots: int = 64,
+                 width: int = 64):
+        super().__init__("switch", ports=ports, width=width, jobs=jobs,
+                         max_workers=max_workers, slots=slots)
+        self.reset()
+
+    def run(self, max_cycles: int = 10_000_000,
+            idle_cycles: int = 300) -> list[tuple[int, bytes]]:
+        return super().run(max_cycles, idle_cycles)
+
+
+def make_switch(**params) -> RtlSwitch:
+    """The RTL backend of `netagg sim serve --backend rtl` and of the host's tests."""
+    return RtlSwitch(**params)

@@ -297,6 +297,15 @@ async def aggregate_idle_backpressure(dut):
 
 
 @cocotb.test()
+async def egress_pressure(dut):
+    """Full-size payloads back to back into sinks that take one beat in four: the egress
+    rings fill, a result that goes to several ports waits for all of them, and the ingress
+    queues push back."""
+    await run_scenario(dut, seed=5, backpressure=0.75, jobs=1, workers=PORTS, slots=12,
+                       rounds=2, max_lanes=256, duplicates=0.05, malformed=0)
+
+
+@cocotb.test()
 async def saturation(dut):
     """Sums that saturate carry the overflow flag; others stay exact."""
     _, model, _ = await run_scenario(dut, seed=3, jobs=1, workers=2, slots=4, rounds=2,

@@ -16,7 +16,8 @@ def run(testcase, params=SWITCH, **env):
 
 
 @pytest.mark.parametrize("testcase", [
-    "control_path", "aggregate_scenario", "aggregate_idle_backpressure", "saturation", "line_rate",
+    "control_path", "aggregate_scenario", "aggregate_idle_backpressure", "egress_pressure",
+    "saturation", "line_rate",
 ])
 def test_switch(testcase):
     run(testcase)
