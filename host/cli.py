@@ -125,14 +125,16 @@ def main(argv=None) -> int:
                       help="nodes the workers are grouped into (hierarchical allreduce)")
     demo.add_argument("--values", type=int, default=2_000_000, help="float32 values per worker")
     demo.add_argument("--steps", type=int, default=8, help="tensors the values are split into")
-    demo.add_argument("--backend", choices=["golden", "rtl"], default="golden")
+    demo.add_argument("--backend", choices=["golden", "rtl"], default="rtl",
+                      help="rtl: the switch's Verilator model (default); golden: the Python "
+                           "model, no compiler needed")
     demo.add_argument("--pcap", default=None, help="write every switch frame to this file")
     demo.add_argument("--json", action="store_true", help="print one JSON object")
 
     sim = sub.add_parser("sim", help="the simulated switch")
     simsub = sim.add_subparsers(dest="sim_command", required=True)
     serve = simsub.add_parser("serve", help="serve a simulated switch on UDP")
-    serve.add_argument("--backend", choices=["golden", "rtl"], default="golden")
+    serve.add_argument("--backend", choices=["golden", "rtl"], default="rtl")
     serve.add_argument("--host", default="0.0.0.0")
     serve.add_argument("--port", type=int, default=4791, help="UDP port (0: any free port)")
     serve.add_argument("--pcap", default=None, help="write every frame in and out to this file")

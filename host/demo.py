@@ -144,7 +144,7 @@ def run_workers(url: str, *, workers: int, nodes: int, values: int, steps: int =
     }
 
 
-def demo(workers: int = 4, nodes: int = 2, values: int = 2_000_000, backend: str = "golden",
+def demo(workers: int = 4, nodes: int = 2, values: int = 2_000_000, backend: str = "rtl",
          steps: int = 8, as_json: bool = False, pcap: str | None = None,
          timeout: float = 60.0) -> dict:
     from rich.console import Console
@@ -153,7 +153,11 @@ def demo(workers: int = 4, nodes: int = 2, values: int = 2_000_000, backend: str
     from host.serve import SimServer, make_backend
 
     console = Console(stderr=True, quiet=as_json)
-    server = SimServer(make_backend(backend), "127.0.0.1", 0, pcap=pcap).start()
+    with console.status(f"starting the {backend} switch" + (
+            " (the first run builds its Verilator model: a few minutes, then cached)"
+            if backend == "rtl" else "")):
+        switch = make_backend(backend)
+    server = SimServer(switch, "127.0.0.1", 0, pcap=pcap).start()
     try:
         console.print(f"netagg demo: {backend} switch on {server.url}, {workers} workers in "
                       f"{nodes} nodes, {values:,} float32 values each")
@@ -191,11 +195,17 @@ def demo(workers: int = 4, nodes: int = 2, values: int = 2_000_000, backend: str
     return report
 
 
+# The switch the RTL backend builds (sim.model.RtlSwitch's defaults, as GoldenSwitch's).
+RTL_PARAMS = {"ports": 4, "width": 64, "jobs": 4, "max_workers": 8, "slots": 64}
+
+
 def bench_allreduce(sizes, workers: int = 4, backend: str = "golden", transports=("inproc", "udp"),
-                    quiet: bool = False) -> dict:
+                    quiet: bool = False, simulator: bool = True) -> dict:
     """Goodput (tensor bytes per worker / time, MB/s) of a float32 allreduce of each size,
     with `workers` in-process workers (cooperative, one process) and over UDP (one process per
-    worker against `SimServer`)."""
+    worker against `SimServer`); and, with `simulator`, the switch RTL's cycles per second
+    driven from Python (frames in and out through sim.model) beside a pure C++ loop over the
+    same model and the same aggregation traffic."""
     from rich.console import Console
 
     from host import Worker
@@ -232,4 +242,13 @@ def bench_allreduce(sizes, workers: int = 4, backend: str = "golden", transports
                                      "retransmissions": r["retransmissions"]}
             console.print(f"UDP        {size:>10,} B: {r['goodput_MBps']:8.3f} MB/s "
                           f"({r['seconds']:.3f} s, {r['retransmissions']} retransmissions)")
+    if simulator:
+        from sim import model
+        with console.status("the switch RTL driven from Python and from a C++ loop ..."):
+            params = dict(RTL_PARAMS)
+            out["simulator"] = model.bench(
+                "switch", traffic=model.switch_traffic(params["ports"]), **params)
+        sim = out["simulator"]
+        console.print(f"simulator: {sim['python_cycles_per_s']:,} cycles/s driven from Python, "
+                      f"{sim['cpp_cycles_per_s']:,} in a C++ loop: ratio {sim['ratio']}")
     return out

@@ -19,16 +19,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
-def serve(tmp_path):
+def serve(tmp_path, request):
+    """`netagg sim serve` with the golden model, or the RTL when the test asks for it."""
+    backend = getattr(request, "param", "golden")
     pcap = tmp_path / "switch.pcap"
     proc = subprocess.Popen(
         [sys.executable, "-m", "host.cli", "sim", "serve", "--host", "127.0.0.1", "--port", "0",
-         "--pcap", str(pcap)],
+         "--pcap", str(pcap), "--backend", backend],
         cwd=ROOT, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": ROOT, "COLUMNS": "200"})
     url = None
     t0 = time.monotonic()
-    while url is None and time.monotonic() - t0 < 30:
+    while url is None and time.monotonic() - t0 < 900:     # the RTL may be built first
         line = proc.stderr.readline()
         m = re.search(r"udp://[\d.]+:(\d+)", line)
         if m:
@@ -39,7 +41,8 @@ def serve(tmp_path):
     proc.wait(10)
 
 
-@pytest.mark.parametrize("nodes", [4, 2])
+@pytest.mark.parametrize("serve,nodes", [("golden", 4), ("golden", 2), ("rtl", 2)],
+                         indirect=["serve"])
 def test_worker_processes_over_udp(serve, nodes):
     url, pcap, _ = serve
     report = run_workers(url, workers=4, nodes=nodes, values=30_000, steps=3, timeout=30)
