@@ -222,3 +222,56 @@ class SwitchTop(Elaboratable):
 
 
 TOPS["switch"] = SwitchTop
+
+
+class MacTop(Elaboratable):
+    """The MAC of one port (`hw.mac.Mac`): GMII receive (``gmii_rx_*``, clock ``rx_clk``) and
+    transmit (``gmii_tx_*``, clock ``tx_clk``), the switch side as AXI-Stream style frame
+    ports in the core clock (``clk``): ``rx_*`` out, ``tx_*`` in; and the receive counters
+    (rx clock domain). ``rst`` resets all three domains."""
+
+    def __init__(self, width: int = 64):
+        from hw.mac import COUNTER_WIDTH, Mac
+
+        self.mac = Mac(width, rx_domain="eth_rx", tx_domain="eth_tx")
+        self.width = width
+        self.rx_clk = Signal(name="rx_clk")
+        self.tx_clk = Signal(name="tx_clk")
+        self.gmii_rx_d = Signal(8, name="gmii_rx_d")
+        self.gmii_rx_dv = Signal(name="gmii_rx_dv")
+        self.gmii_rx_er = Signal(name="gmii_rx_er")
+        self.gmii_tx_d = Signal(8, name="gmii_tx_d")
+        self.gmii_tx_en = Signal(name="gmii_tx_en")
+        self.gmii_tx_er = Signal(name="gmii_tx_er")
+        self.rx = _AxisPorts("rx", width)
+        self.tx = _AxisPorts("tx", width)
+        self.counters = {name: Signal(COUNTER_WIDTH, name=name)
+                         for name in ("rx_frames", "rx_crc_errors", "rx_overflows")}
+
+    def ports(self):
+        return [self.rx_clk, self.tx_clk, self.gmii_rx_d, self.gmii_rx_dv, self.gmii_rx_er,
+                self.gmii_tx_d, self.gmii_tx_en, self.gmii_tx_er, *self.rx.ports(),
+                *self.tx.ports(), *self.counters.values()]
+
+    def elaborate(self, platform):
+        from amaranth import ClockDomain, ResetSignal
+
+        m = Module()
+        m.domains.eth_rx = rx_cd = ClockDomain("eth_rx")
+        m.domains.eth_tx = tx_cd = ClockDomain("eth_tx")
+        m.d.comb += [rx_cd.clk.eq(self.rx_clk), rx_cd.rst.eq(ResetSignal("sync")),
+                     tx_cd.clk.eq(self.tx_clk), tx_cd.rst.eq(ResetSignal("sync"))]
+        m.submodules.mac = mac = self.mac
+        m.d.comb += [
+            mac.gmii_rx_data.eq(self.gmii_rx_d), mac.gmii_rx_dv.eq(self.gmii_rx_dv),
+            mac.gmii_rx_er.eq(self.gmii_rx_er), self.gmii_tx_d.eq(mac.gmii_tx_data),
+            self.gmii_tx_en.eq(mac.gmii_tx_en), self.gmii_tx_er.eq(mac.gmii_tx_er),
+        ]
+        self.tx.drive(m, mac.tx)
+        self.rx.observe(m, mac.rx)
+        for name, signal in self.counters.items():
+            m.d.comb += signal.eq(getattr(mac, name))
+        return m
+
+
+TOPS["mac"] = MacTop

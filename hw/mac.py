@@ -1,0 +1,400 @@
+"""Gigabit Ethernet MAC: GMII on one side, the switch's frame beats on the other.
+
+    GMII rx (rx clock) -> GmiiRx: strip preamble/SFD, check and strip the FCS
+        -> FrameBuffer (2 KB, commits good frames, rolls back bad ones) -> Widen8 (8 -> width)
+        -> AsyncFIFO -> rx beats (core clock)
+    tx beats (core clock) -> AsyncFIFO -> FrameBuffer (2 KB of beats, a frame leaves once
+        it is whole) -> Narrow8 (width -> 8) -> GmiiTx: preamble/SFD,
+           padding to 60 bytes, FCS, 12 idle bytes between frames -> GMII tx (tx clock)
+
+Frames toward the switch carry no FCS and keep their Ethernet padding; frames from the switch
+get padding and FCS here. A received frame is dropped, and counted, when its FCS is wrong or
+the PHY signalled an error (`rx_crc_errors`), or when it does not fit in the receive buffer
+because the core is not taking frames (`rx_overflows`); `rx_frames` counts frames passed on.
+The counters live in the rx clock domain. Latency: a received frame leaves a few core cycles
+after its last FCS byte (store and forward); a frame to send starts on the wire about 20 tx
+cycles after its last beat reached the tx buffer. Memory: one block RAM per direction
+(2048 x 9 bytes received; 256 x 68 beats to send, at width 64). Gigabit only (one byte
+per tx/rx clock).
+
+`RgmiiPhy` (hw/mac_rgmii.py) turns the GMII side into RGMII on an ECP5; simulation drives GMII.
+"""
+
+from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from .beat import BeatLayout, FrameStream, check_width
+
+PREAMBLE = 0x55
+SFD = 0xD5
+MIN_FRAME = 60          # bytes before the FCS
+IFG = 12                # idle bytes between frames
+CRC_POLY = 0xEDB88320   # reflected IEEE 802.3
+CRC_RESIDUE = 0xDEBB20E3  # register over a frame and its own FCS (before the final inversion)
+COUNTER_WIDTH = 32
+
+BYTE = data.StructLayout({"data": 8, "last": 1})
+CHECKED_BYTE = data.StructLayout({"data": 8, "last": 1, "ok": 1})
+
+
+def crc32_byte(crc, byte):
+    """The CRC-32 register after one more byte (LSB first): an XOR network, derived by
+    running the bitwise algorithm on each input bit alone (the map is linear)."""
+    def step(c, d):
+        for i in range(8):
+            c = (c >> 1) ^ (CRC_POLY if (c ^ (d >> i)) & 1 else 0)
+        return c
+    terms = [[] for _ in range(32)]
+    inputs = [(crc[i], 1 << i, 0) for i in range(32)] + [(byte[i], 0, 1 << i) for i in range(8)]
+    for signal, c, d in inputs:
+        out = step(c, d)
+        for bit in range(32):
+            if out >> bit & 1:
+                terms[bit].append(signal)
+    out = []
+    for bit in range(32):
+        value = terms[bit][0]
+        for term in terms[bit][1:]:
+            value = value ^ term
+        out.append(value)
+    return Cat(*out)
+
+
+class GmiiRx(wiring.Component):
+    """GMII receive: takes the bytes after the SFD, and gives them out without the FCS,
+    delayed by 5 bytes (the FCS and one more), the last one marked with `ok` (FCS right, no
+    rx_er, at least one byte before the FCS). The output cannot wait (always ready)."""
+
+    rx_data: In(8)
+    rx_dv: In(1)
+    rx_er: In(1)
+    o: Out(stream.Signature(CHECKED_BYTE, always_ready=True))
+
+    def elaborate(self, platform):
+        m = Module()
+        held = Signal(40)            # the last five bytes, oldest in the low bits
+        count = Signal(range(6))     # bytes held, up to 5
+        crc = Signal(32, init=0xFFFFFFFF)
+        error = Signal()
+        with m.If(self.o.valid):
+            m.d.sync += self.o.valid.eq(0)
+        with m.FSM():
+            with m.State("IDLE"):
+                with m.If(self.rx_dv & (self.rx_data == SFD)):
+                    m.d.sync += [count.eq(0), crc.eq(0xFFFFFFFF), error.eq(0)]
+                    m.next = "DATA"
+                with m.Elif(self.rx_dv & (self.rx_data != PREAMBLE)):
+                    m.next = "SKIP"
+            with m.State("SKIP"):        # a frame without a proper preamble: ignore it
+                with m.If(~self.rx_dv):
+                    m.next = "IDLE"
+            with m.State("DATA"):
+                with m.If(self.rx_dv):
+                    m.d.sync += [
+                        held.eq(Cat(held[8:], self.rx_data)),
+                        crc.eq(crc32_byte(crc, self.rx_data)),
+                        error.eq(error | self.rx_er),
+                    ]
+                    with m.If(count == 5):
+                        m.d.sync += [self.o.valid.eq(1), self.o.payload.data.eq(held[:8]),
+                                     self.o.payload.last.eq(0)]
+                    with m.Else():
+                        m.d.sync += count.eq(count + 1)
+                with m.Else():
+                    m.d.sync += [
+                        self.o.valid.eq(count == 5), self.o.payload.data.eq(held[:8]),
+                        self.o.payload.last.eq(1),
+                        self.o.payload.ok.eq(~error & (crc == CRC_RESIDUE)),
+                    ]
+                    m.next = "IDLE"
+        return m
+
+
+class FrameBuffer(wiring.Component):
+    """A ring of `depth` entries of `shape` (a layout with a ``last`` field) that lets out
+    only whole frames.
+
+    `ok` is read with the last entry of each frame: a frame is committed when it ends ok and
+    fits; otherwise the write pointer rolls back to the frame's start, and `crc_errors` (not
+    ok) or `overflows` (did not fit) counts it. With `backpressure`, the input waits for room
+    instead of dropping, `ok` is ignored, and a frame larger than the ring is let out as it
+    comes once it fills the ring. Output: one entry per cycle, one cycle after a frame is
+    committed.
+    """
+
+    def __init__(self, shape, depth: int, backpressure: bool = False):
+        if depth < 16 or depth & (depth - 1):
+            raise ValueError(f"depth must be a power of two of at least 16, not {depth}")
+        self.shape, self.depth, self.backpressure = shape, depth, backpressure
+        super().__init__({
+            "i": In(stream.Signature(shape, always_ready=not backpressure)),
+            "ok": In(1),
+            "o": Out(stream.Signature(shape)),
+            "frames": Out(COUNTER_WIDTH),
+            "crc_errors": Out(COUNTER_WIDTH),
+            "overflows": Out(COUNTER_WIDTH),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        depth = self.depth
+        ptr = range(2 * depth)
+        m.submodules.ring = ring = Memory(shape=self.shape, depth=depth, init=[])
+        write_port = ring.write_port()
+        read_port = ring.read_port(transparent_for=())
+        write_ptr, commit_ptr, read_ptr = Signal(ptr), Signal(ptr), Signal(ptr)
+        overflow = Signal()
+        full = Signal()
+        m.d.comb += full.eq((write_ptr - read_ptr)[:len(write_ptr)] == depth)
+
+        last = self.i.payload.last
+        if self.backpressure:
+            m.d.comb += self.i.ready.eq(~full)
+            with m.If(full & (commit_ptr == read_ptr)):     # a frame larger than the ring
+                m.d.sync += commit_ptr.eq(write_ptr)
+        with m.If(self.i.valid & (~full if self.backpressure else 1)):
+            with m.If(~full & ~overflow):
+                m.d.comb += [write_port.addr.eq(write_ptr), write_port.data.eq(self.i.payload),
+                             write_port.en.eq(1)]
+            with m.If(last):
+                m.d.sync += overflow.eq(0)
+                ok = self.ok | Const(int(self.backpressure))
+                with m.If(~ok):
+                    m.d.sync += [write_ptr.eq(commit_ptr),
+                                 self.crc_errors.eq(self.crc_errors + 1)]
+                with m.Elif(full | overflow):
+                    m.d.sync += [write_ptr.eq(commit_ptr), self.overflows.eq(self.overflows + 1)]
+                with m.Else():
+                    m.d.sync += [write_ptr.eq(write_ptr + 1), commit_ptr.eq(write_ptr + 1),
+                                 self.frames.eq(self.frames + 1)]
+            with m.Elif(full):
+                m.d.sync += overflow.eq(1)
+            with m.Elif(~overflow):
+                m.d.sync += write_ptr.eq(write_ptr + 1)
+
+        next_read = Signal(ptr)
+        m.d.comb += [
+            next_read.eq(read_ptr + (self.o.valid & self.o.ready)),
+            read_port.addr.eq(next_read),
+            self.o.payload.eq(read_port.data),
+        ]
+        m.d.sync += [read_ptr.eq(next_read), self.o.valid.eq(next_read != commit_ptr)]
+        return m
+
+
+def packed_beat(width: int):
+    """A beat with its byte count instead of `keep` (beats are packed from byte 0): 68 bits
+    at width 64, one 72-bit block RAM word."""
+    return data.StructLayout({"data": width, "count": range(width // 8), "last": 1})
+
+
+class Widen8(wiring.Component):
+    """Gathers bytes into beats of `width` bits (first byte in the lowest bits); a frame's
+    last byte ends its beat. One byte in per cycle; latency 1 cycle."""
+
+    def __init__(self, width: int):
+        self.width = width
+        super().__init__({"i": In(stream.Signature(BYTE)), "o": Out(FrameStream(width))})
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self.width // 8
+        gathered = Signal(BeatLayout(self.width))
+        lane = Signal(range(n))
+        closes = self.i.payload.last | (lane == n - 1)
+        m.d.comb += self.i.ready.eq(~self.o.valid | self.o.ready | ~closes)
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += self.o.valid.eq(0)
+        with m.If(self.i.valid & self.i.ready):
+            data = Cat(*(Mux(lane == k, self.i.payload.data, gathered.data[8 * k:8 * k + 8])
+                         for k in range(n)))
+            keep = Cat(*((lane >= k) if k else Const(1) for k in range(n)))
+            with m.If(closes):
+                m.d.sync += [
+                    self.o.payload.data.eq(data), self.o.payload.keep.eq(keep),
+                    self.o.payload.last.eq(self.i.payload.last), self.o.valid.eq(1),
+                    lane.eq(0),
+                ]
+            with m.Else():
+                m.d.sync += [gathered.data.eq(data), lane.eq(lane + 1)]
+        return m
+
+
+class Narrow8(wiring.Component):
+    """Gives out the bytes of beats of `width` bits (the kept ones; beats are packed from
+    byte 0), one per cycle, the frame's last byte marked. Latency 1 cycle."""
+
+    def __init__(self, width: int):
+        self.width = width
+        super().__init__({
+            "i": In(FrameStream(width)),
+            "o": Out(stream.Signature(BYTE)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self.width // 8
+        held = Signal(BeatLayout(self.width))
+        full = Signal()
+        lane = Signal(range(n))
+        more = Signal()
+        if n > 1:
+            m.d.comb += more.eq((lane != n - 1) & held.keep.bit_select(lane + 1, 1))
+        m.d.comb += [
+            self.o.valid.eq(full),
+            self.o.payload.data.eq(held.data.word_select(lane, 8)),
+            self.o.payload.last.eq(held.last & ~more),
+            self.i.ready.eq(~full | (self.o.ready & ~more)),
+        ]
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += lane.eq(lane + 1)
+            with m.If(~more):
+                m.d.sync += [full.eq(0), lane.eq(0)]
+        with m.If(self.i.valid & self.i.ready):
+            m.d.sync += [held.eq(self.i.payload), full.eq(1), lane.eq(0)]
+        return m
+
+
+class GmiiTx(wiring.Component):
+    """GMII transmit: preamble (7 bytes) and SFD, the frame's bytes, zero padding to 60
+    bytes, the FCS (least significant byte first), then at least 12 idle bytes. The input
+    must give a frame's bytes on consecutive cycles once its first byte is taken (the tx
+    FrameBuffer does); a missing byte is sent with tx_er."""
+
+    i: In(stream.Signature(BYTE))
+    tx_data: Out(8)
+    tx_en: Out(1)
+    tx_er: Out(1)
+
+    def elaborate(self, platform):
+        m = Module()
+        count = Signal(range(MIN_FRAME + 1))
+        crc = Signal(32, init=0xFFFFFFFF)
+        byte = Signal(8)
+        m.d.sync += [self.tx_en.eq(0), self.tx_er.eq(0)]
+        with m.FSM():
+            with m.State("IDLE"):
+                with m.If(self.i.valid):
+                    m.d.sync += [self.tx_en.eq(1), self.tx_data.eq(PREAMBLE), count.eq(1)]
+                    m.next = "PREAMBLE"
+            with m.State("PREAMBLE"):
+                m.d.sync += [self.tx_en.eq(1), count.eq(count + 1),
+                             self.tx_data.eq(Mux(count == 7, SFD, PREAMBLE))]
+                with m.If(count == 7):
+                    m.d.sync += [count.eq(0), crc.eq(0xFFFFFFFF)]
+                    m.next = "DATA"
+            with m.State("DATA"):
+                m.d.comb += [self.i.ready.eq(1), byte.eq(self.i.payload.data)]
+                m.d.sync += [self.tx_en.eq(1), self.tx_er.eq(~self.i.valid),
+                             self.tx_data.eq(byte), crc.eq(crc32_byte(crc, byte))]
+                with m.If(count != MIN_FRAME):
+                    m.d.sync += count.eq(count + 1)
+                with m.If(self.i.valid & self.i.payload.last):
+                    with m.If(count >= MIN_FRAME - 1):
+                        m.d.sync += count.eq(0)
+                        m.next = "FCS"
+                    with m.Else():
+                        m.next = "PAD"
+            with m.State("PAD"):
+                m.d.sync += [self.tx_en.eq(1), self.tx_data.eq(0), count.eq(count + 1),
+                             crc.eq(crc32_byte(crc, Const(0, 8)))]
+                with m.If(count == MIN_FRAME - 1):
+                    m.d.sync += count.eq(0)
+                    m.next = "FCS"
+            with m.State("FCS"):
+                m.d.sync += [self.tx_en.eq(1), self.tx_data.eq(~crc[:8]), crc.eq(crc >> 8),
+                             count.eq(count + 1)]
+                with m.If(count == 3):
+                    m.d.sync += count.eq(0)
+                    m.next = "GAP"
+            with m.State("GAP"):
+                m.d.sync += count.eq(count + 1)
+                with m.If(count == IFG - 1):
+                    m.next = "IDLE"
+        return m
+
+
+class Mac(wiring.Component):
+    """The MAC of one port (see the module's docstring). Domains: `rx_domain` (the PHY's
+    receive clock), `tx_domain` (the transmit clock), and ``sync`` for `rx` and `tx`, the
+    switch's port streams of `width` bits. Both crossings are AsyncFIFOs of 16 beats."""
+
+    def __init__(self, width: int = 64, *, rx_domain: str = "eth_rx", tx_domain: str = "eth_tx",
+                 buffer_bytes: int = 2048):
+        self.width = check_width(width)
+        self.rx_domain, self.tx_domain = rx_domain, tx_domain
+        self.buffer_bytes = buffer_bytes
+        super().__init__({
+            "gmii_rx_data": In(8), "gmii_rx_dv": In(1), "gmii_rx_er": In(1),
+            "gmii_tx_data": Out(8), "gmii_tx_en": Out(1), "gmii_tx_er": Out(1),
+            "rx": Out(FrameStream(width)),
+            "tx": In(FrameStream(width)),
+            "rx_frames": Out(COUNTER_WIDTH),
+            "rx_crc_errors": Out(COUNTER_WIDTH),
+            "rx_overflows": Out(COUNTER_WIDTH),
+        })
+
+    def elaborate(self, platform):
+        from amaranth.hdl import DomainRenamer
+
+        m = Module()
+        rx = DomainRenamer(self.rx_domain)
+        tx = DomainRenamer(self.tx_domain)
+        beat_bits = BeatLayout(self.width).size
+
+        m.submodules.gmii_rx = gmii_rx = rx(GmiiRx())
+        m.submodules.rx_buffer = rx_buffer = rx(FrameBuffer(BYTE, self.buffer_bytes))
+        m.submodules.rx_widen = rx_widen = rx(Widen8(self.width))
+        m.submodules.rx_cdc = rx_cdc = fifo.AsyncFIFO(
+            width=beat_bits, depth=16, r_domain="sync", w_domain=self.rx_domain)
+        m.d.comb += [
+            gmii_rx.rx_data.eq(self.gmii_rx_data), gmii_rx.rx_dv.eq(self.gmii_rx_dv),
+            gmii_rx.rx_er.eq(self.gmii_rx_er),
+            rx_buffer.i.payload.data.eq(gmii_rx.o.payload.data),
+            rx_buffer.i.payload.last.eq(gmii_rx.o.payload.last),
+            rx_buffer.i.valid.eq(gmii_rx.o.valid), rx_buffer.ok.eq(gmii_rx.o.payload.ok),
+            self.rx_frames.eq(rx_buffer.frames), self.rx_crc_errors.eq(rx_buffer.crc_errors),
+            self.rx_overflows.eq(rx_buffer.overflows),
+        ]
+        wiring.connect(m, rx_buffer.o, rx_widen.i)
+        m.d.comb += [
+            rx_cdc.w_data.eq(rx_widen.o.payload), rx_cdc.w_en.eq(rx_widen.o.valid),
+            rx_widen.o.ready.eq(rx_cdc.w_rdy),
+            self.rx.payload.eq(rx_cdc.r_data), self.rx.valid.eq(rx_cdc.r_rdy),
+            rx_cdc.r_en.eq(self.rx.ready),
+        ]
+
+        # Transmit: whole frames are gathered as beats (8 bytes per tx cycle), so the next
+        # frame is ready when the one on the wire ends.
+        packed = packed_beat(self.width)
+        tx_beat = Signal(packed)
+        m.d.comb += [
+            tx_beat.data.eq(self.tx.payload.data), tx_beat.last.eq(self.tx.payload.last),
+            tx_beat.count.eq(sum(self.tx.payload.keep[1:])),
+        ]
+        m.submodules.tx_cdc = tx_cdc = fifo.AsyncFIFO(
+            width=packed.size, depth=16, r_domain=self.tx_domain, w_domain="sync")
+        m.submodules.tx_buffer = tx_buffer = tx(FrameBuffer(
+            packed, self.buffer_bytes // (self.width // 8), backpressure=True))
+        m.submodules.tx_narrow = tx_narrow = tx(Narrow8(self.width))
+        m.submodules.gmii_tx = gmii_tx = tx(GmiiTx())
+        m.d.comb += [
+            tx_cdc.w_data.eq(tx_beat), tx_cdc.w_en.eq(self.tx.valid),
+            self.tx.ready.eq(tx_cdc.w_rdy),
+            tx_buffer.i.payload.eq(tx_cdc.r_data), tx_buffer.i.valid.eq(tx_cdc.r_rdy),
+            tx_cdc.r_en.eq(tx_buffer.i.ready),
+        ]
+        out = tx_buffer.o.payload
+        m.d.comb += [
+            tx_narrow.i.payload.data.eq(out.data), tx_narrow.i.payload.last.eq(out.last),
+            tx_narrow.i.payload.keep.eq((Const(2, self.width // 8 + 1) << out.count) - 1),
+            tx_narrow.i.valid.eq(tx_buffer.o.valid), tx_buffer.o.ready.eq(tx_narrow.i.ready),
+        ]
+        wiring.connect(m, tx_narrow.o, gmii_tx.i)
+        m.d.comb += [
+            self.gmii_tx_data.eq(gmii_tx.tx_data), self.gmii_tx_en.eq(gmii_tx.tx_en),
+            self.gmii_tx_er.eq(gmii_tx.tx_er),
+        ]
+        return m
