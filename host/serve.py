@@ -103,8 +103,12 @@ class SimServer:
     def poll(self, timeout: float = 0.05) -> int:
         """Take what has arrived (waiting up to `timeout` for the first datagram), run the
         backend, send what it sent. Returns the number of datagrams taken."""
-        r, _, _ = select.select([self.sock], [], [], timeout)
+        busy = getattr(self.backend, "busy", False)     # the RTL may still hold results
+        r, _, _ = select.select([self.sock], [], [], 0.001 if busy else timeout)
         if not r:
+            if busy:
+                with self.lock:
+                    self._deliver(self.backend.run())
             return 0
         taken = 0
         with self.lock:
@@ -124,16 +128,20 @@ class SimServer:
                     self.pcap.write(frame)
                 self.backend.send(T.switch_port_for(ip, port, self.ports), frame)
             self.stats["datagrams_in"] += taken
-            for _port, frame in self.backend.run():
-                if self.pcap:
-                    self.pcap.write(frame)
-                try:
-                    _, dst, datagram = W.strip_frame(frame)
-                    self.sock.sendto(datagram, (dst.ip, dst.port))
-                    self.stats["datagrams_out"] += 1
-                except (OSError, struct.error):
-                    self.stats["undeliverable"] += 1
+            self._deliver(self.backend.run())
         return taken
+
+    def _deliver(self, frames):
+        """Send each frame the switch sent as a datagram to its destination."""
+        for _port, frame in frames:
+            if self.pcap:
+                self.pcap.write(frame)
+            try:
+                _, dst, datagram = W.strip_frame(frame)
+                self.sock.sendto(datagram, (dst.ip, dst.port))
+                self.stats["datagrams_out"] += 1
+            except (OSError, struct.error):
+                self.stats["undeliverable"] += 1
 
     def serve(self):
         while not self._stop.is_set():

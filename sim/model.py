@@ -537,10 +537,25 @@ class RtlSwitch(SwitchModel):
         super().__init__("switch", ports=ports, width=width, jobs=jobs,
                          max_workers=max_workers, slots=slots)
         self.reset()
+        self.busy = False           # the switch may still hold work: run again
+        self._sent = False
+
+    def send(self, port: int, frame: bytes) -> None:
+        super().send(port, frame)
+        self._sent = True
 
     def run(self, max_cycles: int = 10_000_000,
-            idle_cycles: int = 300) -> list[tuple[int, bytes]]:
-        return super().run(max_cycles, idle_cycles)
+            idle_cycles: int = 64) -> list[tuple[int, bytes]]:
+        """Clock until the ports are quiet for `idle_cycles` (longer than a packet takes from
+        its last beat in to its first beat out); nothing at all when nothing was sent and the
+        last run brought nothing out. A frame still inside (a control request's records take
+        about 2 cycles each) comes out of a later run: `busy` says when to call again."""
+        if not (self._sent or self.busy):
+            return []
+        self._sent = False
+        frames = super().run(max_cycles, idle_cycles)
+        self.busy = bool(frames)
+        return frames
 
 
 def make_switch(**params) -> RtlSwitch:
