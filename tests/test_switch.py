@@ -4,14 +4,14 @@ import json
 
 import pytest
 
-from tests.conftest import run_cocotb
+from tests.conftest import SIMULATORS, run_cocotb
 
 # The default build: 4 ports of 64 bits, small tables so that Verilator builds it quickly.
 SWITCH = {"ports": 4, "width": 64, "jobs": 2, "max_workers": 4, "slots": 16}
 
 
-def run(testcase, params=SWITCH, **env):
-    run_cocotb("cocotb_switch", "switch", testcase,
+def run(testcase, params=SWITCH, simulator="verilator", **env):
+    run_cocotb("cocotb_switch", "switch", testcase, simulator=simulator,
                env={"NETAGG_SWITCH": json.dumps(params), **env}, **params)
 
 
@@ -21,3 +21,9 @@ def run(testcase, params=SWITCH, **env):
 ])
 def test_switch(testcase):
     run(testcase)
+
+
+@pytest.mark.parametrize("simulator", SIMULATORS[1:])
+def test_switch_second_simulator(simulator):
+    """The aggregation scenario on the second simulator, when it is installed."""
+    run("aggregate_scenario", simulator=simulator)
