@@ -66,6 +66,10 @@ def pytest_collection_modifyitems(items):
             group = f"{module}-w64"
         elif "simulator" in params:
             group = f"{module}-{params['simulator']}"
+        elif module == "test_switch":
+            group = "switch"            # one switch build for all its testbenches
+        elif "rtl" in item.name:
+            group = "rtl-model"         # host tests on the switch's Python-driven model
         else:
             continue
         item.add_marker(pytest.mark.xdist_group(group))
