@@ -13,37 +13,43 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _line_rate_run(top: str, module: str, params: dict, env: dict, console, what: str) -> dict:
+    """Build `top` with `params` (cached) and run the cocotb test `line_rate` of
+    tests/`module`, which writes its figures as JSON; return them with the build time."""
+    from sim.build import cocotb_runner
+
+    if str(ROOT) not in sys.path:   # the runner hands sys.path to the simulator's Python
+        sys.path.insert(0, str(ROOT))
+    with console.status(f"{what}: building (cached after the first run) ..."):
+        t0 = time.perf_counter()
+        runner, build_dir = cocotb_runner(top, **params)
+        build_seconds = time.perf_counter() - t0
+    with console.status(f"{what}: streaming frames ..."), tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        runner.test(
+            test_module=f"tests.{module}", hdl_toplevel="top", testcase="line_rate",
+            build_dir=build_dir, test_dir=tmp,
+            extra_env={"PYTHONPATH": str(ROOT), "NETAGG_BENCH_OUT": str(out), **env},
+            log_file=Path(tmp) / "sim.log",
+        )
+        if not out.exists():
+            log = (Path(tmp) / "sim.log").read_text(errors="replace")[-3000:]
+            raise SystemExit(f"the line-rate run of {what} failed:\n{log}")
+        result = json.loads(out.read_text())
+    result["build_seconds"] = round(build_seconds, 1)
+    return result
+
+
 def bench_datapath(widths, quiet: bool) -> dict:
     """Back-to-back RoCEv2 frames through one port's datapath (parser, queue, deparser) in
     Verilator, per width: beats per cycle in and out, and simulated cycles per second."""
     from rich.console import Console
 
-    from sim.build import cocotb_runner
-
     console = Console(stderr=True, quiet=quiet)
-    if str(ROOT) not in sys.path:   # the runner hands sys.path to the simulator's Python
-        sys.path.insert(0, str(ROOT))
     results = {}
     for width in widths:
-        with console.status(f"width {width}: building (cached after the first run) ..."):
-            t0 = time.perf_counter()
-            runner, build_dir = cocotb_runner("datapath", width=width)
-            build_seconds = time.perf_counter() - t0
-        with console.status(f"width {width}: streaming frames ..."), \
-                tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "result.json"
-            runner.test(
-                test_module="tests.cocotb_datapath", hdl_toplevel="top", testcase="line_rate",
-                build_dir=build_dir, test_dir=tmp,
-                extra_env={"PYTHONPATH": str(ROOT), "NETAGG_WIDTH": str(width),
-                           "NETAGG_BENCH_OUT": str(out)},
-                log_file=Path(tmp) / "sim.log",
-            )
-            if not out.exists():
-                log = (Path(tmp) / "sim.log").read_text(errors="replace")[-3000:]
-                raise SystemExit(f"the line-rate run at width {width} failed:\n{log}")
-            result = json.loads(out.read_text())
-        result["build_seconds"] = round(build_seconds, 1)
+        result = _line_rate_run("datapath", "cocotb_datapath", {"width": width},
+                                {"NETAGG_WIDTH": str(width)}, console, f"width {width}")
         results[str(width)] = result
         console.print(
             f"width {width:3}: {result['in_beats_per_cycle']:.3f} beats/cycle in, "
@@ -58,31 +64,12 @@ def bench_switch(ports: int, width: int, rounds: int, quiet: bool) -> dict:
     first result beat, and simulated cycles per second."""
     from rich.console import Console
 
-    from sim.build import cocotb_runner
-
     console = Console(stderr=True, quiet=quiet)
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     params = {"ports": ports, "width": width, "jobs": 1, "max_workers": ports, "slots": 16}
-    with console.status(f"{ports} x {width} bits: building (cached after the first run) ..."):
-        t0 = time.perf_counter()
-        runner, build_dir = cocotb_runner("switch", **params)
-        build_seconds = time.perf_counter() - t0
-    with console.status(f"{ports} x {width} bits: streaming contributions ..."), \
-            tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        runner.test(
-            test_module="tests.cocotb_switch", hdl_toplevel="top", testcase="line_rate",
-            build_dir=build_dir, test_dir=tmp,
-            extra_env={"PYTHONPATH": str(ROOT), "NETAGG_SWITCH": json.dumps(params),
-                       "NETAGG_BENCH_OUT": str(out), "NETAGG_ROUNDS": str(rounds)},
-            log_file=Path(tmp) / "sim.log",
-        )
-        if not out.exists():
-            log = (Path(tmp) / "sim.log").read_text(errors="replace")[-3000:]
-            raise SystemExit(f"the switch line-rate run failed:\n{log}")
-        result = json.loads(out.read_text())
-    result["build_seconds"] = round(build_seconds, 1)
+    env = {"NETAGG_SWITCH": json.dumps(params), "NETAGG_ROUNDS": str(rounds),
+           "NETAGG_WIDTH": str(width)}
+    result = _line_rate_run("switch", "cocotb_switch", params, env, console,
+                            f"{ports} x {width} bits")
     return {"bench": "switch", **result}
 
 
