@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="netagg", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="run a benchmark and print its figures")
-    bench.add_argument("what", choices=["datapath", "switch", "allreduce"])
+    bench.add_argument("what", choices=["datapath", "switch", "allreduce", "congestion"])
     bench.add_argument("--ports", type=int, default=4, help="switch: ports")
     bench.add_argument("--width", type=int, default=512, help="switch: bits per port")
     bench.add_argument("--rounds", type=int, default=4,
@@ -104,6 +104,14 @@ def main(argv=None) -> int:
     bench.add_argument("--workers", type=int, default=4, help="allreduce: workers")
     bench.add_argument("--backend", choices=["golden", "rtl"], default="golden")
     bench.add_argument("--transports", default="inproc,udp", help="allreduce: inproc,udp")
+    bench.add_argument("--paths", default="1,2,4",
+                       help="congestion: path counts to spray over, comma-separated")
+    bench.add_argument("--spray", choices=["round_robin", "least_loaded"], default="round_robin",
+                       help="congestion: how packets are spread over the paths")
+    bench.add_argument("--size", default="1M",
+                       help="congestion: float32 bytes per worker (e.g. 256K, 1M)")
+    bench.add_argument("--repeat", type=int, default=3,
+                       help="congestion: runs per path count (the median is reported)")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
 
     demo = sub.add_parser("demo", help="allreduce through a simulated switch, checked")
@@ -116,6 +124,9 @@ def main(argv=None) -> int:
                       help="rtl: the switch's Verilator model (default); golden: the Python "
                            "model, no compiler needed")
     demo.add_argument("--pcap", default=None, help="write every switch frame to this file")
+    demo.add_argument("--paths", type=int, default=1,
+                      help="UDP source ports each worker sprays its packets over")
+    demo.add_argument("--spray", choices=["round_robin", "least_loaded"], default="round_robin")
     demo.add_argument("--json", action="store_true", help="print one JSON object")
 
     sim = sub.add_parser("sim", help="the simulated switch")
@@ -135,7 +146,7 @@ def main(argv=None) -> int:
         from host.demo import demo as run_demo
         report = run_demo(workers=args.workers, nodes=args.nodes, values=args.values,
                           backend=args.backend, steps=args.steps, as_json=args.json,
-                          pcap=args.pcap)
+                          pcap=args.pcap, paths=args.paths, spray=args.spray)
         if args.json:
             print(json.dumps(report))
         return 0 if report["verified"] else 1
@@ -152,6 +163,14 @@ def main(argv=None) -> int:
                      if args.backend != "golden" or s <= GOLDEN_MAX_SIZE]
         report = bench_allreduce(sizes, workers=args.workers, backend=args.backend,
                                  transports=args.transports.split(","), quiet=args.json)
+        if args.json:
+            print(json.dumps(report))
+        return 0
+    if args.command == "bench" and args.what == "congestion":
+        from host.congestion import bench_congestion
+        report = bench_congestion(args.backend, [int(p) for p in args.paths.split(",")],
+                                  workers=args.workers, size=_size(args.size),
+                                  spray=args.spray, repeat=args.repeat, quiet=args.json)
         if args.json:
             print(json.dumps(report))
         return 0

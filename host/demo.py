@@ -32,14 +32,15 @@ def demo_data(rank: int, values: int, seed: int, dtype: str = "float32") -> np.n
 
 def worker_main(rank: int, world: int, url: str, local_size: int, session: str, values: int,
                 steps: int, seed: int, dtype: str, progress, results, faults=None,
-                timeout: float = 60.0, verify: bool = True):
+                timeout: float = 60.0, verify: bool = True, paths: int = 1,
+                spray: str = "round_robin"):
     """One worker process: allreduce `values` values in `steps` tensors, report."""
     from host import Worker
     try:
         data = demo_data(rank, values, seed, dtype)
         pieces = np.array_split(data, steps)
         with Worker(rank, world, url, local_size=local_size, session=session,
-                    timeout=timeout, faults=faults) as w:
+                    timeout=timeout, faults=faults, paths=paths, spray=spray) as w:
             t0 = time.perf_counter()
             handles = [w.allreduce_async(p) for p in pieces] if local_size == 1 else None
             outs = []
@@ -78,8 +79,10 @@ def worker_main(rank: int, world: int, url: str, local_size: int, session: str, 
 
 def run_workers(url: str, *, workers: int, nodes: int, values: int, steps: int = 8,
                 seed: int = 0, dtype: str = "float32", faults=None, timeout: float = 60.0,
-                verify: bool = True, on_progress=None, session: str | None = None) -> dict:
-    """Start the worker processes against `url`, wait for them, gather their reports."""
+                verify: bool = True, on_progress=None, session: str | None = None,
+                paths: int = 1, spray: str = "round_robin") -> dict:
+    """Start the worker processes against `url`, wait for them, gather their reports.
+    `paths` / `spray`: each worker sprays its packets over that many UDP source ports."""
     if workers % nodes:
         raise ValueError(f"{workers} workers do not split into {nodes} nodes")
     ctx = mp.get_context("spawn")
@@ -88,7 +91,8 @@ def run_workers(url: str, *, workers: int, nodes: int, values: int, steps: int =
     session = session or uuid.uuid4().hex
     procs = [ctx.Process(target=worker_main, daemon=True,
                          args=(r, workers, url, workers // nodes, session, values, steps, seed,
-                               dtype, progress, results, faults, timeout, verify))
+                               dtype, progress, results, faults, timeout, verify, paths,
+                               spray))
              for r in range(workers)]
     t0 = time.perf_counter()
     for p in procs:
@@ -128,7 +132,8 @@ def run_workers(url: str, *, workers: int, nodes: int, values: int, steps: int =
     seconds = max((r["seconds"] for r in good), default=0.0)
     nbytes = values * np.dtype(dtype).itemsize
     return {
-        "workers": workers, "nodes": nodes, "values": values, "dtype": dtype,
+        "workers": workers, "nodes": nodes, "paths": paths, "spray": spray,
+        "values": values, "dtype": dtype,
         "tensor_bytes": nbytes, "steps": steps,
         "seconds": round(seconds, 3), "wall_seconds": round(wall, 3),
         "goodput_MBps": round(nbytes / seconds / 1e6, 3) if seconds else 0.0,
@@ -137,16 +142,20 @@ def run_workers(url: str, *, workers: int, nodes: int, values: int, steps: int =
         "retransmissions": counters.get("retransmissions", 0),
         "bytes_sent": counters.get("bytes_sent", 0),
         "bytes_received": counters.get("bytes_received", 0),
+        "packets_sent_per_path": [counters.get(f"packets_sent_path{i}", 0)
+                                  for i in range(paths)] if paths > 1
+        else [counters.get("packets_sent", 0)],
         "max_error": max((r.get("max_error", 0.0) for r in good), default=None),
         "verified": bool(verify and not errors and agree and all(r.get("ok") for r in good)),
         "results_agree": agree,
+        "digest": good[0]["digest"] if agree else None,     # sha256 of the result
         "errors": errors,
     }
 
 
 def demo(workers: int = 4, nodes: int = 2, values: int = 2_000_000, backend: str = "rtl",
          steps: int = 8, as_json: bool = False, pcap: str | None = None,
-         timeout: float = 60.0) -> dict:
+         timeout: float = 60.0, paths: int = 1, spray: str = "round_robin") -> dict:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -160,13 +169,14 @@ def demo(workers: int = 4, nodes: int = 2, values: int = 2_000_000, backend: str
     server = SimServer(switch, "127.0.0.1", 0, pcap=pcap).start()
     try:
         console.print(f"netagg demo: {backend} switch on {server.url}, {workers} workers in "
-                      f"{nodes} nodes, {values:,} float32 values each")
+                      f"{nodes} nodes, {values:,} float32 values each"
+                      + (f", sprayed over {paths} paths ({spray})" if paths > 1 else ""))
         total = workers * values
         with Progress(TextColumn("allreduce"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
                       TimeElapsedColumn(), console=console, transient=True) as bar:
             task = bar.add_task("allreduce", total=total)
             report = run_workers(server.url, workers=workers, nodes=nodes, values=values,
-                                 steps=steps, timeout=timeout,
+                                 steps=steps, timeout=timeout, paths=paths, spray=spray,
                                  on_progress=lambda done: bar.update(task, completed=done))
         report["backend"] = backend
         report["switch"] = dict(server.stats)

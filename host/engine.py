@@ -22,6 +22,12 @@ What it does, for one worker of one switch job (`job`, `rank`, `workers`):
   from measured round trips, doubling per retry) is sent again: the switch counts a duplicate,
   or, if the result was lost, sends it again to this worker alone. Results for a slot's other
   version, earlier uses or unknown slots are ignored and counted.
+- **Spraying.** With a transport of several paths (source UDP ports), each contribution,
+  first sending or retransmission, leaves by the path the `Sprayer` picks (round robin, or the
+  path with the fewest contributions awaiting their result). Every packet names its job, slot,
+  version and offset, and slots are independent, so the order in which the switch sees them
+  does not matter: reordering across paths costs neither correctness nor a retransmission.
+  Control requests leave by path 0, where the answers come back.
 - **Overflow.** A result with the overflow flag (or a worker's saturation marker in the check
   lane) is redone with the exponent plus one for fixed point, and is an `OverflowError` for
   int32.
@@ -45,6 +51,7 @@ import zlib
 import numpy as np
 
 from host import numerics as N
+from host import transport as T
 from host import wire as W
 
 PAYLOAD_LANES = N.LANES + 1
@@ -99,6 +106,7 @@ class Message:
     deadline: float = 0.0
     rto: float = 0.0
     attempts: int = 0
+    path: int | None = None         # the path of the copy in flight (spraying)
 
 
 class SlotState:
@@ -115,8 +123,10 @@ class Engine:
     def __init__(self, transport, *, job: int, rank: int, workers: int, slots: int | None,
                  qpn: int = 0x100, session_tag: int = 0, timeout: float = 20.0,
                  fraction_bits: int | None = None, block: int = N.DEFAULT_BLOCK,
-                 rto_initial: float = 0.2, rto_min: float = 0.05, rto_max: float = 1.0):
+                 rto_initial: float = 0.2, rto_min: float = 0.05, rto_max: float = 1.0,
+                 spray: str = "round_robin"):
         self.transport = transport
+        self.sprayer = T.Sprayer(getattr(transport, "paths", 1), spray)
         self.job, self.rank, self.workers, self.nslots = job, rank, workers, slots
         self.qpn, self.session_tag, self.timeout = qpn, session_tag, timeout
         self.fraction_bits, self.block = fraction_bits, block
@@ -279,7 +289,20 @@ class Engine:
         m.deadline = now + m.rto
         self.stats["packets_sent"] += 1
         self.stats["bytes_sent"] += len(m.packet.payload) + WIRE_OVERHEAD
-        self.transport.send(m.packet)
+        sp = self.sprayer
+        if sp.paths == 1:
+            self.transport.send(m.packet)
+            return
+        self._answered(m)
+        m.path = sp.pick()
+        sp.sent(m.path)
+        self.stats[f"packets_sent_path{m.path}"] += 1
+        self.transport.send(m.packet, m.path)
+
+    def _answered(self, m: Message):
+        if m.path is not None:
+            self.sprayer.answered(m.path)
+            m.path = None
 
     def _retransmit(self):
         now = time.monotonic()
@@ -338,6 +361,7 @@ class Engine:
             self._sample_rtt(time.monotonic() - m.sent_at)
         self.last_progress = time.monotonic()
         st.inflight = None
+        self._answered(m)
         st.recent.append(expected)
         w = m.work
         if m.kind == "exp":
@@ -366,6 +390,7 @@ class Engine:
     def _redo(self, st: SlotState, m: Message, bump: int):
         """The message again, in the slot's next use (every worker decides the same)."""
         st.inflight = None
+        self._answered(m)
         self.stats["redone"] += 1
         st.queue.appendleft(Message(m.work, m.kind, m.index, bump=bump, slot=m.slot))
 

@@ -23,6 +23,10 @@ uses the network); the results are shared back through the same memory. Shards a
 exponent blocks, and a node proposes the maximum exponent of its local workers, so the
 answer is bit for bit the flat allreduce's.
 
+Spraying (`paths=N`, `spray="round_robin"` or `"least_loaded"`): the worker sends its
+contributions from N UDP source ports (other sockets of its address; results still come back
+to the first), each packet by the path the engine picks; see `host.transport`.
+
 In-process workers of one backend run cooperatively: `allreduce_async` on each, then `wait`
 on the handles; waiting drives every worker of that backend. They may also run in threads.
 """
@@ -49,13 +53,15 @@ def session_tag(session) -> int:
     return ENABLE | (zlib.crc32(str(session).encode()) & 0x7FFFFFFF)
 
 
-def _make_transport(switch, ip: str | None):
+def _make_transport(switch, ip: str | None, paths: int = 1):
     if isinstance(switch, T.Transport):
+        if paths != 1 and switch.paths != paths:
+            raise ValueError(f"the transport given has {switch.paths} paths, not {paths}")
         return switch
     if isinstance(switch, str):
-        return T.UdpTransport(switch)
+        return T.UdpTransport(switch, paths=paths)
     if hasattr(switch, "send") and (hasattr(switch, "run") or isinstance(switch, T.InProcessHub)):
-        return T.InProcessTransport(switch, ip=ip)
+        return T.InProcessTransport(switch, ip=ip, paths=paths)
     raise TypeError(f"switch must be 'udp://host:port', a backend or a Transport, not {switch!r}")
 
 
@@ -142,7 +148,7 @@ class Worker:
                  *, local_size: int = 1, session=None, slots: int | None = None,
                  slot_base: int | None = None, timeout: float = 20.0,
                  fraction_bits: int | None = None, block: int = N.DEFAULT_BLOCK,
-                 faults: dict | None = None):
+                 faults: dict | None = None, paths: int = 1, spray: str = "round_robin"):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
         if local_size < 1 or world_size % local_size:
@@ -164,14 +170,15 @@ class Worker:
         self._pending = []          # hierarchical handles, in submission order
         self._closed = False
         ip = f"10.{1 + self.switch_job}.{self.switch_rank // 250}.{self.switch_rank % 250 + 1}"
-        transport = _make_transport(switch, ip)
+        T.Sprayer(paths, spray)        # checks both before any socket opens
+        transport = _make_transport(switch, ip, paths)
         if faults:
             transport = T.LossyTransport(transport, **faults)
         self.transport = transport
         self.engine = Engine(transport, job=self.switch_job, rank=self.switch_rank,
                              workers=self.switch_workers, slots=None, qpn=0x100 + rank,
                              session_tag=self.tag, timeout=timeout,
-                             fraction_bits=self.fraction_bits, block=block)
+                             fraction_bits=self.fraction_bits, block=block, spray=spray)
         try:
             self._configure(slots, slot_base)
         except BaseException:
@@ -206,9 +213,7 @@ class Worker:
                               f"sends {W.MAX_PAYLOAD}")
         self.switch_params = {"ports": ports, "jobs": jobs, "max_workers": max_workers,
                               "slots": total_slots}
-        t.switch_port = T.switch_port_for(t.local.ip, t.local.port, ports)
-        if isinstance(t, T.LossyTransport):
-            t.inner.switch_port = t.switch_port
+        t.attach_switch(ports)          # the port of its job-table entry; paths spread
         t.result_source = W.Endpoint(_ip_str(ip), sport)
         per_job = total_slots // jobs
         count = per_job if slots is None else slots

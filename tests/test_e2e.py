@@ -88,3 +88,61 @@ def test_dead_peer_over_udp_is_a_clear_error(serve):
         w.allreduce(np.ones(5, np.int32))
     assert time.monotonic() - t0 < 5
     w.close()
+
+
+def test_spraying_over_udp_source_ports(serve):
+    """Workers spray over 4 UDP source sockets, which `netagg sim serve` maps to its 4 switch
+    ports (its own rx counters, read through the control path, show it), over paths of
+    different delays: int32 sums exact, floats bit for bit the single path's, no
+    retransmission, no duplicate at the switch."""
+    import threading
+
+    from host import SwitchControl
+    from host import numerics as N
+
+    url, _, _ = serve
+    rng = np.random.default_rng(4)
+    ints = [rng.integers(-2**24, 2**24, 12 * N.LANES + 1, dtype=np.int32) for _ in range(3)]
+    floats = [rng.standard_normal(8 * N.LANES).astype(np.float32) for _ in range(3)]
+    ctl = SwitchControl(url)
+
+    def contributions():
+        ports = ctl.counters(jobs=[])["ports"]
+        return [ports[p]["rx"] - ports[p]["control"] for p in sorted(ports)]
+
+    def run(paths, spray, faults=None):
+        session = uuid.uuid4().hex
+        ws = [Worker(r, 3, url, session=session, timeout=10, paths=paths, spray=spray,
+                     faults=faults) for r in range(3)]
+        for w in ws:        # threads start apart: no retransmission for their skew alone
+            w.engine.rto_min, w.engine.rto = 0.5, 1.0
+        out = [None] * 3
+
+        def one(r):
+            out[r] = ws[r].allreduce([ints[r], floats[r]])
+        threads = [threading.Thread(target=one, args=(r,)) for r in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        counters = [w.counters() for w in ws]
+        for w in ws:
+            w.close()
+        return out, counters
+
+    single, _ = run(1, "round_robin")
+    before = contributions()
+    for spray in ("round_robin", "least_loaded"):
+        got, counters = run(4, spray, faults=dict(path_delay=0.003))
+        expected = np.sum([x.astype(np.int64) for x in ints], axis=0)
+        for r in got:
+            assert np.array_equal(r[0], expected)
+            assert np.array_equal(r[1], single[0][1])
+        assert all(c.get("retransmissions", 0) == 0 for c in counters)
+        assert all(c[f"packets_sent_path{i}"] > 0 for c in counters for i in range(4))
+    after = contributions()
+    per_port = [a - b for a, b in zip(after, before)]
+    least = min(c[f"packets_sent_path{i}"] for c in counters for i in range(4))
+    assert all(n >= 3 * least for n in per_port), per_port     # every worker on every port
+    assert ctl.counters(jobs=[0])["jobs"][0]["duplicates"] == 0
+    ctl.close()
