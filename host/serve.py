@@ -104,11 +104,11 @@ class SimServer:
         """Take what has arrived (waiting up to `timeout` for the first datagram), run the
         backend, send what it sent. Returns the number of datagrams taken."""
         busy = getattr(self.backend, "busy", False)     # the RTL may still hold results
-        r, _, _ = select.select([self.sock], [], [], 0.001 if busy else timeout)
+        r, _, _ = select.select([self.sock], [], [], 0 if busy else timeout)
         if not r:
             if busy:
                 with self.lock:
-                    self._deliver(self.backend.run())
+                    self._deliver(self._advance())
             return 0
         taken = 0
         with self.lock:
@@ -128,8 +128,14 @@ class SimServer:
                     self.pcap.write(frame)
                 self.backend.send(T.switch_port_for(ip, port, self.ports), frame)
             self.stats["datagrams_in"] += taken
-            self._deliver(self.backend.run())
+            self._deliver(self._advance())
         return taken
+
+    def _advance(self):
+        """Let the switch work: the RTL a slice of time at a time (results go out while it
+        works, as from a board), the golden model until it is done."""
+        advance = getattr(self.backend, "advance", None)
+        return advance() if advance else self.backend.run()
 
     def _deliver(self, frames):
         """Send each frame the switch sent as a datagram to its destination."""

@@ -557,6 +557,17 @@ class RtlSwitch(SwitchModel):
         self.busy = bool(frames)
         return frames
 
+    SLICE = 1024          # cycles per `advance`
+
+    def advance(self) -> list[tuple[int, bytes]]:
+        """Clock one slice of `SLICE` cycles and return what came out: for a server that
+        takes datagrams and hands out results while the switch works, as a board does.
+        `busy` stays true until a slice with no input waiting and nothing out."""
+        self._sent = False
+        frames = self.step(self.SLICE)
+        self.busy = bool(frames) or any(self.queued(p) for p in range(self.ports))
+        return frames
+
 
 def make_switch(**params) -> RtlSwitch:
     """The RTL backend of `netagg sim serve --backend rtl` and of the host's tests."""
