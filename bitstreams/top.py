@@ -55,8 +55,9 @@ class Pll(Elaboratable):
 
     def __init__(self, clk_in, in_hz: float, core_hz: float):
         self.clk_in, self.in_hz, self.core_hz = clk_in, in_hz, core_hz
-        self.clkop = Signal(name="clk_eth_tx")
-        self.clkos = Signal(name="clk_core")
+        # kept through synthesis, so that nextpnr finds the clock constraints' nets
+        self.clkop = Signal(name="clk_eth_tx", attrs={"keep": "true"})
+        self.clkos = Signal(name="clk_core", attrs={"keep": "true"})
         self.locked = Signal(name="pll_locked")
         pfd = 25e6
         self.clki_div = round(in_hz / pfd)

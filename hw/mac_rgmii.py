@@ -56,7 +56,7 @@ class RgmiiPhy(Elaboratable):
         m = Module()
         pads = self.pads
 
-        rx_clk = Signal()
+        rx_clk = Signal(attrs={"keep": "true"})     # named in the clock constraint
         m.submodules.rx_clk_buf = Instance("IB", i_I=pads.rx_clk.io[0], o_O=rx_clk)
         m.domains += ClockDomain(self.rx_domain)
         m.d.comb += ClockSignal(self.rx_domain).eq(rx_clk)
