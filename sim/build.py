@@ -172,8 +172,15 @@ def cocotb_runner(top: str, simulator: str = "verilator", waves: bool = False, *
     build_dir.mkdir(parents=True, exist_ok=True)
     with open(build_dir.parent / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        runner.build(
-            sources=[source], hdl_toplevel=TOPLEVEL, build_dir=build_dir,
-            build_args=build_args, waves=waves, always=False, timescale=("1ns", "1ps"),
-        )
+        log = build_dir / "build.log"     # kept out of stdout (benchmarks print JSON there)
+        try:
+            runner.build(
+                sources=[source], hdl_toplevel=TOPLEVEL, build_dir=build_dir,
+                build_args=build_args, waves=waves, always=False, timescale=("1ns", "1ps"),
+                log_file=log,
+            )
+        except Exception:
+            if log.exists():
+                sys.stderr.write(log.read_text(errors="replace")[-6000:])
+            raise
     return runner, build_dir
