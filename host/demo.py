@@ -33,14 +33,19 @@ def demo_data(rank: int, values: int, seed: int, dtype: str = "float32") -> np.n
 def worker_main(rank: int, world: int, url: str, local_size: int, session: str, values: int,
                 steps: int, seed: int, dtype: str, progress, results, faults=None,
                 timeout: float = 60.0, verify: bool = True, paths: int = 1,
-                spray: str = "round_robin"):
-    """One worker process: allreduce `values` values in `steps` tensors, report."""
+                spray: str = "round_robin", start=None):
+    """One worker process: allreduce `values` values in `steps` tensors, report. `start`: a
+    barrier the workers pass together once set up, so that the timed allreduce does not
+    include the processes' start-up skew (a peer still importing numpy looks to the others
+    like lost packets: they retransmit until it sends)."""
     from host import Worker
     try:
         data = demo_data(rank, values, seed, dtype)
         pieces = np.array_split(data, steps)
         with Worker(rank, world, url, local_size=local_size, session=session,
                     timeout=timeout, faults=faults, paths=paths, spray=spray) as w:
+            if start is not None:
+                start.wait(timeout)
             t0 = time.perf_counter()
             handles = [w.allreduce_async(p) for p in pieces] if local_size == 1 else None
             outs = []
@@ -74,6 +79,8 @@ def worker_main(rank: int, world: int, url: str, local_size: int, session: str, 
                               ok=bool(np.all(err <= bound)))
         results.put(report)
     except BaseException as e:       # the parent reports it
+        if start is not None:
+            start.abort()            # the others do not wait for this one
         results.put({"rank": rank, "error": f"{type(e).__name__}: {e}"})
 
 
@@ -88,11 +95,12 @@ def run_workers(url: str, *, workers: int, nodes: int, values: int, steps: int =
     ctx = mp.get_context("spawn")
     progress = ctx.Array("q", workers)
     results = ctx.Queue()
+    start = ctx.Barrier(workers)
     session = session or uuid.uuid4().hex
     procs = [ctx.Process(target=worker_main, daemon=True,
                          args=(r, workers, url, workers // nodes, session, values, steps, seed,
                                dtype, progress, results, faults, timeout, verify, paths,
-                               spray))
+                               spray, start))
              for r in range(workers)]
     t0 = time.perf_counter()
     for p in procs:
