@@ -17,6 +17,7 @@ import argparse
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -42,6 +43,18 @@ def _phase(directory: Path) -> str:
         if (directory / name).exists():
             return phase
     return "amaranth"
+
+
+def utilisation_from_log(directory: Path) -> dict:
+    """nextpnr's "Device utilisation" block from its log (also there when placement fails)."""
+    used = {}
+    log = directory / "top.tim"
+    if log.exists():
+        for line in log.read_text().splitlines():
+            match = re.match(r"Info:\s+(\w+):\s+(\d+)/\s*(\d+)", line)
+            if match:
+                used[match[1]] = {"used": int(match[2]), "available": int(match[3])}
+    return {key: used.get(bel, {"used": 0, "available": 0}) for key, bel in RESOURCES.items()}
 
 
 def report(target, directory: Path, seconds: float) -> dict:
@@ -74,7 +87,8 @@ def build(name: str, console: Console) -> dict:
     target = importlib.import_module(f"bitstreams.{name}").TARGET
     directory = BUILD / name
     directory.mkdir(parents=True, exist_ok=True)
-    for stale in ("top.bit", "top.config", "top.json", "top.il", "report.json"):
+    for stale in ("top.bit", "top.config", "top.json", "top.il", "top.tim", "report.json",
+                  "nextpnr-report.json"):
         (directory / stale).unlink(missing_ok=True)
     start = time.monotonic()
     with console.status(f"[bold]{name}[/]: amaranth") as status:
@@ -97,7 +111,11 @@ def build(name: str, console: Console) -> dict:
     if process.returncode != 0 or not (directory / "report.json").exists():
         tail = (directory / "build.log").read_text().splitlines()[-15:]
         console.print(f"[red]{name}: the build failed[/]", *tail, sep="\n")
-        return {"board": name, "failed": True, "build_seconds": round(seconds, 1)}
+        result = {"board": name, "failed": True, "switch": target.switch,
+                  "resources": utilisation_from_log(directory), "error": tail[-3:],
+                  "build_seconds": round(seconds, 1)}
+        (directory / "report.json").write_text(json.dumps(result, indent=2) + "\n")
+        return result
     result = report(target, directory, seconds)
     (directory / "report.json").rename(directory / "nextpnr-report.json")
     (directory / "report.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -111,7 +129,11 @@ def summary(results, console: Console):
         table.add_column(column)
     for r in results:
         if r.get("failed"):
-            table.add_row(r["board"], "", "", "", "", "", "", "", "[red]build failed", "")
+            res = r["resources"]
+            table.add_row(r["board"], "", str(r["switch"]["slots"]),
+                          *(f"{res[k]['used']}/{res[k]['available']}"
+                            for k in ("luts", "ffs", "brams", "dsps")),
+                          "", "[red]build failed", f"{r['build_seconds']:.0f} s")
             continue
         res = r["resources"]
         fmax = ", ".join(f"{name}: {c['fmax_mhz']:.1f}/{c['constraint_mhz']:.1f}"
