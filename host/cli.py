@@ -76,7 +76,9 @@ def bench_switch(ports: int, width: int, rounds: int, quiet: bool) -> dict:
 # Allreduce benchmark sizes: 4 KB .. 64 MB; the golden model (plain Python, a few thousand
 # packets per second) stops at 4 MB unless --sizes asks for more.
 ALLREDUCE_SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
-GOLDEN_MAX_SIZE = 4 << 20
+# Simulated switches are slow (the golden model a few thousand contributions per second, the
+# RTL at 64 bits a few hundred): their default sizes stop here unless --sizes asks for more.
+MAX_DEFAULT_SIZE = {"golden": 4 << 20, "rtl": 1 << 20}
 
 
 def _size(text: str) -> int:
@@ -100,7 +102,7 @@ def main(argv=None) -> int:
                        help="datapath: widths in bits, comma-separated")
     bench.add_argument("--sizes", default=None,
                        help="allreduce: tensor sizes (e.g. 4K,1M); default 4 KB..64 MB, "
-                            "capped at 4 MB for the golden model")
+                            "capped at 4 MB for the golden model, 1 MB for the RTL")
     bench.add_argument("--workers", type=int, default=4, help="allreduce: workers")
     bench.add_argument("--backend", choices=["golden", "rtl"], default="golden")
     bench.add_argument("--transports", default="inproc,udp", help="allreduce: inproc,udp")
@@ -160,7 +162,7 @@ def main(argv=None) -> int:
             sizes = [_size(s) for s in args.sizes.split(",")]
         else:
             sizes = [s for s in ALLREDUCE_SIZES
-                     if args.backend != "golden" or s <= GOLDEN_MAX_SIZE]
+                     if s <= MAX_DEFAULT_SIZE.get(args.backend, s)]
         report = bench_allreduce(sizes, workers=args.workers, backend=args.backend,
                                  transports=args.transports.split(","), quiet=args.json)
         if args.json:
