@@ -110,12 +110,13 @@ class Message:
 
 
 class SlotState:
-    __slots__ = ("queue", "inflight", "use", "recent")
+    __slots__ = ("queue", "inflight", "use", "recent", "last_tx")
 
     def __init__(self):
         self.queue = collections.deque()
         self.inflight: Message | None = None
         self.use = 0
+        self.last_tx = [-math.inf, -math.inf]     # last transmission with each version
         self.recent = collections.deque(maxlen=4)   # tags of completed uses
 
 
@@ -124,8 +125,12 @@ class Engine:
                  qpn: int = 0x100, session_tag: int = 0, timeout: float = 20.0,
                  fraction_bits: int | None = None, block: int = N.DEFAULT_BLOCK,
                  rto_initial: float = 0.2, rto_min: float = 0.05, rto_max: float = 1.0,
-                 spray: str = "round_robin"):
+                 spray: str = "round_robin", stale_guard: float = 0.05):
         self.transport = transport
+        # A slot's version is used again only `stale_guard` seconds after its last
+        # transmission, so that a copy the network still holds cannot land in the next use
+        # of that version (the shadow copy's one assumption).
+        self.stale_guard = stale_guard
         self.sprayer = T.Sprayer(getattr(transport, "paths", 1), spray)
         self.job, self.rank, self.workers, self.nslots = job, rank, workers, slots
         self.qpn, self.session_tag, self.timeout = qpn, session_tag, timeout
@@ -209,6 +214,8 @@ class Engine:
     def _next_deadline(self) -> float:
         now = time.monotonic()
         times = [s.inflight.deadline for s in self.slots if s.inflight]
+        times += [s.last_tx[s.use & 1] + self.stale_guard for s in self.slots
+                  if s.inflight is None and s.queue]
         times += [c[2] for c in self.control_pending.values()]
         if not self.joined:
             times.append(self._join_next)
@@ -230,8 +237,10 @@ class Engine:
         if not self.joined:
             self._poll_join()
             return
+        now = time.monotonic()
         for st in self.slots:
-            if st.inflight is None and st.queue and self._ready(st.queue[0]):
+            if st.inflight is None and st.queue and self._ready(st.queue[0]) \
+                    and now - st.last_tx[st.use & 1] >= self.stale_guard:
                 m = st.queue.popleft()
                 self._start(st, m)
 
@@ -287,6 +296,7 @@ class Engine:
             m.rto = self.rto
         m.attempts += 1
         m.deadline = now + m.rto
+        self.slots[m.slot].last_tx[m.use & 1] = now
         self.stats["packets_sent"] += 1
         self.stats["bytes_sent"] += len(m.packet.payload) + WIRE_OVERHEAD
         sp = self.sprayer
