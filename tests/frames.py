@@ -15,6 +15,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw
 
+from host import wire as W
 from hw import headers as H
 
 
@@ -136,3 +137,32 @@ def sweep(rng: random.Random, sizes) -> list[bytes]:
         payload = bytes(rng.randrange(256) for _ in range(size))
         frames.append(bytes(roce_frame(opcode, payload, rng=rng, psn=n)))
     return frames
+
+
+def mac_str(m: int) -> str:
+    return ":".join(f"{(m >> s) & 0xFF:02x}" for s in range(40, -8, -8))
+
+
+def scapy_frame(opcode, dqpn, psn, payload, src, dst, reth=None, imm=None, dscp=0) -> bytes:
+    """A netagg packet (`host.wire.Endpoint`s for `src` and `dst`) built by scapy, with the
+    canonical IPv4 header (identification 0, DF, TTL 64) and UDP checksum 0."""
+    pkt = (Ether(dst=mac_str(dst.mac), src=mac_str(src.mac))
+           / IP(src=src.ip, dst=dst.ip, tos=dscp << 2, ttl=64, id=0, flags="DF")
+           / UDP(sport=src.port, dport=dst.port, chksum=0)
+           / BTH(opcode=opcode, padcount=-len(payload) % 4, psn=psn, dqpn=dqpn, pkey=0xFFFF))
+    if reth is not None:
+        pkt = pkt / RETH(va=reth[0], rkey=reth[1], dma_length=reth[2])
+    if imm is not None:
+        pkt = pkt / ImmDt(data=imm)
+    if payload:
+        pkt = pkt / Raw(payload + bytes(-len(payload) % 4))
+    frame = bytes(pkt)
+    if dst.port != W.ROCEV2_PORT:
+        # scapy binds the BTH (and so computes the ICRC) on destination port 4791 only:
+        # build with 4791, then put the real port back (the ICRC covers it: recompute)
+        body = frame[W.BTH_OFFSET:-4]
+        hdr = bytearray(frame[W.IP_OFFSET:W.BTH_OFFSET])
+        hdr[22:24] = dst.port.to_bytes(2, "big")
+        frame = frame[:W.IP_OFFSET] + bytes(hdr) + body
+        frame += W.icrc(bytes(hdr), body).to_bytes(4, "little")
+    return frame

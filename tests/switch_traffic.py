@@ -11,38 +11,19 @@ import numpy as np
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
-from scapy.packet import Raw
 
 from host import wire as W
-from tests.frames import RETH, ImmDt
+from tests.frames import RETH, ImmDt, mac_str, scapy_frame
 
 SWITCH_IP = "10.0.0.1"
 SWITCH_MAC = 0x02AA00000001
 HOST_IP = "10.0.9.9"          # where control requests come from
-
-
-def mac_str(mac: int) -> str:
-    return ":".join(f"{(mac >> s) & 0xFF:02x}" for s in range(40, -8, -8))
-
-
-def _frame(opcode, dqpn, psn, payload, *, src_ip, dst_ip, src_mac, dst_mac, sport,
-           dport=W.ROCEV2_PORT, reth=None, imm=None, dscp=0, ip_id=0) -> bytes:
-    pkt = (Ether(dst=mac_str(dst_mac), src=mac_str(src_mac))
-           / IP(src=src_ip, dst=dst_ip, tos=dscp << 2, ttl=64, id=ip_id, flags="DF")
-           / UDP(sport=sport, dport=dport, chksum=0)
-           / BTH(opcode=opcode, padcount=-len(payload) % 4, psn=psn, dqpn=dqpn, pkey=0xFFFF))
-    if reth is not None:
-        pkt = pkt / RETH(va=reth[0], rkey=reth[1], dma_length=reth[2])
-    if imm is not None:
-        pkt = pkt / ImmDt(data=imm)
-    if payload:
-        pkt = pkt / Raw(payload + bytes(-len(payload) % 4))
-    return bytes(pkt)
+SWITCH = W.Endpoint(SWITCH_IP, W.ROCEV2_PORT, SWITCH_MAC)
 
 
 def control_frame(records, psn=0, *, src_ip=HOST_IP, sport=0xD000, src_mac=0x02BB00000009):
-    return _frame(W.OP_CONTROL, W.CONTROL_QPN, psn, W.pack_records(records), src_ip=src_ip,
-                  dst_ip=SWITCH_IP, src_mac=src_mac, dst_mac=SWITCH_MAC, sport=sport)
+    return scapy_frame(W.OP_CONTROL, W.CONTROL_QPN, psn, W.pack_records(records),
+                       W.Endpoint(src_ip, sport, src_mac), SWITCH)
 
 
 def dissect(frame: bytes) -> Ether:
@@ -87,10 +68,10 @@ class Worker:
         imm = W.pack_imm(W.REQUEST_IMM, job=overrides.pop("job", self.job),
                          rank=overrides.pop("rank", self.rank), version=version, slot=slot,
                          exponent=exponent)
-        return _frame(W.OP_CONTRIBUTION, 2, psn, payload, src_ip=overrides.pop("ip", self.ip),
-                      dst_ip=SWITCH_IP, src_mac=self.mac, dst_mac=SWITCH_MAC,
-                      sport=ingress_sport or self.udp_port,
-                      reth=(offset, 0, len(payload) if length is None else length), imm=imm)
+        src = W.Endpoint(overrides.pop("ip", self.ip), ingress_sport or self.udp_port, self.mac)
+        return scapy_frame(W.OP_CONTRIBUTION, 2, psn, payload, src, SWITCH,
+                           reth=(offset, 0, len(payload) if length is None else length),
+                           imm=imm)
 
 
 def job_config_records(job: int, workers: list[Worker], slot_base: int, slot_count: int):

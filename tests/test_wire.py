@@ -6,44 +6,13 @@ from __future__ import annotations
 import random
 
 import pytest
-from scapy.contrib.roce import BTH
-from scapy.layers.inet import IP, UDP
-from scapy.layers.l2 import Ether
-from scapy.packet import Raw
 
 from host import wire as W
-from tests.frames import RETH, ImmDt
+from tests.frames import scapy_frame
 
 WORKER = W.Endpoint("10.1.0.7", 0xC123, 0x02AB00000007)
 SWITCH = W.Endpoint("10.0.0.1", W.ROCEV2_PORT, 0x02AA00000001)
 RESULT_SRC = W.Endpoint("10.0.0.1", 0xC000, 0x02AA00000001)
-
-
-def mac(m: int) -> str:
-    return ":".join(f"{(m >> s) & 0xFF:02x}" for s in range(40, -8, -8))
-
-
-def scapy_frame(opcode, dqpn, psn, payload, src, dst, reth=None, imm=None, dscp=0) -> bytes:
-    pkt = (Ether(dst=mac(dst.mac), src=mac(src.mac))
-           / IP(src=src.ip, dst=dst.ip, tos=dscp << 2, ttl=64, id=0, flags="DF")
-           / UDP(sport=src.port, dport=dst.port, chksum=0)
-           / BTH(opcode=opcode, padcount=-len(payload) % 4, psn=psn, dqpn=dqpn, pkey=0xFFFF))
-    if reth is not None:
-        pkt = pkt / RETH(va=reth[0], rkey=reth[1], dma_length=reth[2])
-    if imm is not None:
-        pkt = pkt / ImmDt(data=imm)
-    if payload:
-        pkt = pkt / Raw(payload + bytes(-len(payload) % 4))
-    frame = bytes(pkt)
-    if dst.port != W.ROCEV2_PORT:
-        # scapy binds the BTH (and so computes the ICRC) on destination port 4791 only:
-        # build with 4791, then put the real port back (the ICRC covers it: recompute)
-        body = frame[W.BTH_OFFSET:-4]
-        hdr = bytearray(frame[W.IP_OFFSET:W.BTH_OFFSET])
-        hdr[22:24] = dst.port.to_bytes(2, "big")
-        frame = frame[:W.IP_OFFSET] + bytes(hdr) + body
-        frame += W.icrc(bytes(hdr), body).to_bytes(4, "little")
-    return frame
 
 
 @pytest.mark.parametrize("lanes", [1, 7, 255, 256])
