@@ -126,6 +126,7 @@ class Aggregator(wiring.Component):
         with m.If(go):
             m.d.sync += a_valid.eq(self.header.valid & ~barrier)
             m.d.sync += a.eq(self.header.payload)
+
         def is_control(header):
             return (header.bth.opcode == H.OP_CONTROL) & (header.bth.dqpn == H.CONTROL_QPN)
 
@@ -311,12 +312,11 @@ class Aggregator(wiring.Component):
         d_valid, d_emit = Signal(), Signal()
         d_action = Signal(Action)
         d_beat = Signal(BeatLayout(self.width))
-        d_exponent = Signal(signed(8))
         d_ports = Signal(P)
         d_desc = Signal(result_descriptor(MW))
         d_row_addr = Signal(range(self.slots * 2 * self.rows))
         d_overflow = Signal()       # a lane of an earlier row of this packet saturated
-        d_direct = Signal()         # d_beat is a control reply, not a row
+        d_direct = d_action == Action.CONTROL    # d_beat is a control reply, not a row
         advance = ~d_valid | ~d_emit | self.egress.ready
 
         old = sums_rd.data
@@ -338,11 +338,11 @@ class Aggregator(wiring.Component):
                 with m.If(d_action == Action.ADD):
                     m.d.comb += [
                         new.overflow.eq(old.overflow | saturated.any()),
-                        new.exponent.eq(Mux(old.exponent > d_exponent, old.exponent,
-                                            d_exponent)),
+                        new.exponent.eq(Mux(old.exponent > d_desc.exponent, old.exponent,
+                                            d_desc.exponent)),
                     ]
                 with m.Else():
-                    m.d.comb += new.exponent.eq(d_exponent)
+                    m.d.comb += new.exponent.eq(d_desc.exponent)
             with m.Default():
                 m.d.comb += new.eq(old)
         m.d.comb += [
@@ -388,8 +388,8 @@ class Aggregator(wiring.Component):
         with m.If(take_source & (c.action != Action.CONTROL)):
             m.d.sync += [
                 d_valid.eq(1), d_emit.eq(c.emit), d_action.eq(c.action), d_beat.eq(source),
-                d_exponent.eq(c.desc.exponent), d_ports.eq(c.ports), d_desc.eq(c.desc),
-                d_row_addr.eq(sums_rd.addr), d_direct.eq(0), row.eq(row + 1),
+                d_ports.eq(c.ports), d_desc.eq(c.desc),
+                d_row_addr.eq(sums_rd.addr), row.eq(row + 1),
             ]
             with m.If(source.last):
                 m.d.comb += pop.eq(1)
@@ -446,7 +446,7 @@ class Aggregator(wiring.Component):
                 # The reply beat goes out; the request's last beat ends the command.
                 m.d.sync += [
                     d_valid.eq(1), d_emit.eq(1), d_action.eq(Action.CONTROL), d_beat.eq(held),
-                    d_ports.eq(c.ports), d_desc.eq(c.desc), d_direct.eq(1), holding.eq(0),
+                    d_ports.eq(c.ports), d_desc.eq(c.desc), holding.eq(0),
                 ]
                 with m.If(held.last):
                     m.d.comb += pop.eq(1)
