@@ -7,18 +7,26 @@ Every packet is a RoCEv2 frame (Ethernet, IPv4 without options, UDP to 4791, BTH
 Contribution, worker -> switch: UC RDMA WRITE Only with Immediate (opcode 0x2B).
     RETH.va          byte offset of this chunk in the result buffer (the switch adds the
                      worker's base address from the job table)
-    RETH.rkey        ignored (the worker's R_Key comes from the job table)
+    RETH.rkey        the message sequence number (MSN): the job's running number of this slot
+                     use, the same on every worker (the host uses use * slot_count + slot).
+                     The switch keeps the low 16 bits per slot copy and checks it against
+                     the job's credit limit; the worker's R_Key comes from the job table
     RETH.dma_length  payload length
     ImmDt            REQUEST_IMM: job 4 | rank 5 | version 1 | slot 12 | exponent 8 (signed)
                      | droppable 1 | reserved 1   (most significant first)
     payload          int32 lanes, little-endian, 4..MAX_PAYLOAD bytes
-    IPv4 DSCP        priority (0 lowest)
+    IPv4 DSCP        priority: class = DSCP >> 3 (0 lowest). A droppable contribution may be
+                     dropped by priority at ingress: its payload is discarded and it counts
+                     as a null contribution (zeros), so its use still completes.
 
 Result, switch -> each contributor: UC RDMA WRITE Only with Immediate (0x2B) addressed from the
-job table: worker MAC/IP/UDP port/QPN/R_Key, PSN from a per-worker counter, RETH.va = base +
-offset, RETH.dma_length = payload length.
+job table: worker MAC/IP/UDP port/QPN/R_Key, RETH.va = base + offset, RETH.dma_length =
+payload length.
+    BTH.psn          the job's credit limit, a running total (24 bits): COMPLETED + CREDITS
+                     when the result was made. A worker may send messages below it.
     ImmDt            RESULT_IMM: job 4 | count 6 | version 1 | slot 12 | exponent 8 (max over
-                     contributions) | overflow 1
+                     contributions) | overflow 1; count is the number of contributions whose
+                     data the sums hold (null contributions excluded)
     payload          the saturated int32 sums, little-endian
 
 Control, host -> switch: UC SEND Only (0x24) to QPN CONTROL_QPN; payload: records of 8 bytes,
@@ -309,14 +317,32 @@ def wrap_datagram(src: Endpoint, dst: Endpoint, datagram: bytes, dscp: int = 0) 
 
 def contribution(*, job: int, rank: int, slot: int, version: int, offset: int,
                  lanes: bytes, psn: int, src: Endpoint, dst: Endpoint, exponent: int = 0,
-                 droppable: bool = False, dscp: int = 0, dqpn: int = 2) -> Packet:
+                 msn: int = 0, droppable: bool = False, dscp: int = 0,
+                 dqpn: int = 2) -> Packet:
     """A contribution packet: `lanes` are the little-endian int32 values."""
     if not 4 <= len(lanes) <= MAX_PAYLOAD or len(lanes) % 4:
         raise ValueError(f"a contribution carries 4..{MAX_PAYLOAD} bytes of int32 lanes")
     imm = pack_imm(REQUEST_IMM, job=job, rank=rank, version=version, slot=slot,
                    exponent=exponent, droppable=int(droppable))
-    return Packet(OP_CONTRIBUTION, dqpn, psn, lanes, va=offset, rkey=0, imm=imm, src=src,
-                  dst=dst, dscp=dscp)
+    return Packet(OP_CONTRIBUTION, dqpn, psn, lanes, va=offset, rkey=msn & 0xFFFFFFFF,
+                  imm=imm, src=src, dst=dst, dscp=dscp)
+
+
+def priority_dscp(priority_class: int) -> int:
+    """The DSCP that carries a priority class (0..7): the class selector codepoint."""
+    if not 0 <= priority_class < PRIORITY_CLASSES:  # noqa: F405
+        raise ValueError(f"priority class must be 0..7, not {priority_class}")
+    return priority_class << 3
+
+
+def unwrap(value: int, near: int, bits: int = 24) -> int:
+    """The running total whose low `bits` are `value`, closest to `near` (as InfiniBand
+    credit limits are read)."""
+    span = 1 << bits
+    delta = (value - near) % span
+    if delta >= span // 2:
+        delta -= span
+    return near + delta
 
 
 def control_request(records, psn: int, src: Endpoint, dst: Endpoint) -> Packet:

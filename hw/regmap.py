@@ -15,11 +15,21 @@ REG_MAC_HI = 0x0004         # rw: switch MAC bits 47:32 (source of results)
 REG_MAC_LO = 0x0005         # rw: switch MAC bits 31:0
 REG_IP = 0x0006             # rw: switch IPv4 address (source of results)
 REG_UDP_SPORT = 0x0007      # rw: UDP source port of results (reset 0xC000)
+# Priority drop: a droppable contribution of priority class c (IPv4 DSCP >> 3) is dropped to a
+# null contribution (header kept, payload discarded) when the bytes its ingress queue holds
+# ahead of it are at least REG_DROP_THRESHOLD + c. 16 bits, reset NEVER_DROP.
+REG_DROP_THRESHOLD = 0x0010     # rw, 8 registers, classes 0..7
+PRIORITY_CLASSES = 8
+NEVER_DROP = 0xFFFF
 
 JOB_BASE, JOB_STRIDE = 0x1000, 0x200
-JOB_CONFIG = 0x00           # rw: enable [31], workers [5:0]; a write resets the job's PSNs
+JOB_CONFIG = 0x00           # rw: enable [31], workers [5:0]; a write clears the job's slots
+                            # and COMPLETED
 JOB_SLOT_BASE = 0x01        # rw: first slot of the job
 JOB_SLOT_COUNT = 0x02       # rw: slots of the job (slot numbers 0..count-1 in packets)
+JOB_CREDITS = 0x03          # rw: [15:0] uses a worker may have open beyond COMPLETED; 0: no limit
+JOB_QUORUM = 0x04           # rw: [5:0] contributions that complete a use; 0 or >= workers: all
+JOB_COMPLETED = 0x05        # ro: uses completed since CONFIG was last written (32 bits, wraps)
 WORKER_BASE, WORKER_STRIDE = 0x20, 8
 WORKER_PORT = 0             # rw: switch port [19:16], UDP port [15:0]
 WORKER_MAC_HI = 1           # rw: bits 47:32
@@ -40,6 +50,7 @@ PORT_COUNTERS = (
     "rx", "tx",
     "drop_not_roce", "drop_truncated", "drop_bad_length", "drop_bad_ip_checksum",
     "drop_bad_opcode", "drop_bad_icrc", "drop_oversize",
+    "drop_priority",       # droppable contributions whose payload was dropped (null)
     "drop_unhandled",      # good RoCEv2, but neither a contribution nor a control request
     "drop_bad_job",        # a contribution for a job that does not exist or is disabled
     "drop_bad_payload",    # contribution/control payload length not allowed
@@ -48,12 +59,14 @@ PORT_COUNTERS = (
 JOB_COUNTERS = (
     "contributions",       # contributions added to a slot
     "completed",           # slots completed
-    "duplicates",          # contributions already counted, slot not complete: dropped
-    "replays",             # contributions already counted, slot complete: result sent again
+    "duplicates",          # contributions already counted, use not complete: dropped
+    "replays",             # contributions to a completed use: result sent again, to the sender
+    "drop_stale",          # a message (RETH.rkey) other than the slot's current use
     "overflows",           # slots completed with a saturated lane
     "drop_bad_slot",       # slot number outside the job's range
     "drop_bad_worker",     # rank outside the job, or source IP not the rank's
     "drop_bad_length",     # payload length differs from the slot's other contributions
+    "drop_credit",         # a message beyond the job's credit limit
     "results",             # result packets sent
 )
 
@@ -66,6 +79,10 @@ def job_reg(job: int, offset: int) -> int:
 
 def worker_reg(job: int, rank: int, offset: int) -> int:
     return job_reg(job, WORKER_BASE + rank * WORKER_STRIDE + offset)
+
+
+def drop_threshold(priority_class: int) -> int:
+    return REG_DROP_THRESHOLD + priority_class
 
 
 def port_counter(port: int, name: str) -> int:

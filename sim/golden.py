@@ -1,45 +1,61 @@
 """The golden model: a plain-Python, bit-exact description of what the switch does.
 
-Frames in, frames out. `GoldenSwitch.receive(port, frame)` applies one frame, in the order the
-switch commits frames (the end of the frame, then the lower port first), and returns the
-frames it sends as (port, frame) pairs; on each port they leave in that order. The RTL is
-checked against this model, and the host can use it as a switch where no compiler is
-available (`send`/`run` is the interface every backend has).
+Frames in, frames out. `GoldenSwitch.receive(port, frame, fill=0, null=None)` applies one
+frame, in the order the switch commits frames (the end of the frame, then the lower port
+first), and returns the frames it sends as (port, frame) pairs; on each port they leave in
+that order. The RTL is checked against this model, and the host can use it as a switch where
+no compiler is available (`send`/`run` is the interface every backend has).
 
 What the switch does, frame by frame:
 
 1. The parser's checks (`hw.parser`), with the same verdicts; a frame that fails is dropped
    and counted on its port by reason (`drop_<verdict>`). A good frame counts `rx`.
-2. Classification: opcode 0x2B (UC RDMA WRITE Only with Immediate) is a contribution; opcode
+2. Priority drop, at ingress: a contribution (opcode 0x2B) marked droppable in its ImmDt
+   becomes a NULL contribution when `fill` (bytes of payload its port's queue holds ahead of
+   it) is at least the drop threshold of its priority class (IPv4 DSCP >> 3; registers
+   REG_DROP_THRESHOLD + class, reset NEVER_DROP). A null keeps its whole header, its payload
+   length included, and its payload is discarded (it adds zeros); it counts `drop_priority`
+   on its port and goes on like any frame. `null=True/False` forces the decision (a
+   testbench that saw the RTL's); only a droppable contribution can be null.
+3. Classification: opcode 0x2B (UC RDMA WRITE Only with Immediate) is a contribution; opcode
    0x24 (UC SEND Only) to QPN 1 is a control request; anything else is `drop_unhandled`.
-3. A control request whose payload is not 1..64 whole records is `drop_bad_payload`; else
+4. A control request whose payload is not 1..64 whole records is `drop_bad_payload`; else
    each record is applied in order and the reply (`host.wire`) goes out of the same port.
-4. A contribution is checked in this order: payload 4..max_payload bytes, a multiple of 4,
+5. A contribution is checked in this order: payload 4..max_payload bytes, a multiple of 4,
    equal to RETH.dma_length (else `drop_bad_payload`, port); job below `jobs` and enabled
    (else `drop_bad_job`, port); rank below the job's workers and source IP the rank's (else
    `drop_bad_worker`, job); slot below the job's slot count and inside the pool (else
-   `drop_bad_slot`, job).
-5. Slot state, per (slot, version): the running sum (int32 lanes, saturating), the bitmap of
-   contributors, the payload length, the overflow flag and the exponent (signed, maximum).
-   and a count of contributions that returns to 0 when the use completes (as SwitchML's).
-   - bit already set: if the count is 0 (the use completed), the result goes again to this
-     worker alone (`replays`), else the packet is dropped (`duplicates`);
-   - count 0: this is the first contribution of a new use: the sum, length, exponent and
-     overflow are overwritten;
-   - else a different length is `drop_bad_length`; otherwise the lanes are added;
-   - the worker's bit is set in this version and cleared in the other (shadow copy), and the
-     count goes up.
-   When the count reaches the job's workers, it returns to 0, the use is complete and the
-   result goes to every worker of the job, in rank order, each on the port its job-table
-   entry names; the result's count is the job's workers.
-   A worker reuses a slot with the other version only after it has the result of the current
-   use; then the copy it leaves is only overwritten after every worker has its result. As in
-   SwitchML, this is exact as long as the network does not deliver a contribution after
-   the next use of its slot has begun.
-6. A result is addressed from the job table: the worker's MAC, IP, UDP port, QPN and R_Key,
-   its own PSN (a counter per worker, reset by a write of the job's CONFIG), RETH.va = the
-   worker's base address + the contribution's RETH.va. A write of a job's CONFIG also clears
-   the slot state of the job's slot range.
+   `drop_bad_slot`, job); its message sequence number (MSN, RETH.rkey, 32 bits) inside the
+   job's credit: with CREDITS != 0, signed32(msn - COMPLETED) >= CREDITS is `drop_credit`
+   (a message far behind COMPLETED is a retransmission of an old use, and passes).
+6. Slot state, per (slot, version) copy: the bitmap of contributors, the count of arrivals of
+   the current use (it returns to 0 when the use completes), how many of them carried data
+   (not null), the payload length, the low 16 bits of the use's MSN, the running sums (int32
+   lanes, saturating), the exponent (signed, maximum) and the overflow flag. With
+   d = signed16(msn - copy's MSN) (low 16 bits):
+   - no use in progress (count 0): if the copy is fresh (empty bitmap) or d > 0, a NEW USE
+     begins: bitmap, count, data, length, MSN, sums, exponent and overflow are overwritten
+     by this contribution's (zeros for a null's sums); if d == 0, the use is complete and
+     its result goes again to this worker alone, whether or not its bit is set (it may have
+     arrived after the use closed early) (`replays`); if d < 0, `drop_stale`;
+   - a use in progress: d != 0 is `drop_stale`; the worker's bit already set is
+     `duplicates`; a different length is `drop_bad_length`; else the lanes are added
+     (a null adds zeros), the exponent is the maximum (a null's included), the bit is set,
+     the count goes up;
+   - a NEW USE or an add counts `contributions`. When the count equals the quorum (QUORUM
+     if 0 < QUORUM < workers, else the workers; a use already past a QUORUM written lower
+     while it was in progress never completes), it returns to 0: the use is complete
+     (`completed`, the job's COMPLETED register + 1, `overflows` if a lane saturated), and
+     the result goes to every worker of the job, in rank order, each on the port its
+     job-table entry names.
+   The two copies are independent (a worker alternates versions across its uses of a slot).
+7. A result is addressed from the job table: the worker's MAC, IP, UDP port, QPN and R_Key,
+   RETH.va = the worker's base address + the contribution's RETH.va. Its BTH.psn is the
+   job's credit limit, (COMPLETED + CREDITS) & 0xFFFFFF, COMPLETED read after the use's
+   completion was counted (for a replay, its current value). Its ImmDt count is the number
+   of contributions with data (nulls excluded); a use of nulls only sums to zeros.
+8. A write of a job's CONFIG clears the slot state of the job's slot range and its
+   COMPLETED register.
 """
 
 from __future__ import annotations
@@ -130,7 +146,6 @@ class Worker:
     qpn: int = 0
     rkey: int = 0
     va: int = 0
-    psn: int = 0
 
 
 @dataclasses.dataclass
@@ -139,11 +154,24 @@ class Job:
     workers: int = 0
     slot_base: int = 0
     slot_count: int = 0
+    credits: int = 0                  # uses beyond COMPLETED a worker may open; 0: no limit
+    quorum: int = 0                   # contributions that complete a use; 0: all workers
+    completed: int = 0                # the COMPLETED register (32 bits, wraps)
     table: list = dataclasses.field(default_factory=list)
 
     @property
     def config(self) -> int:
         return (int(self.enable) << 31) | self.workers
+
+    @property
+    def needed(self) -> int:
+        """Contributions that complete a use."""
+        return self.quorum if 0 < self.quorum < self.workers else self.workers
+
+    @property
+    def limit(self) -> int:
+        """The credit limit, as results carry it in BTH.psn."""
+        return (self.completed + self.credits) & 0xFFFFFF
 
 
 @dataclasses.dataclass
@@ -151,15 +179,22 @@ class SlotCopy:
     """One version of a slot."""
 
     bitmap: int = 0
-    count: int = 0
+    count: int = 0                    # arrivals of the use in progress (0: none)
+    data: int = 0                     # contributions of the use that carried data
     lanes: list = dataclasses.field(default_factory=list)
     length: int = 0
+    msn16: int = 0                    # low 16 bits of the use's MSN
     exponent: int = 0
     overflow: bool = False
 
 
 def _lanes(payload: bytes) -> list:
     return list(struct.unpack(f"<{len(payload) // 4}i", payload))
+
+
+def _signed(v: int, bits: int) -> int:
+    v &= (1 << bits) - 1
+    return v - (1 << bits) if v >> (bits - 1) else v
 
 
 def _saturate(v: int) -> tuple[int, bool]:
@@ -188,6 +223,7 @@ class GoldenSwitch:
         self.ports, self.jobs, self.max_workers, self.slots = ports, jobs, max_workers, slots
         self.width, self.max_payload, self.queue_capacity = width, max_payload, queue_capacity
         self.mac, self.ip, self.udp_sport = 0, 0, 0xC000
+        self.drop_thresholds = [W.NEVER_DROP] * W.PRIORITY_CLASSES
         self.job = [Job(table=[Worker() for _ in range(max_workers)]) for _ in range(jobs)]
         self.state = [[SlotCopy(), SlotCopy()] for _ in range(slots)]
         self.port_counters = [dict.fromkeys(W.PORT_COUNTERS, 0) for _ in range(ports)]
@@ -196,8 +232,8 @@ class GoldenSwitch:
 
     # --- the backend interface ------------------------------------------------------------
 
-    def send(self, port: int, frame: bytes):
-        self._pending.append((port, bytes(frame)))
+    def send(self, port: int, frame: bytes, fill: int = 0, null: bool | None = None):
+        self._pending.append((port, bytes(frame), fill, null))
 
     def run(self) -> list:
         out = []
@@ -207,23 +243,38 @@ class GoldenSwitch:
 
     # --- one frame ------------------------------------------------------------------------
 
-    def receive(self, port: int, frame: bytes) -> list:
+    def receive(self, port: int, frame: bytes, fill: int = 0,
+                null: bool | None = None) -> list:
+        """Apply one frame that arrived on `port`; the frames sent, as (port, frame).
+
+        `fill`: bytes of payload the port's queue holds ahead of this frame, for the priority
+        drop. `null`: None to decide by the drop thresholds, True/False to force the decision
+        (True only for a droppable contribution, else ValueError)."""
         if not 0 <= port < self.ports:
             raise ValueError(f"port {port} does not exist (ports 0..{self.ports - 1})")
         counters = self.port_counters[port]
         verdict, info = parse(frame)
         if verdict == OK and info[2] > self.queue_capacity:
             verdict = OVERSIZE
+        droppable = verdict == OK and info[0] == W.OP_CONTRIBUTION and bool(
+            W.unpack_imm(W.REQUEST_IMM, _contribution_imm(frame))["droppable"])
+        if null and not droppable:
+            raise ValueError("only a droppable contribution that the parser takes can be null")
         if verdict != OK:
             counters[VERDICT_COUNTERS[verdict]] += 1
             return []
         counters["rx"] += 1
+        if null is None:
+            dscp = frame[W.IP_OFFSET + 1] >> 2
+            null = droppable and fill >= self.drop_thresholds[dscp >> 3]
+        if null:
+            counters["drop_priority"] += 1
         opcode, start, length = info
-        payload = frame[start:start + length]
+        payload = bytes(length) if null else frame[start:start + length]
         pkt = W.parse_frame(frame[:W.IP_OFFSET + struct.unpack_from("!H", frame, 16)[0]])
         dqpn = pkt.dqpn
         if opcode == W.OP_CONTRIBUTION:
-            out = self._contribution(port, pkt, payload)
+            out = self._contribution(port, pkt, payload, bool(null))
         elif opcode == W.OP_CONTROL and dqpn == W.CONTROL_QPN:
             out = self._control(port, pkt, payload)
         else:
@@ -233,7 +284,7 @@ class GoldenSwitch:
             self.port_counters[p]["tx"] += 1
         return out
 
-    def _contribution(self, port: int, pkt: W.Packet, payload: bytes) -> list:
+    def _contribution(self, port: int, pkt: W.Packet, payload: bytes, null: bool) -> list:
         length = len(payload)
         if not (4 <= length <= self.max_payload and length % 4 == 0
                 and pkt.dma_length == length):
@@ -252,18 +303,30 @@ class GoldenSwitch:
         if slot >= job.slot_count or index >= self.slots:
             counters["drop_bad_slot"] += 1
             return []
-        copy, other = self.state[index][version], self.state[index][1 - version]
-        bit = 1 << rank
-        if copy.bitmap & bit:
-            if copy.count == 0:
-                counters["replays"] += 1
-                return self._results(j, slot, version, copy, [rank], pkt.va)
-            counters["duplicates"] += 1
+        msn = pkt.rkey
+        if job.credits and _signed(msn - job.completed, 32) >= job.credits:
+            counters["drop_credit"] += 1
             return []
+        copy = self.state[index][version]
+        bit = 1 << rank
+        d = _signed(msn - copy.msn16, 16)
         lanes = _lanes(payload)
         if copy.count == 0:
-            copy.lanes, copy.length = lanes, length
+            if copy.bitmap and d == 0:
+                counters["replays"] += 1
+                return self._results(j, slot, version, copy, [rank], pkt.va)
+            if copy.bitmap and d < 0:
+                counters["drop_stale"] += 1
+                return []
+            copy.bitmap, copy.count, copy.data = bit, 1, int(not null)
+            copy.lanes, copy.length, copy.msn16 = lanes, length, msn & 0xFFFF
             copy.exponent, copy.overflow = req["exponent"], False
+        elif d != 0:
+            counters["drop_stale"] += 1
+            return []
+        elif copy.bitmap & bit:
+            counters["duplicates"] += 1
+            return []
         elif length != copy.length:
             counters["drop_bad_length"] += 1
             return []
@@ -272,20 +335,21 @@ class GoldenSwitch:
                 copy.lanes[i], sat = _saturate(copy.lanes[i] + v)
                 copy.overflow |= sat
             copy.exponent = max(copy.exponent, req["exponent"])
-        copy.bitmap |= bit
-        other.bitmap &= ~bit
-        copy.count += 1
+            copy.bitmap |= bit
+            copy.count += 1
+            copy.data += int(not null)
         counters["contributions"] += 1
-        if copy.count < job.workers:
+        if copy.count != job.needed:      # equality, as the RTL: see the module docstring
             return []
         copy.count = 0
         counters["completed"] += 1
+        job.completed = (job.completed + 1) & 0xFFFFFFFF
         counters["overflows"] += int(copy.overflow)
         return self._results(j, slot, version, copy, range(job.workers), pkt.va)
 
     def _results(self, j: int, slot: int, version: int, copy: SlotCopy, ranks, offset: int):
         job = self.job[j]
-        imm = W.pack_imm(W.RESULT_IMM, job=j, count=job.workers,
+        imm = W.pack_imm(W.RESULT_IMM, job=j, count=copy.data,
                          version=version, slot=slot, exponent=copy.exponent,
                          overflow=int(copy.overflow))
         lanes = struct.pack(f"<{len(copy.lanes)}i", *copy.lanes)
@@ -296,9 +360,8 @@ class GoldenSwitch:
             if w.port >= self.ports:
                 continue                      # no such port: the result cannot leave
             dst = W.Endpoint(_ip_str(w.ip), w.udp_port, w.mac)
-            pkt = W.Packet(W.OP_RESULT, w.qpn, w.psn, lanes, va=w.va + offset, rkey=w.rkey,
-                           imm=imm, src=src, dst=dst)
-            w.psn = (w.psn + 1) & 0xFFFFFF
+            pkt = W.Packet(W.OP_RESULT, w.qpn, job.limit, lanes, va=w.va + offset,
+                           rkey=w.rkey, imm=imm, src=src, dst=dst)
             self.job_counters[j]["results"] += 1
             out.append((w.port, pkt.frame()))
         return out
@@ -349,11 +412,13 @@ class GoldenSwitch:
                 W.REG_SLOTS: self.slots, W.REG_MAX_PAYLOAD: self.max_payload,
                 W.REG_MAC_HI: self.mac >> 32, W.REG_MAC_LO: self.mac & 0xFFFFFFFF,
                 W.REG_IP: self.ip, W.REG_UDP_SPORT: self.udp_sport,
+                **{W.drop_threshold(c): t for c, t in enumerate(self.drop_thresholds)},
             }.get(off, 0)
         if kind == "job":
             job = self.job[index]
             return {W.JOB_CONFIG: job.config, W.JOB_SLOT_BASE: job.slot_base,
-                    W.JOB_SLOT_COUNT: job.slot_count}.get(off, 0)
+                    W.JOB_SLOT_COUNT: job.slot_count, W.JOB_CREDITS: job.credits,
+                    W.JOB_QUORUM: job.quorum, W.JOB_COMPLETED: job.completed}.get(off, 0)
         if kind == "worker":
             j, rank = index
             w = self.job[j].table[rank]
@@ -378,19 +443,24 @@ class GoldenSwitch:
                 self.ip = value
             elif off == W.REG_UDP_SPORT:
                 self.udp_sport = value & 0xFFFF
+            elif 0 <= off - W.REG_DROP_THRESHOLD < W.PRIORITY_CLASSES:
+                self.drop_thresholds[off - W.REG_DROP_THRESHOLD] = value & 0xFFFF
         elif kind == "job":
             job = self.job[index]
             if off == W.JOB_CONFIG:
                 job.enable = bool(value >> 31)
                 job.workers = min(value & 0x3F, self.max_workers)
-                for w in job.table:
-                    w.psn = 0
+                job.completed = 0
                 for s in range(job.slot_base, min(job.slot_base + job.slot_count, self.slots)):
                     self.state[s] = [SlotCopy(), SlotCopy()]
             elif off == W.JOB_SLOT_BASE:
                 job.slot_base = value & 0xFFFF
             elif off == W.JOB_SLOT_COUNT:
                 job.slot_count = value & 0xFFFF
+            elif off == W.JOB_CREDITS:
+                job.credits = value & 0xFFFF
+            elif off == W.JOB_QUORUM:
+                job.quorum = value & 0x3F
         elif kind == "worker":
             j, rank = index
             w = self.job[j].table[rank]
@@ -414,6 +484,11 @@ class GoldenSwitch:
     def counters(self) -> dict:
         return {"ports": [dict(c) for c in self.port_counters],
                 "jobs": [dict(c) for c in self.job_counters]}
+
+
+def _contribution_imm(frame: bytes) -> int:
+    """The ImmDt of a contribution frame the parser took (after the BTH and the RETH)."""
+    return struct.unpack_from("!I", frame, W.BTH_OFFSET + W.BTH_LEN + W.RETH_LEN)[0]
 
 
 def _ip_str(ip: int) -> str:

@@ -600,7 +600,8 @@ def switch_traffic(ports: int = 4, slots: int = 16, lanes: int = 256) -> list[tu
     payload = np.arange(lanes, dtype="<i4").tobytes()
     for s in range(slots):
         for r, w in enumerate(workers):
+            # the slot's use 0 after CONFIG: msn = use * slots + slot
             packet = W.contribution(job=0, rank=r, slot=s, version=0, offset=len(payload) * s,
-                                    lanes=payload, psn=s, src=w, dst=switch)
+                                    lanes=payload, psn=s, msn=s, src=w, dst=switch)
             traffic.append((r, packet.frame()))
     return traffic

@@ -1,6 +1,11 @@
 """Switch traffic built with scapy: control requests, contributions, and whole scenarios of
-N workers (several jobs, duplicates, reordering, malformed frames between good ones) with the
-sums numpy expects. Used by the golden-model tests and the switch testbench alike."""
+N workers (several jobs, duplicates, reordering, malformed, stale and beyond-credit frames
+between good ones) with the sums numpy expects. Used by the golden-model tests and the switch
+testbench alike.
+
+Every contribution carries its message sequence number (MSN) in RETH.rkey, as the host does:
+msn = use * slot_count + slot, where use counts the job's uses of the slot from 0 after its
+CONFIG write. A `Worker` numbers its uses itself (see `Worker.use_msn`)."""
 
 from __future__ import annotations
 
@@ -61,23 +66,52 @@ class Worker:
     qpn: int
     rkey: int
     va: int
+    slot_count: int = 1            # the job's slot count, for the MSN
+    uses: dict = dataclasses.field(default_factory=dict, repr=False)  # slot -> (use, version)
+
+    def use_msn(self, slot: int, version: int) -> int:
+        """The MSN of this worker's use of `slot` with `version`: the use it last built for
+        the slot when the version is the same (a retransmission), else the next use (the
+        first is use 0), as workers alternate versions across uses."""
+        use, last = self.uses.get(slot, (-1, None))
+        if version != last:
+            use += 1
+            self.uses[slot] = (use, version)
+        return use * self.slot_count + slot
+
+    def restart(self):
+        """Count uses from 0 again (after the job's CONFIG was written)."""
+        self.uses.clear()
 
     def contribution(self, slot, version, offset, lanes: np.ndarray, psn, exponent=0,
-                     ingress_sport=None, length=None, **overrides) -> bytes:
+                     ingress_sport=None, length=None, msn=None, droppable=False, dscp=0,
+                     **overrides) -> bytes:
+        """A contribution frame. `msn` None: the MSN of this use (`use_msn`, which counts
+        it); else that MSN, and the worker's use count is left alone (stale messages,
+        messages beyond the credit, frames meant to be dropped)."""
         payload = lanes.astype("<i4").tobytes()
+        if msn is None:
+            msn = self.use_msn(slot, version)
         imm = W.pack_imm(W.REQUEST_IMM, job=overrides.pop("job", self.job),
                          rank=overrides.pop("rank", self.rank), version=version, slot=slot,
-                         exponent=exponent)
+                         exponent=exponent, droppable=int(droppable))
         src = W.Endpoint(overrides.pop("ip", self.ip), ingress_sport or self.udp_port, self.mac)
+        if overrides:
+            raise TypeError(f"unknown overrides {sorted(overrides)}")
         return scapy_frame(W.OP_CONTRIBUTION, 2, psn, payload, src, SWITCH,
-                           reth=(offset, 0, len(payload) if length is None else length),
-                           imm=imm)
+                           reth=(offset, msn & 0xFFFFFFFF,
+                                 len(payload) if length is None else length),
+                           imm=imm, dscp=dscp)
 
 
-def job_config_records(job: int, workers: list[Worker], slot_base: int, slot_count: int):
-    """Control records that set up `job` (CONFIG last, which clears its slots)."""
+def job_config_records(job: int, workers: list[Worker], slot_base: int, slot_count: int,
+                       credits: int = 0, quorum: int = 0):
+    """Control records that set up `job` (CONFIG last, which clears its slots and
+    COMPLETED)."""
     recs = [(W.WRITE | W.job_reg(job, W.JOB_SLOT_BASE), slot_base),
-            (W.WRITE | W.job_reg(job, W.JOB_SLOT_COUNT), slot_count)]
+            (W.WRITE | W.job_reg(job, W.JOB_SLOT_COUNT), slot_count),
+            (W.WRITE | W.job_reg(job, W.JOB_CREDITS), credits),
+            (W.WRITE | W.job_reg(job, W.JOB_QUORUM), quorum)]
     for w in workers:
         ip = W.ip_to_int(w.ip)
         for off, value in ((W.WORKER_PORT, (w.port << 16) | w.udp_port),
@@ -94,12 +128,13 @@ def switch_records():
             SWITCH_MAC & 0xFFFFFFFF), (W.WRITE | W.REG_IP, W.ip_to_int(SWITCH_IP))]
 
 
-def make_workers(job: int, n: int, ports: int, rng: random.Random) -> list[Worker]:
+def make_workers(job: int, n: int, ports: int, rng: random.Random,
+                 slot_count: int = 1) -> list[Worker]:
     return [Worker(job=job, rank=r, ip=f"10.{job + 1}.0.{r + 10}",
                    mac=0x020000000000 | (job << 8) | r,
                    udp_port=0xC100 + 16 * job + r, port=(r + job) % ports,
                    qpn=rng.randrange(1, 1 << 24), rkey=rng.randrange(1 << 32),
-                   va=rng.randrange(1 << 63))
+                   va=rng.randrange(1 << 63), slot_count=slot_count)
             for r in range(n)]
 
 
@@ -112,19 +147,31 @@ class Scenario:
     rounds: list                  # per round, [(ingress port, frame)]
     expected: dict                # (round, job, slot, rank) -> (lanes int32 array, overflow)
     workers: dict                 # job -> [Worker]
+    slots: int = 0                # slots of each job (0: results' PSNs not checked)
+    credits: int = 0              # each job's CREDITS
 
 
 def scenario(rng: random.Random, *, ports: int, jobs: int = 2, workers: int = 3, slots: int = 8,
              rounds: int = 2, max_lanes: int = 256, duplicates: float = 0.1,
-             malformed: float = 0.05, saturate: bool = False) -> Scenario:
-    """Each job allreduces `rounds` uses of each of its `slots` slots (versions alternating).
-    A round's packets are shuffled; some are sent twice; malformed frames and misaddressed
-    contributions are mixed in. A round is sent once the one before it has been answered, as
-    workers do (a worker reuses a slot only after it has the result of its previous use)."""
-    ws = {j: make_workers(j, workers, ports, rng) for j in range(jobs)}
+             malformed: float = 0.05, saturate: bool = False, credits: int = 0,
+             stale: float = 0.0, droppable: float = 0.0) -> Scenario:
+    """Each job allreduces `rounds` uses of each of its `slots` slots (versions alternating,
+    MSN use * slots + slot). A round's packets are shuffled; some are sent twice; malformed
+    frames and misaddressed contributions are mixed in. A round is sent once the one before
+    it has been answered, as workers do (a worker reuses a slot only after it has the result
+    of its previous use).
+
+    `credits`: the jobs' CREDITS (`slots` is the tightest that never drops a good
+    contribution). With probability `stale`, a contribution also goes out with an MSN the
+    switch must drop: one older than its copy's last two uses (from round 2 on;
+    `drop_stale`), or, with credits, one beyond the credit limit (`drop_credit`).
+    With probability `droppable`, a contribution is droppable, of a random priority class
+    (the thresholds stay NEVER_DROP: none is dropped)."""
+    ws = {j: make_workers(j, workers, ports, rng, slots) for j in range(jobs)}
     config = [control_frame(switch_records(), psn=0)]
     for j in range(jobs):
-        config.append(control_frame(job_config_records(j, ws[j], j * slots, slots), psn=j + 1))
+        config.append(control_frame(job_config_records(j, ws[j], j * slots, slots, credits),
+                                    psn=j + 1))
     expected, rounds_out, psn = {}, [], {}
     for rnd in range(rounds):
         batch = []
@@ -143,17 +190,31 @@ def scenario(rng: random.Random, *, ports: int, jobs: int = 2, workers: int = 3,
                 for w, lanes in zip(ws[j], contrib):
                     key = (j, w.rank)
                     psn[key] = psn.get(key, -1) + 1
+                    marks = {}
+                    if droppable and rng.random() < droppable:
+                        marks = dict(droppable=True, dscp=W.priority_dscp(rng.randrange(8)))
                     f = w.contribution(s, version, 4096 * s, lanes.astype(np.int32), psn[key],
-                                       exponent=rng.randrange(-8, 8))
+                                       exponent=rng.randrange(-8, 8), **marks)
                     port = rng.randrange(ports)
                     batch.append((port, f))
                     if rng.random() < duplicates:
                         batch.append((rng.randrange(ports), f))
                     if rng.random() < malformed:
                         batch.append((port, _malformed(rng, f, w)))
+                    if stale and rng.random() < stale:
+                        msn = rnd * slots + s
+                        if credits and (rnd < 2 or rng.random() < 0.5):
+                            msn = (rnd + 1) * slots + credits + s      # beyond any limit
+                        elif rnd >= 2:
+                            msn -= 3 * slots         # older than both copies' last uses
+                        else:
+                            continue
+                        batch.append((rng.randrange(ports),
+                                      w.contribution(s, version, 4096 * s, np.ones(4, np.int32),
+                                                     psn[key], msn=msn)))
         rng.shuffle(batch)
         rounds_out.append(batch)
-    return Scenario(config, rounds_out, expected, ws)
+    return Scenario(config, rounds_out, expected, ws, slots, credits)
 
 
 def _malformed(rng: random.Random, good: bytes, w: Worker) -> bytes:
@@ -167,10 +228,10 @@ def _malformed(rng: random.Random, good: bytes, w: Worker) -> bytes:
         return good[:rng.randrange(20, len(good) - 1)]
     if kind == 2:      # another rank's IP claimed (bad worker)
         return w.contribution(0, 0, 0, np.ones(4, np.int32), 0, rank=(w.rank + 1) % 32,
-                              ip="10.99.0.1")
+                              ip="10.99.0.1", msn=0)
     if kind == 3:      # slot outside the job
-        return w.contribution(1000, 0, 0, np.ones(4, np.int32), 0)
-    return w.contribution(0, 0, 0, np.ones(4, np.int32), 0, job=15)   # unknown job
+        return w.contribution(1000, 0, 0, np.ones(4, np.int32), 0, msn=0)
+    return w.contribution(0, 0, 0, np.ones(4, np.int32), 0, job=15, msn=0)   # unknown job
 
 
 def run_rounds(sw, sc):
@@ -185,7 +246,9 @@ def run_rounds(sw, sc):
 
 def check_results(sc, outputs):
     """Every result equals numpy's sum, reaches the right worker once per use (replays
-    aside), and is a frame scapy rebuilds to the same bytes."""
+    aside), and is a frame scapy rebuilds to the same bytes; its PSN is the job's credit
+    limit (COMPLETED + CREDITS), COMPLETED within its round's uses. Returns (round, job,
+    slot, rank) -> [PSN of each copy received]."""
     seen = {}
     by_ip = {w.ip: w for ws in sc.workers.values() for w in ws}
     for rnd, port, frame in outputs:
@@ -205,6 +268,9 @@ def check_results(sc, outputs):
         assert imm["overflow"] == overflow and imm["count"] == len(sc.workers[imm["job"]])
         assert reth.rkey == w.rkey and reth.dma_length == 4 * len(sums)
         assert reth.va == (w.va + 4096 * imm["slot"]) % (1 << 64)
+        if sc.slots:
+            completed = W.unwrap(pkt[BTH].psn - sc.credits, rnd * sc.slots)
+            assert rnd * sc.slots < completed <= (rnd + 1) * sc.slots, (rnd, pkt[BTH].psn)
         seen.setdefault((rnd, imm["job"], imm["slot"], w.rank), []).append(
             pkt[BTH].psn)
     assert set(seen) == set(sc.expected)

@@ -20,16 +20,18 @@ def test_contribution_is_scapys(lanes):
     rng = random.Random(lanes)
     payload = bytes(rng.randrange(256) for _ in range(4 * lanes))
     fields = dict(job=3, rank=17, slot=4000, version=1, exponent=-5, droppable=True)
+    msn = rng.randrange(1 << 32)
     pkt = W.contribution(**fields, offset=0x1234_5678_9ABC, lanes=payload, psn=0xABCDEF,
-                         src=WORKER, dst=SWITCH, dscp=5, dqpn=2)
+                         src=WORKER, dst=SWITCH, dscp=5, dqpn=2, msn=msn)
     imm = W.pack_imm(W.REQUEST_IMM, **{k: int(v) for k, v in fields.items()})
     expected = scapy_frame(W.OP_CONTRIBUTION, 2, 0xABCDEF, payload, WORKER, SWITCH,
-                           reth=(0x1234_5678_9ABC, 0, len(payload)), imm=imm, dscp=5)
+                           reth=(0x1234_5678_9ABC, msn, len(payload)), imm=imm, dscp=5)
     assert pkt.frame() == expected
     assert pkt.datagram() == expected[W.BTH_OFFSET:]
     back = W.parse_frame(expected)
-    assert (back.opcode, back.psn, back.va, back.dma_length, back.payload, back.dscp) == \
-        (W.OP_CONTRIBUTION, 0xABCDEF, 0x1234_5678_9ABC, len(payload), payload, 5)
+    assert (back.opcode, back.psn, back.va, back.rkey, back.dma_length, back.payload,
+            back.dscp) == \
+        (W.OP_CONTRIBUTION, 0xABCDEF, 0x1234_5678_9ABC, msn, len(payload), payload, 5)
     assert W.unpack_imm(W.REQUEST_IMM, back.imm) == {**fields, "droppable": 1, "reserved": 0}
     # a UDP receiver gets the datagram only: it checks the ICRC against the canonical headers
     assert W.parse_transport(expected[W.BTH_OFFSET:], WORKER, SWITCH).payload == payload
@@ -66,6 +68,35 @@ def test_control_request_and_reply_are_scapys():
         W.control_request([], 0, WORKER, SWITCH)
     with pytest.raises(ValueError):
         W.control_request([(0, 0)] * (W.MAX_CONTROL_RECORDS + 1), 0, WORKER, SWITCH)
+
+
+def test_msn_is_32_bits_of_the_rkey():
+    for msn, rkey in ((0, 0), (0xFFFFFFFF, 0xFFFFFFFF), (1 << 32 | 7, 7), (-1, 0xFFFFFFFF)):
+        pkt = W.contribution(job=0, rank=0, slot=0, version=0, offset=0, lanes=bytes(4),
+                             psn=0, src=WORKER, dst=SWITCH, msn=msn)
+        assert W.parse_frame(pkt.frame()).rkey == rkey
+
+
+def test_priority_dscp():
+    assert [W.priority_dscp(c) for c in range(8)] == [0, 8, 16, 24, 32, 40, 48, 56]
+    assert all(W.priority_dscp(c) >> 3 == c for c in range(W.PRIORITY_CLASSES))
+    for bad in (-1, 8):
+        with pytest.raises(ValueError):
+            W.priority_dscp(bad)
+
+
+def test_unwrap():
+    span = 1 << 24
+    assert W.unwrap(5, 3) == 5
+    assert W.unwrap(2, span - 3) == span + 2                 # forward across the wrap
+    assert W.unwrap(span - 1, span + 2) == span - 1          # backward across it
+    assert W.unwrap(0, 3 * span) == 3 * span
+    rng = random.Random(3)
+    for _ in range(1000):
+        near = rng.randrange(1 << 40)
+        total = near + rng.randrange(-span // 2, span // 2)
+        assert W.unwrap(total % span, near) == total
+    assert W.unwrap(0x1234, 0x10000, bits=16) == 0x11234
 
 
 def test_imm_fields_round_trip_and_range():
