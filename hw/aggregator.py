@@ -6,22 +6,29 @@ result packets' payloads, each with a descriptor on its last beat and the mask o
 that send it. Three stages:
 
 - lookup (1 cycle): classifies the packet (contribution, control request, or unhandled),
-  checks its payload length, job, rank and source IP, and slot, and reads the slot's state;
-- decide (1 cycle): with the slot's state (bitmap, count, length for each of its two
-  versions) decides: drop a duplicate, send a completed slot's result again to the one worker
-  (replay), start a new use (overwrite), or add; updates the state and queues a command;
+  checks its payload length, job, rank and source IP, slot, and credit (its message number,
+  RETH.rkey, below the job's completed uses plus its credits), and reads the slot's state;
+- decide (1 cycle): with the slot's state (for each of its two versions: bitmap, count,
+  data contributions, length, and the message number of its use) decides: start a new use
+  (overwrite) for a later message, add to the use in progress, send a completed use's result
+  again to the one worker (replay), or drop a duplicate or a stale message; a use completes
+  at the job's quorum of contributions; updates the state and queues a command;
 - payload (one wide beat per cycle): reads each row of the slot's sums, adds the beat's int32
   lanes with saturation (an overflow bit and the exponent, the maximum, are kept per row),
   writes the row back, and, when the packet completed the slot or is a replay, sends the row
   on as the result's payload; for a control request it applies each record and sends the
-  reply.
+  reply. A null contribution (its payload dropped by priority at ingress) brings zeros,
+  made here.
 
-The semantics are those of `sim.golden` (the shadow copies of SwitchML, the count that
-returns to 0 on completion). A packet is dropped and counted (`port_events`/`job_events`) if
-its payload length is wrong, its job is unknown or disabled, its rank or source IP is not
-the job's, its slot is outside the job's range, or it is a duplicate of a contribution to a
-slot not yet complete; a packet that is neither a contribution nor a control request is
-dropped as unhandled. Every dropped packet's payload is drained.
+The semantics are those of `sim.golden` (the shadow copies of SwitchML, tagged with the
+use's message number; the count that returns to 0 on completion; a result's count of the
+contributions that brought data, and its PSN the job's credit limit). A packet is dropped
+and counted (`port_events`/`job_events`) if its payload length is wrong, its job is unknown
+or disabled, its rank or source IP is not the job's, its slot is outside the job's range,
+it is beyond the job's credit, it is a message other than its slot copy's use (stale), or it
+is a duplicate of a contribution to a use in progress; a packet that is neither a
+contribution nor a control request is dropped as unhandled. Every dropped packet's payload
+is drained.
 
 A control request is a barrier: no packet behind it is looked up until its records are
 applied (and the slots of any job whose CONFIG it wrote are cleared, one slot per cycle).
@@ -97,7 +104,10 @@ class Aggregator(wiring.Component):
         P, MW, J = self.ports, self.max_workers, self.jobs
         lanes = self.width // 32
 
-        copy_layout = data.StructLayout({"bitmap": MW, "count": 6, "length": 11})
+        # A copy: its contributors, their number (0: no use in progress), how many brought
+        # data (not null), the payload length and the low bits of the use's message number.
+        copy_layout = data.StructLayout(
+            {"bitmap": MW, "count": 6, "data": 6, "length": 11, "msn": 16})
         state_layout = data.ArrayLayout(copy_layout, 2)
         m.submodules.state = state = Memory(shape=state_layout, depth=self.slots, init=[])
         state_wr = state.write_port()
@@ -111,7 +121,7 @@ class Aggregator(wiring.Component):
         sums_rd = sums.read_port(transparent_for=(sums_wr,))
 
         cmd_layout = data.StructLayout({
-            "action": Action, "port": range(max(P, 2)), "has_payload": 1, "emit": 1,
+            "action": Action, "port": range(max(P, 2)), "has_payload": 1, "emit": 1, "null": 1,
             "index": range(self.slots), "ports": P, "desc": result_descriptor(MW),
         })
         m.submodules.commands = commands = fifo.SyncFIFOBuffered(
@@ -148,6 +158,9 @@ class Aggregator(wiring.Component):
         job_ok = (job_number < J) & job.enable
         worker_ok = (imm.rank < job.workers) & (imm.rank < MW) & (worker.ip == a.ip.src)
         slot_ok = (imm.slot < job.slot_count) & (index < self.slots)
+        ahead = Signal(32)          # the message's distance beyond the job's completed uses
+        m.d.comb += ahead.eq(a.reth.rkey - job.completed)
+        credit_ok = (job.credits == 0) | (ahead[-1] | (ahead < job.credits))
         completion_ports = Signal(P)
         rank_ports = [Array(ctl.worker[j * MW + r].port for j in range(J))[job_number]
                       for r in range(MW)]
@@ -163,8 +176,9 @@ class Aggregator(wiring.Component):
             BAD_JOB = 2
             BAD_WORKER = 3
             BAD_SLOT = 4
-            CONTROL = 5
-            AGGREGATE = 6
+            BAD_CREDIT = 5
+            CONTROL = 6
+            AGGREGATE = 7
 
         look = Signal(Look)
         with m.If(contribution):
@@ -176,6 +190,8 @@ class Aggregator(wiring.Component):
                 m.d.comb += look.eq(Look.BAD_WORKER)
             with m.Elif(~slot_ok):
                 m.d.comb += look.eq(Look.BAD_SLOT)
+            with m.Elif(~credit_ok):
+                m.d.comb += look.eq(Look.BAD_CREDIT)
             with m.Else():
                 m.d.comb += look.eq(Look.AGGREGATE)
         with m.Elif(control):
@@ -187,12 +203,14 @@ class Aggregator(wiring.Component):
         b_valid, b = Signal(), Signal(a.shape())
         b_look, b_imm = Signal(Look), Signal(H.REQUEST_IMM)
         b_index = Signal(range(self.slots))
-        b_workers = Signal(6)
+        b_workers, b_quorum = Signal(6), Signal(6)
         b_completion_ports, b_worker_port = Signal(P), Signal(P)
         with m.If(go):
             m.d.sync += [
                 b_valid.eq(a_valid), b.eq(a), b_look.eq(look), b_imm.eq(imm),
                 b_index.eq(index), b_workers.eq(job.workers),
+                b_quorum.eq(Mux((job.quorum == 0) | (job.quorum >= job.workers),
+                                job.workers, job.quorum)),
                 b_completion_ports.eq(completion_ports), b_worker_port.eq(worker_port),
             ]
 
@@ -203,19 +221,31 @@ class Aggregator(wiring.Component):
         bit = Signal(MW)
         m.d.comb += bit.eq(Const(1, MW) << b_imm.rank)
         seen = (mine.bitmap & bit).any()
-        complete = mine.count == 0
+        idle = mine.count == 0              # no use in progress: the last one completed
+        fresh = mine.bitmap == 0            # never used since the job's slots were cleared
+        distance = Signal(signed(16))       # of this message from the copy's use
+        m.d.comb += distance.eq(b.reth.rkey[:16] - mine.msn)
         new_count = Signal(7)
         m.d.comb += new_count.eq(mine.count + 1)
-        finishes = new_count == b_workers
+        finishes = new_count == b_quorum
+        new_data = Signal(6)
+        m.d.comb += new_data.eq(Mux(idle, 0, mine.data) + ~b.null)
+        # The credit limit a result carries: the job's completed uses (this one included)
+        # plus its credits, as a running total.
+        b_job = Array(ctl.job)[b_imm.job[: max(1, (J - 1).bit_length())]]
+        limit = Signal(24)
+        m.d.comb += limit.eq(b_job.completed + b_job.credits + finishes)
         cmd = Signal(cmd_layout)
         desc = cmd.desc
         m.d.comb += [
-            cmd.port.eq(b.port), cmd.has_payload.eq(b.payload_length != 0),
-            cmd.index.eq(b_index),
+            cmd.port.eq(b.port), cmd.index.eq(b_index), cmd.null.eq(b.null),
+            cmd.has_payload.eq((b.payload_length != 0)
+                               & (~b.null | (cmd.action != Action.DRAIN))),
             desc.job.eq(b_imm.job), desc.slot.eq(b_imm.slot), desc.version.eq(version),
-            desc.count.eq(b_workers), desc.exponent.eq(b_imm.exponent),
+            desc.count.eq(new_data), desc.exponent.eq(b_imm.exponent),
             desc.offset.eq(b.reth.va), desc.length.eq(b.payload_length),
-            desc.psn.eq(b.bth.psn), desc.eth_src.eq(b.eth.src), desc.eth_dst.eq(b.eth.dst),
+            desc.psn.eq(Mux(b_look == Look.CONTROL, b.bth.psn, limit)),
+            desc.eth_src.eq(b.eth.src), desc.eth_dst.eq(b.eth.dst),
             desc.ip_src.eq(b.ip.src), desc.ip_dst.eq(b.ip.dst),
             desc.udp_src.eq(b.udp.src_port), desc.udp_dst.eq(b.udp.dst_port),
             cmd.action.eq(Action.DRAIN),
@@ -243,30 +273,36 @@ class Aggregator(wiring.Component):
                 m.d.comb += count_job("drop_bad_worker")
             with m.Case(Look.BAD_SLOT):
                 m.d.comb += count_job("drop_bad_slot")
+            with m.Case(Look.BAD_CREDIT):
+                m.d.comb += count_job("drop_credit")
             with m.Case(Look.CONTROL):
                 m.d.comb += [
                     count_port("control"), cmd.action.eq(Action.CONTROL), cmd.emit.eq(1),
                     desc.control.eq(1), cmd.ports.eq(Const(1, P) << b.port),
                 ]
             with m.Case(Look.AGGREGATE):
-                with m.If(seen):
-                    with m.If(complete):
-                        m.d.comb += [
-                            count_job("replays"), cmd.action.eq(Action.REPLAY),
-                            cmd.emit.eq(1), desc.dests.eq(bit), cmd.ports.eq(b_worker_port),
-                        ]
-                    with m.Else():
-                        m.d.comb += count_job("duplicates")
-                with m.Elif(~complete & (mine.length != b.payload_length)):
+                new_use = idle & (fresh | (distance > 0))
+                with m.If(idle & ~new_use & (distance == 0)):
+                    m.d.comb += [
+                        count_job("replays"), cmd.action.eq(Action.REPLAY),
+                        cmd.emit.eq(1), desc.dests.eq(bit), cmd.ports.eq(b_worker_port),
+                        desc.count.eq(mine.data), limit.eq(b_job.completed + b_job.credits),
+                    ]
+                with m.Elif(~new_use & (distance != 0)):
+                    m.d.comb += count_job("drop_stale")
+                with m.Elif(~new_use & seen):
+                    m.d.comb += count_job("duplicates")
+                with m.Elif(~new_use & (mine.length != b.payload_length)):
                     m.d.comb += count_job("drop_bad_length")
                 with m.Else():
                     m.d.comb += [
                         update.eq(1), count_job("contributions"),
-                        cmd.action.eq(Mux(complete, Action.OVERWRITE, Action.ADD)),
-                        new_state[version].bitmap.eq(mine.bitmap | bit),
-                        new_state[~version].bitmap.eq(copies[~version].bitmap & ~bit),
+                        cmd.action.eq(Mux(new_use, Action.OVERWRITE, Action.ADD)),
+                        new_state[version].bitmap.eq(Mux(new_use, bit, mine.bitmap | bit)),
                         new_state[version].count.eq(Mux(finishes, 0, new_count)),
+                        new_state[version].data.eq(new_data),
                         new_state[version].length.eq(b.payload_length),
+                        new_state[version].msn.eq(b.reth.rkey[:16]),
                     ]
                     with m.If(finishes):
                         m.d.comb += [
@@ -298,15 +334,27 @@ class Aggregator(wiring.Component):
         # --- payload -------------------------------------------------------------------
         c = Signal(cmd_layout)
         m.d.comb += c.eq(commands.r_data)
+        row = Signal(range(self.rows))
         source = Signal(BeatLayout(self.width))
         source_valid = Signal()
-        m.d.comb += [
-            source.eq(Array(s.payload for s in self.payload)[c.port]),
-            source_valid.eq(Array(s.valid for s in self.payload)[c.port]),
-        ]
+        with m.If(c.null):
+            # A null contribution's payload is zeros, made here: its frame brought none.
+            beat_bytes = self.width // 8
+            left = Signal(range(self.max_payload + 1))
+            m.d.comb += [
+                left.eq(c.desc.length - row * beat_bytes),
+                source.keep.eq(Cat(*(left > i for i in range(beat_bytes)))),
+                source.last.eq(left <= beat_bytes),
+                source_valid.eq(1),
+            ]
+        with m.Else():
+            m.d.comb += [
+                source.eq(Array(s.payload for s in self.payload)[c.port]),
+                source_valid.eq(Array(s.valid for s in self.payload)[c.port]),
+            ]
         take_source = Signal()
         for p, s in enumerate(self.payload):
-            m.d.comb += s.ready.eq(take_source & (c.port == p))
+            m.d.comb += s.ready.eq(take_source & (c.port == p) & ~c.null)
 
         # Second payload stage: the row read, the sums written, the result beat sent.
         d_valid, d_emit = Signal(), Signal()
@@ -372,7 +420,6 @@ class Aggregator(wiring.Component):
                 m.d.sync += d_overflow.eq(Mux(d_beat.last, 0, d_overflow | new.overflow))
 
         # First payload stage: a beat taken, its row's read issued.
-        row = Signal(range(self.rows))
         m.d.comb += [
             sums_rd.addr.eq(Cat(row, c.desc.version, c.index) if self.rows > 1
                             else Cat(c.desc.version, c.index)),

@@ -3,9 +3,10 @@ and the counters, read and written one record at a time by the aggregator when i
 control request.
 
 The job table is kept in flip-flops and shown whole on `jobs`/`workers`, so the aggregator
-and every egress port read it without waiting. Each worker also has the PSN of its next
-result, advanced by the egress port that sends it one (`psn_advance`) and reset by a write
-of its job's CONFIG, which also raises `cleared` for the aggregator to clear the job's slots.
+and every egress port read it without waiting. Each job also counts the uses it completed
+(`completed`, the base of its credit limit), reset by a write of its CONFIG, which also
+raises `cleared` for the aggregator to clear the job's slots. The priority-drop thresholds
+(one per priority class) are shown on `thresholds` for the ingress ports.
 
 Counters count pulses from the stages (`port_events`, `job_events`, `results`) or show the
 packet queues' drop counters; all are 32 bits and wrap. A record is applied in the cycle
@@ -22,6 +23,7 @@ from .packet_queue import COUNTER_WIDTH
 
 JOB = data.StructLayout({
     "enable": 1, "workers": 6, "slot_base": 16, "slot_count": 16,
+    "credits": 16, "quorum": 6, "completed": 32,
 })
 WORKER = data.StructLayout({
     "port": 4, "udp_port": 16, "mac": 48, "ip": 32, "qpn": 24, "rkey": 32, "va": 64,
@@ -31,7 +33,8 @@ VERDICT_COUNTERS = {f"drop_{v.name.lower()}": v for v in Verdict if v != Verdict
 # Port counters counted here from events: rx when the aggregator takes a packet (so that a
 # control request reads it in the order packets are served), tx when an egress sends one.
 # The parser's drops are the packet queues' own counters.
-PORT_EVENTS = ("rx", "tx", "drop_unhandled", "drop_bad_job", "drop_bad_payload", "control")
+PORT_EVENTS = ("rx", "tx", "drop_priority", "drop_unhandled", "drop_bad_job",
+               "drop_bad_payload", "control")
 JOB_EVENTS = tuple(c for c in R.JOB_COUNTERS if c != "results")
 
 
@@ -47,8 +50,7 @@ class Control(wiring.Component):
             "mac": Out(48), "ip": Out(32), "udp_sport": Out(16),
             "job": Out(JOB).array(jobs),
             "worker": Out(WORKER).array(entries),        # job * max_workers + rank
-            "psn": Out(24).array(entries),
-            "psn_advance": In(1).array(entries),
+            "thresholds": Out(16).array(R.PRIORITY_CLASSES),
             "cleared": Out(1),                            # a CONFIG write, this cycle
             "cleared_job": Out(range(max(jobs, 2))),
             "port_events": In(len(PORT_EVENTS)).array(ports),
@@ -79,17 +81,24 @@ class Control(wiring.Component):
             (R.REG_IP, ip, ip),
             (R.REG_UDP_SPORT, udp_sport, udp_sport),
         ]
+        for c in range(R.PRIORITY_CLASSES):
+            threshold = Signal(16, init=R.NEVER_DROP, name=f"threshold{c}")
+            m.d.comb += self.thresholds[c].eq(threshold)
+            regs.append((R.drop_threshold(c), threshold, threshold))
         jobs = [Signal(JOB, name=f"job{j}") for j in range(self.jobs)]
         workers = [Signal(WORKER, name=f"worker{j}_{r}")
                    for j in range(self.jobs) for r in range(self.max_workers)]
-        psns = [Signal(24, name=f"psn{j}_{r}")
-                for j in range(self.jobs) for r in range(self.max_workers)]
         for j, job in enumerate(jobs):
             m.d.comb += self.job[j].eq(job)
             regs += [
                 (R.job_reg(j, R.JOB_SLOT_BASE), job.slot_base, job.slot_base),
                 (R.job_reg(j, R.JOB_SLOT_COUNT), job.slot_count, job.slot_count),
+                (R.job_reg(j, R.JOB_CREDITS), job.credits, job.credits),
+                (R.job_reg(j, R.JOB_QUORUM), job.quorum, job.quorum),
+                (R.job_reg(j, R.JOB_COMPLETED), job.completed, None),
             ]
+            with m.If(self.job_events[j][JOB_EVENTS.index("completed")]):
+                m.d.sync += job.completed.eq(job.completed + 1)
             for r in range(self.max_workers):
                 w = workers[j * self.max_workers + r]
                 for off, value in (
@@ -100,9 +109,7 @@ class Control(wiring.Component):
                 ):
                     regs.append((R.worker_reg(j, r, off), value, value))
         for i, w in enumerate(workers):
-            m.d.comb += [self.worker[i].eq(w), self.psn[i].eq(psns[i])]
-            with m.If(self.psn_advance[i]):
-                m.d.sync += psns[i].eq(psns[i] + 1)
+            m.d.comb += self.worker[i].eq(w)
 
         # Counters.
         port_counters, job_counters = {}, {}
@@ -143,9 +150,8 @@ class Control(wiring.Component):
                         m.d.sync += [
                             job.enable.eq(rec.wdata[31]),
                             job.workers.eq(Mux(asked > self.max_workers, self.max_workers, asked)),
+                            job.completed.eq(0),
                         ]
                         m.d.comb += [self.cleared.eq(1), self.cleared_job.eq(j)]
-                        for r in range(self.max_workers):
-                            m.d.sync += psns[j * self.max_workers + r].eq(0)
         return m
 

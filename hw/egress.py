@@ -6,7 +6,8 @@ its descriptor on its last beat) into a ring of `capacity` bytes, then sends one
 destination: for a result, each worker of the descriptor's `dests` whose job-table entry
 names this port, in rank order, from the same stored payload; for a control reply, the one
 requester. Each packet's header entry is built from the job table (worker MAC, IP, UDP port,
-QPN, R_Key, base address + offset, the worker's next PSN) or, for a reply, from the
+QPN, R_Key, base address + offset; the PSN is the job's credit limit, from the descriptor)
+or, for a reply, from the
 request's addresses swapped, and goes with the payload (through a `Narrow` gearbox) to the
 `Deparser`, which computes lengths, checksum and ICRC.
 
@@ -40,7 +41,6 @@ class Egress(wiring.Component):
         super().__init__({
             "i": In(stream.Signature(egress_beat(wide, ports, max_workers))),
             "o": Out(FrameStream(width)),
-            "psn_advance": Out(1).array(jobs * max_workers),
             "sent": Out(1),                       # a packet's header went to the deparser
             "result_job": Out(range(max(jobs, 2))),
             "result": Out(1),                     # ... and it was a result, of result_job
@@ -97,7 +97,6 @@ class Egress(wiring.Component):
                 m.d.comb += rank.eq(r)
         worker_index = desc.job * MW + rank
         worker = Array(ctl.worker)[worker_index]
-        psn = Array(ctl.psn)[worker_index]
 
         header = Signal(H.PACKET_HEADER)
         m.d.comb += [
@@ -106,13 +105,14 @@ class Egress(wiring.Component):
             header.ip.ttl.eq(H.RESULT_TTL), header.ip.protocol.eq(H.IP_PROTO_UDP),
             header.bth.pkey.eq(0xFFFF), header.payload_length.eq(desc.length),
         ]
+        m.d.comb += header.bth.psn.eq(desc.psn)
         with m.If(desc.control):
             m.d.comb += [
                 header.eth.dst.eq(desc.eth_src), header.eth.src.eq(desc.eth_dst),
                 header.ip.src.eq(desc.ip_dst), header.ip.dst.eq(desc.ip_src),
                 header.udp.src_port.eq(desc.udp_dst), header.udp.dst_port.eq(desc.udp_src),
                 header.bth.opcode.eq(H.OP_CONTROL), header.bth.dqpn.eq(H.CONTROL_QPN),
-                header.bth.psn.eq(desc.psn), header.opclass.eq(H.OpClass.NONE),
+                header.opclass.eq(H.OpClass.NONE),
             ]
         with m.Else():
             imm = Signal(H.RESULT_IMM)
@@ -124,7 +124,7 @@ class Egress(wiring.Component):
                 header.ip.src.eq(ctl.ip), header.ip.dst.eq(worker.ip),
                 header.udp.src_port.eq(ctl.udp_sport), header.udp.dst_port.eq(worker.udp_port),
                 header.bth.opcode.eq(H.OP_RESULT), header.bth.dqpn.eq(worker.qpn),
-                header.bth.psn.eq(psn), header.opclass.eq(H.OpClass.RETH_IMM),
+                header.opclass.eq(H.OpClass.RETH_IMM),
                 header.reth.va.eq(worker.va + desc.offset), header.reth.rkey.eq(worker.rkey),
                 header.reth.dma_length.eq(desc.length), header.immdt.data.eq(imm.as_value()),
             ]
@@ -153,9 +153,6 @@ class Egress(wiring.Component):
         m.d.comb += [self.sent.eq(sent), self.result.eq(sent & ~desc.control)]
         with m.If(sent):
             m.d.sync += [header_sent.eq(1), read_ptr.eq(head.start), to_read.eq(head.beats)]
-            with m.If(~desc.control):
-                for i in range(J * MW):
-                    m.d.comb += self.psn_advance[i].eq(worker_index == i)
         done_reading = header_sent & (to_read == 0)
         with m.If(descriptors.r_rdy & ~loaded):
             m.d.sync += [loaded.eq(1), remaining.eq(Mux(desc.control, 1, desc.dests & on_port)),

@@ -4,7 +4,10 @@ Takes the parser's payload stream (written as it arrives) and header stream (one
 frame, after its payload). A header whose verdict is OK commits the frame's payload and
 queues the header; any other verdict rewinds the payload written since the last commit, so
 a bad frame leaves nothing behind, and is counted in `drops`, indexed by verdict. A frame
-whose payload would not fit in an empty queue is dropped as OVERSIZE. Frames out keep their
+whose payload would not fit in an empty queue is dropped as OVERSIZE. A good header that
+comes with `null` set is queued but its payload is rewound: the frame goes on as a header
+alone (a contribution dropped by priority). `level` is the committed payload not yet read,
+in bytes: what the queue holds ahead of a frame being judged. Frames out keep their
 order. Latency: a committed payload beat leaves two cycles after its header arrives; one beat
 per cycle in and out.
 
@@ -36,11 +39,13 @@ class PacketQueue(wiring.Component):
         self.headers = headers
         super().__init__({
             "i_header": In(stream.Signature(header_layout)),
+            "i_null": In(1),       # with i_header: queue the header, discard the payload
             "i_payload": In(FrameStream(width)),
             "o_header": Out(stream.Signature(header_layout)),
             "o_payload": Out(FrameStream(width)),
             "passed": Out(unsigned(COUNTER_WIDTH)),
             "committed": Out(1),   # high in the cycle a frame is committed
+            "level": Out(range(capacity + 1)),
             "drops": Out(unsigned(COUNTER_WIDTH)).array(len(H.Verdict)),
         })
 
@@ -64,10 +69,11 @@ class PacketQueue(wiring.Component):
         good = header.verdict == H.Verdict.OK
         m.d.comb += self.i_header.ready.eq(~good | overflowed | header_fifo.w_rdy)
         take_header = self.i_header.valid & self.i_header.ready
-        commit = take_header & good & ~overflowed
+        queued = take_header & good & ~overflowed
+        commit = queued & ~self.i_null
         rewind = take_header & ~commit
-        m.d.comb += [header_fifo.w_data.eq(header), header_fifo.w_en.eq(commit),
-                     self.committed.eq(commit)]
+        m.d.comb += [header_fifo.w_data.eq(header), header_fifo.w_en.eq(queued),
+                     self.committed.eq(queued)]
 
         # Payload in. A beat waits while a header is waiting, so that no beat of the next
         # frame is taken before the current frame is committed or rewound. A beat taken in
@@ -103,7 +109,7 @@ class PacketQueue(wiring.Component):
         # Counters.
         with m.If(commit):
             m.d.sync += self.passed.eq(self.passed + 1)
-        with m.If(rewind):
+        with m.If(rewind & ~queued):
             with m.Switch(header.verdict):
                 for v in H.Verdict:
                     with m.Case(v):
@@ -115,6 +121,7 @@ class PacketQueue(wiring.Component):
         out_valid = Signal()
         advance = ~out_valid | self.o_payload.ready
         available = read_ptr != commit_ptr
+        m.d.comb += self.level.eq((commit_ptr - read_ptr)[: ptr.width] * (self.width // 8))
         m.d.comb += [
             read.addr.eq(read_ptr),
             read.en.eq(advance),

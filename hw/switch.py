@@ -9,7 +9,8 @@
 The aggregator is `ports` times as wide as a port (`width` bits), so it serves every port at
 line rate. Parameters: `ports` (2..16), `width` (64..512), `jobs`, `max_workers` (per job),
 `slots` (per version), `max_payload` (bytes of int32 lanes), and the ingress queue's and the
-egress ring's capacity in bytes. The packet format is `host.wire`'s; the behaviour is
+egress ring's capacity in bytes (at most 32 KB per port: the priority-drop thresholds are 16
+bits). The packet format is `host.wire`'s; the behaviour is
 `sim.golden`'s, frame for frame, when frames are applied in commit order (`committed`).
 """
 
@@ -72,11 +73,14 @@ class Switch(wiring.Component):
         self.factor = 1 << (ports - 1).bit_length()      # ports, rounded up to a power of 2
         self.jobs, self.max_workers, self.slots = jobs, max_workers, slots
         self.max_payload = max_payload
+        if queue_capacity > 32768:
+            raise ValueError("the ingress queue holds at most 32 KB (16-bit thresholds)")
         self.queue_capacity, self.egress_capacity = queue_capacity, egress_capacity
         super().__init__({
             "rx": In(FrameStream(width)).array(ports),
             "tx": Out(FrameStream(width)).array(ports),
             "committed": Out(1).array(ports),
+            "nulled": Out(1).array(ports),
         })
 
     def elaborate(self, platform):
@@ -96,7 +100,10 @@ class Switch(wiring.Component):
             wiring.connect(m, wiring.flipped(self.rx[p]), port.i)
             m.d.comb += [
                 port.time.eq(time), self.committed[p].eq(port.committed),
+                self.nulled[p].eq(port.nulled),
             ]
+            for c, threshold in enumerate(control.thresholds):
+                m.d.comb += port.thresholds[c].eq(threshold)
             for v, count in enumerate(port.drops):
                 m.d.comb += control.queue_drops[p * len(port.drops) + v].eq(count)
             ingress.append(port)
@@ -132,6 +139,7 @@ class Switch(wiring.Component):
             events = Signal(len(PORT_EVENTS), name=f"port{p}_events")
             m.d.comb += [events.eq(aggregator.port_events[p]),
                          events[PORT_EVENTS.index("tx")].eq(egress[p].sent),
+                         events[PORT_EVENTS.index("drop_priority")].eq(ingress[p].nulled),
                          events[PORT_EVENTS.index("rx")].eq(
                              arbiter.o.valid & arbiter.o.ready & (arbiter.o.payload.port == p)),
                          control.port_events[p].eq(events)]
@@ -141,8 +149,5 @@ class Switch(wiring.Component):
                 control.results[j].eq(sum(
                     (port.result & (port.result_job == j)) for port in egress)),
             ]
-        for i in range(J * MW):
-            m.d.comb += control.psn_advance[i].eq(
-                Cat(*(port.psn_advance[i] for port in egress)).any())
         return m
 

@@ -197,8 +197,9 @@ TOPS["loopback"] = LoopbackTop
 
 class SwitchTop(Elaboratable):
     """The aggregation switch (`hw.switch.Switch`) with flat ports: ``rx{i}_*`` in and
-    ``tx{i}_*`` out (AXI-Stream style), and ``committed{i}``, high in the cycle port i's
-    ingress commits a good frame (the order the golden model applies frames in)."""
+    ``tx{i}_*`` out (AXI-Stream style), ``committed{i}``, high in the cycle port i's
+    ingress commits a good frame (the order the golden model applies frames in), and
+    ``nulled{i}``, high with it when that frame was dropped by priority to a null."""
 
     def __init__(self, ports: int = 4, width: int = 64, **params):
         from hw.switch import Switch
@@ -207,9 +208,11 @@ class SwitchTop(Elaboratable):
         self.rx = [_AxisPorts(f"rx{i}", width) for i in range(ports)]
         self.tx = [_AxisPorts(f"tx{i}", width) for i in range(ports)]
         self.committed = [Signal(name=f"committed{i}") for i in range(ports)]
+        self.nulled = [Signal(name=f"nulled{i}") for i in range(ports)]
 
     def ports(self):
-        return [*(s for axis in [*self.rx, *self.tx] for s in axis.ports()), *self.committed]
+        return [*(s for axis in [*self.rx, *self.tx] for s in axis.ports()), *self.committed,
+                *self.nulled]
 
     def elaborate(self, platform):
         m = Module()
@@ -217,7 +220,7 @@ class SwitchTop(Elaboratable):
         for i, (rx, tx) in enumerate(zip(self.rx, self.tx)):
             rx.drive(m, sw.rx[i])
             tx.observe(m, sw.tx[i])
-            m.d.comb += self.committed[i].eq(sw.committed[i])
+            m.d.comb += [self.committed[i].eq(sw.committed[i]), self.nulled[i].eq(sw.nulled[i])]
         return m
 
 

@@ -2,9 +2,10 @@
 every port, compared frame for frame with the golden model, sums with numpy.
 
 The golden model applies the good frames in the order the switch committed them (the
-``committed{i}`` strobes; the k-th commit of a port is its k-th good frame) and frames the
-parser rejects anywhere (they only count); the frames each port sends must equal the model's,
-byte for byte, in order.
+``committed{i}`` strobes; the k-th commit of a port is its k-th good frame; ``nulled{i}``
+says the switch dropped its payload by priority) and frames the parser rejects anywhere
+(they only count); the frames each port sends must equal the model's, byte for byte, in
+order.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 
 from host import wire as W
 from sim import golden as G
-from tests.switch_traffic import check_results, control_frame, scenario
+from tests.switch_traffic import check_results, control_frame, job_config_records, scenario
 
 PARAMS = json.loads(os.environ.get("NETAGG_SWITCH", "{}"))
 PORTS = PARAMS.get("ports", 4)
@@ -46,7 +47,7 @@ class SwitchTB:
         self.queues = [[] for _ in range(PORTS)]
         self.sent = [[] for _ in range(PORTS)]          # frames fully sent, per port
         self.received = [[] for _ in range(PORTS)]
-        self.commits = []                               # (cycle, port)
+        self.commits = []                               # (cycle, port, nulled)
         self.cycle = 0
         self.beats_in = [0] * PORTS
         self.stalls = [0] * PORTS                       # cycles a beat waited for tready
@@ -57,6 +58,7 @@ class SwitchTB:
         self.rx = [self._port(f"rx{p}") for p in range(PORTS)]
         self.tx = [self._port(f"tx{p}") for p in range(PORTS)]
         self.committed = [getattr(dut, f"committed{p}") for p in range(PORTS)]
+        self.nulled = [getattr(dut, f"nulled{p}") for p in range(PORTS)]
         for p in range(PORTS):
             self.rx[p]["tvalid"].value = 0
             self.tx[p]["tready"].value = 0
@@ -118,7 +120,7 @@ class SwitchTB:
                         self.received[p].append(bytes(partial[p]))
                         partial[p] = bytearray()
                 if self.committed[p].value:
-                    self.commits.append((self.cycle, p))
+                    self.commits.append((self.cycle, p, bool(self.nulled[p].value)))
             self.sending = any(beats) or any(partial)
             await RisingEdge(self.dut.clk)
             self.cycle += 1
@@ -160,6 +162,7 @@ class Golden:
         self.good = [[] for _ in range(PORTS)]
         self.commits = 0
         self.expected = [[] for _ in range(PORTS)]
+        self.applied = []                # (port, frame, nulled) in commit order
 
     def catch_up(self, tb: SwitchTB):
         for p in range(PORTS):
@@ -169,9 +172,11 @@ class Golden:
                 else:
                     assert self.model.receive(p, f) == []
             self.sent[p] = len(tb.sent[p])
-        for _, p in tb.commits[self.commits:]:
-            for port, frame in self.model.receive(p, self.good[p].pop(0)):
-                self.expected[port].append(frame)
+        for _, p, nulled in tb.commits[self.commits:]:
+            frame = self.good[p].pop(0)
+            self.applied.append((p, frame, nulled))
+            for port, out in self.model.receive(p, frame, null=nulled):
+                self.expected[port].append(out)
         self.commits = len(tb.commits)
 
 
@@ -323,7 +328,7 @@ async def line_rate(dut):
     lanes = np.arange(256, dtype=np.int32)
     # Latency: one slot alone, from its last contribution's last beat to its first result beat.
     for w in ws:
-        tb.send(w.port, w.contribution(slots - 1, 1, 0, lanes, 0))
+        tb.send(w.port, w.contribution(slots - 1, 1, 0, lanes, 0, msn=slots - 1))
     await tb.drain()
     latency = min(c for c in tb.frame_starts if c > tb.last_in_cycle) - tb.last_in_cycle
     received_before = sum(map(len, tb.received))
@@ -331,7 +336,8 @@ async def line_rate(dut):
     for rnd in range(rounds):
         for s in range(slots):
             for w in ws:
-                tb.send(w.port, w.contribution(s, rnd % 2, 0, lanes, psn))
+                tb.send(w.port, w.contribution(s, rnd % 2, 0, lanes, psn,
+                                               msn=(rnd + 1) * slots + s))
             psn += 1
     start_cycle, start_beats, start_stalls = tb.cycle, list(tb.beats_in), list(tb.stalls)
     t0 = time.perf_counter()
@@ -355,3 +361,230 @@ async def line_rate(dut):
                        "results": results}, fh)
     else:
         assert min(in_rate) >= 0.99, in_rate
+
+
+# --- issue 5: priority drop, credits, spraying ------------------------------------------------
+
+async def configured(dut, seed, *, slots, records=(), results_port=None, **tb_options):
+    """A switch with one job of one worker per port (or all on `results_port`), `slots`
+    slots, and `records` written after the job's configuration; the testbench, its model
+    and the workers."""
+    tb = SwitchTB(dut, seed=seed, **tb_options)
+    await tb.reset()
+    sc = scenario(random.Random(seed), ports=PORTS, jobs=1, workers=PORTS, slots=slots,
+                  rounds=0)
+    ws = sc.workers[0]
+    config = sc.config
+    if results_port is not None:
+        for w in ws:
+            w.port = results_port
+        config = [sc.config[0], control_frame(job_config_records(0, ws, 0, slots), psn=1)]
+    model = Golden()
+    for f in config:
+        tb.send(0, f)
+    if records:
+        tb.send(0, control_frame([(W.WRITE | a, v) for a, v in records], psn=50))
+    await tb.drain()
+    model.catch_up(tb)
+    return tb, model, ws
+
+
+def results_of(frames, qpn=None):
+    """(result packet, its ResultImm fields) of every result among `frames`."""
+    out = []
+    for f in frames:
+        pkt = W.parse_frame(f)
+        if pkt.opcode == W.OP_RESULT and (qpn is None or pkt.dqpn == qpn):
+            out.append((pkt, W.unpack_imm(W.RESULT_IMM, pkt.imm)))
+    return out
+
+
+async def read_counters(tb, model, names):
+    """The switch's port-0 and job-0 counters `names` (read by a control request on port 1),
+    after checking they equal the model's."""
+    addresses = [W.port_counter(0, n) if n in W.PORT_COUNTERS else W.job_counter(0, n)
+                 for n in names]
+    before = len(tb.received[1])
+    tb.send(1, control_frame([(a, 0) for a in addresses], psn=0x777))
+    await tb.drain()
+    model.catch_up(tb)
+    reply = [W.parse_frame(f) for f in tb.received[1][before:]]
+    values = [v for pkt in reply if pkt.opcode == W.OP_CONTROL
+              for _, v in W.unpack_records(pkt.payload)]
+    assert len(values) == len(names)
+    return dict(zip(names, values))
+
+
+@cocotb.test()
+async def priority_drop(dut):
+    """An oversubscribed ingress: every worker's contributions enter port 0 back to back and
+    every result leaves port 1, whose sink takes one beat in four, so port 0's queue fills.
+    A quarter of the contributions (the loss budget) are droppable, of class 0 or 1
+    (thresholds 512 and 2048 bytes); the rest, of any class, are not. Only droppable ones may
+    lose their payload, class 0 at least as often as class 1; each result's count and sums
+    are those of the contributions that kept theirs; the switch equals the model frame for
+    frame."""
+    slots, rounds, budget = 8, 4, 0.25
+    thresholds = {0: 512, 1: 2048}
+    tb, model, ws = await configured(
+        dut, 11, slots=slots, backpressure=0.75, results_port=1,
+        records=[(W.drop_threshold(c), t) for c, t in thresholds.items()])
+    rng = random.Random(11)
+    sent = {}                    # frame -> (round, slot, lanes, droppable, class)
+    per_round = []
+    for rnd in range(rounds):
+        batch = []
+        marked = set(rng.sample(range(slots * PORTS), int(budget * slots * PORTS)))
+        for s in range(slots):
+            for w in ws:
+                lanes = np.array([rng.randrange(-1 << 20, 1 << 20) for _ in range(256)],
+                                 np.int32)
+                droppable = s * PORTS + w.rank in marked
+                cls = rng.randrange(2) if droppable else rng.randrange(8)
+                f = w.contribution(s, rnd % 2, 1024 * s, lanes, rnd, msn=rnd * slots + s,
+                                   droppable=droppable, dscp=W.priority_dscp(cls))
+                sent[f] = (rnd, s, lanes, droppable, cls)
+                batch.append(f)
+        before = [len(r) for r in tb.received]
+        for f in batch:
+            tb.send(0, f)
+        await tb.drain()
+        model.catch_up(tb)
+        per_round.append([f for p in range(PORTS) for f in tb.received[p][before[p]:]])
+    nulled = [f for p, f, n in model.applied if n]
+    assert nulled, "port 0's queue never reached a threshold"
+    assert all(sent[f][3] for f in nulled), "a contribution not marked droppable was dropped"
+    assert len(nulled) <= budget * len(sent)
+    marked = {c: sum(1 for v in sent.values() if v[3] and v[4] == c) for c in thresholds}
+    dropped = {c: sum(1 for f in nulled if sent[f][4] == c) for c in thresholds}
+    dut._log.info("contributions %d, droppable by class %s, dropped by class %s",
+                  len(sent), marked, dropped)
+    assert dropped[0] / marked[0] >= dropped[1] / marked[1]
+    nulled_set = set(nulled)
+    for rnd, frames in enumerate(per_round):
+        results = results_of(frames)
+        assert len(results) == slots * PORTS
+        for pkt, imm in results:
+            kept = [v[2] for f, v in sent.items()
+                    if v[0] == rnd and v[1] == imm["slot"] and f not in nulled_set]
+            assert imm["count"] == len(kept)
+            want = sum(k.astype(np.int64) for k in kept) if kept else np.zeros(256, np.int64)
+            assert np.array_equal(np.frombuffer(pkt.payload, "<i4"), want)
+    counts = await read_counters(tb, model, ["drop_priority", "contributions", "completed"])
+    assert counts["drop_priority"] == len(nulled)
+    assert counts["contributions"] == len(sent)
+    assert counts["completed"] == rounds * slots
+    assert_same(dut, tb, model)
+
+
+@cocotb.test()
+async def credits_saturation(dut):
+    """Credits of 3 uses per worker. Worker 0 first sends all 8 slots' messages alone: only
+    3 are taken, the rest are dropped and counted. Then every worker runs as a host does,
+    back to back on every port: it sends a message only below the credit limit the results
+    carry, and sends again what went unanswered. Every use completes with exact sums, no
+    message is dropped for credit any more, and no more than 3 uses are ever open."""
+    slots, credits, uses = 8, 3, 24
+    tb, model, ws = await configured(dut, 12, slots=slots, records=[
+        (W.job_reg(0, W.JOB_CREDITS), credits)])
+    rng = random.Random(12)
+    lanes = {(w.rank, msn): np.array([rng.randrange(-1 << 20, 1 << 20) for _ in range(256)],
+                                     np.int32) for w in ws for msn in range(uses)}
+
+    def frame(w, msn):
+        return w.contribution(msn % slots, (msn // slots) % 2, 1024 * (msn % slots),
+                              lanes[w.rank, msn], msn, msn=msn)
+
+    open_uses = []
+    original = model.model.receive
+
+    def receive(*args, **kwargs):
+        out = original(*args, **kwargs)
+        open_uses.append(sum(c.count != 0 for copies in model.model.state for c in copies))
+        return out
+    model.model.receive = receive
+
+    for msn in range(slots):
+        tb.send(ws[0].port, frame(ws[0], msn))
+    await tb.drain()
+    model.catch_up(tb)
+    first = await read_counters(tb, model, ["drop_credit", "contributions"])
+    assert first == {"drop_credit": slots - credits, "contributions": credits}
+
+    limit = {w.rank: credits for w in ws}
+    answered = {w.rank: set() for w in ws}
+    next_msn = {w.rank: 0 for w in ws}
+    seen = [0] * PORTS
+    for _ in range(200):
+        if all(len(answered[w.rank]) == uses for w in ws):
+            break
+        for w in ws:
+            # What went unanswered, then new messages, all below the credit limit.
+            pending = [m for m in range(next_msn[w.rank]) if m not in answered[w.rank]]
+            while next_msn[w.rank] < min(uses, limit[w.rank]):
+                pending.append(next_msn[w.rank])
+                next_msn[w.rank] += 1
+            for msn in pending:
+                assert msn < limit[w.rank]
+                tb.send(w.port, frame(w, msn))
+        await tb.drain(quiet=300)
+        model.catch_up(tb)
+        for w in ws:
+            frames = tb.received[w.port][seen[w.port]:]
+            for pkt, imm in results_of(frames, qpn=w.qpn):
+                limit[w.rank] = max(limit[w.rank], W.unwrap(pkt.psn, limit[w.rank]))
+                # The message this answers: the open one of its slot and version, or (a
+                # result sent again for a message sent twice) the last answered one.
+                same = [m for m in range(next_msn[w.rank]) if m % slots == imm["slot"]
+                        and (m // slots) % 2 == imm["version"]]
+                base = ([m for m in same if m not in answered[w.rank]] or same[-1:])[0]
+                want = sum(lanes[v.rank, base].astype(np.int64) for v in ws)
+                assert imm["count"] == PORTS
+                assert np.array_equal(np.frombuffer(pkt.payload, "<i4"), want)
+                answered[w.rank].add(base)
+        for w in ws:
+            seen[w.port] = len(tb.received[w.port])
+    assert all(len(answered[w.rank]) == uses for w in ws), "the job did not complete"
+    final = await read_counters(tb, model, ["drop_credit", "completed"])
+    assert final == {"drop_credit": slots - credits, "completed": uses}
+    assert max(open_uses) <= credits
+    dut._log.info("open uses at most %d of %d credits; limits %s", max(open_uses), credits,
+                  limit)
+    assert_same(dut, tb, model)
+
+
+@cocotb.test()
+async def sprayed_reordered(dut):
+    """The same contributions twice: first each on its worker's own port in order, then each
+    on a random port, shuffled, some twice. Both uses give the same sums, bit for bit; the
+    second costs only counted duplicates."""
+    slots = 8
+    tb, model, ws = await configured(dut, 13, slots=slots)
+    rng = random.Random(13)
+    lanes = {(w.rank, s): np.array([rng.randrange(-1 << 28, 1 << 28) for _ in range(200)],
+                                   np.int32) for w in ws for s in range(slots)}
+    outputs, duplicates = [], 0
+    for rnd in range(2):
+        batch = [(w.port, w.contribution(s, rnd, 1024 * s, lanes[w.rank, s], rnd,
+                                         msn=rnd * slots + s)) for s in range(slots) for w in ws]
+        if rnd:
+            extra = rng.sample(batch, 6)
+            batch = [(rng.randrange(PORTS), f) for _, f in batch + extra]
+            duplicates = len(extra)
+            rng.shuffle(batch)
+        before = [len(r) for r in tb.received]
+        for port, f in batch:
+            tb.send(port, f)
+        await tb.drain()
+        model.catch_up(tb)
+        outputs.append({(imm["slot"], pkt.dqpn): pkt.payload for p in range(PORTS)
+                        for pkt, imm in results_of(tb.received[p][before[p]:])})
+    assert len(outputs[0]) == slots * PORTS
+    assert outputs[0] == outputs[1]
+    for (s, _), payload in outputs[0].items():
+        want = sum(lanes[w.rank, s].astype(np.int64) for w in ws)
+        assert np.array_equal(np.frombuffer(payload, "<i4"), want)
+    counts = await read_counters(tb, model, ["duplicates", "replays", "drop_stale"])
+    assert counts["duplicates"] + counts["replays"] == duplicates
+    assert counts["drop_stale"] == 0
+    assert_same(dut, tb, model)
