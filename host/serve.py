@@ -13,6 +13,9 @@ each frame it sends goes out as a datagram to the frame's destination IPv4 addre
 port. `--pcap FILE` writes every frame in and out; Wireshark dissects them as RoCEv2 (UDP port
 4791; for results, sent to the worker's own UDP port, use "Decode As... RoCE").
 
+The datagram's IPv4 TOS byte (read with `IP_RECVTOS`) gives the frame its DSCP, so a worker's
+priority classes reach the switch's priority drop as over a real network.
+
 Backends: `golden` (sim.golden.GoldenSwitch) and `rtl` (sim.model, the Verilator model, when
 it exists).
 """
@@ -31,6 +34,7 @@ from host import transport as T
 from host import wire as W
 
 IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8 if sys.platform.startswith("linux") else None)
+IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13 if sys.platform.startswith("linux") else None)
 BACKENDS = ("golden", "rtl")
 
 
@@ -74,6 +78,13 @@ class SimServer:
                 self.pktinfo = True
             except OSError:
                 pass
+        self.recvtos = False
+        if IP_RECVTOS is not None:
+            try:
+                self.sock.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
+                self.recvtos = True
+            except OSError:
+                pass
         self.sock.setblocking(False)
         self.pcap = None
         if pcap:
@@ -90,15 +101,21 @@ class SimServer:
         return f"udp://{host}:{self.address[1]}"
 
     def _recv(self):
-        if self.pktinfo:
-            data, anc, _, addr = self.sock.recvmsg(4096, socket.CMSG_SPACE(12))
-            dst = self.bound_ip
+        """(datagram, sender, destination IPv4, DSCP)."""
+        if self.pktinfo or self.recvtos:
+            data, anc, _, addr = self.sock.recvmsg(
+                4096, socket.CMSG_SPACE(12) + socket.CMSG_SPACE(4))
+            dst, tos = self.bound_ip, 0
             for level, kind, payload in anc:
-                if level == socket.IPPROTO_IP and kind == IP_PKTINFO and len(payload) >= 12:
+                if level != socket.IPPROTO_IP:
+                    continue
+                if kind == IP_PKTINFO and len(payload) >= 12:
                     dst = socket.inet_ntoa(payload[8:12])
-            return data, addr, dst
+                elif kind == socket.IP_TOS and payload:
+                    tos = payload[0]
+            return data, addr, dst, tos >> 2
         data, addr = self.sock.recvfrom(4096)
-        return data, addr, self.bound_ip
+        return data, addr, self.bound_ip, 0
 
     def poll(self, timeout: float = 0.05) -> int:
         """Take what has arrived (waiting up to `timeout` for the first datagram), run the
@@ -114,7 +131,7 @@ class SimServer:
         with self.lock:
             for _ in range(512):
                 try:
-                    data, (ip, port), dst_ip = self._recv()
+                    data, (ip, port), dst_ip, dscp = self._recv()
                 except (BlockingIOError, InterruptedError):
                     break
                 except OSError:
@@ -123,7 +140,7 @@ class SimServer:
                 src = W.Endpoint(ip, port, 0x020000000000 | (W.ip_to_int(ip) & 0xFFFF) << 16
                                  | port)
                 dst = W.Endpoint(dst_ip, W.ROCEV2_PORT, 0)
-                frame = W.wrap_datagram(src, dst, data)
+                frame = W.wrap_datagram(src, dst, data, dscp)
                 if self.pcap:
                     self.pcap.write(frame)
                 self.backend.send(T.switch_port_for(ip, port, self.ports), frame)

@@ -6,11 +6,12 @@ returns only packets whose ICRC checked out (the others are counted in `bad`).
 
 - `InProcessTransport`: a backend object (`send(port, frame)` / `run()`) shared by the workers
   of one process through an `InProcessHub`, which runs the backend and hands each output frame
-  to the worker it is addressed to.
+  to the worker it is addressed to. The frame carries the packet's DSCP.
 - `UdpTransport` (`udp://host:port`): a UDP socket to a board or to `netagg sim serve`. The
   datagram is the BTH .. ICRC; the ICRC covers the canonical IPv4/UDP headers of `host.wire`
   with the worker's address as source and (server address, 4791) as destination, whatever UDP
-  port the server listens on.
+  port the server listens on. The packet's DSCP (its priority class) goes into the IPv4 TOS
+  byte of the datagram (`IP_TOS`, set on the socket when it changes; the ICRC masks it).
 - `LossyTransport`: wraps another and drops, duplicates and delays (reorders) packets in each
   direction, for tests.
 
@@ -259,6 +260,7 @@ class UdpTransport(Transport):
         self.paths = paths
         self.socks = [self.sock] + [self._open(0) for _ in range(paths - 1)]
         self._sources = [self.local] + [self._source(s) for s in self.socks[1:]]
+        self._tos = {}              # socket -> the TOS byte it sends with
 
     def _open(self, bind_port: int, rcvbuf: bool = False) -> socket.socket:
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -303,8 +305,13 @@ class UdpTransport(Transport):
     def send(self, pkt: W.Packet, path: int = 0):
         if path:
             pkt = dataclasses.replace(pkt, src=self._sources[path])
+        sock = self.socks[path]
+        tos = (pkt.dscp & 0x3F) << 2
+        if self._tos.get(sock, 0) != tos:
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+            self._tos[sock] = tos
         try:
-            self.socks[path].send(pkt.datagram())
+            sock.send(pkt.datagram())
         except (BlockingIOError, ConnectionRefusedError):
             pass        # a full buffer or nobody listening yet: as a lost packet
 
