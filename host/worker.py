@@ -29,6 +29,19 @@ to the first), each packet by the path the engine picks; see `host.transport`.
 
 In-process workers of one backend run cooperatively: `allreduce_async` on each, then `wait`
 on the handles; waiting drives every worker of that backend. They may also run in threads.
+
+Credits and quorum (`credits=`, `quorum=`, set by rank 0 for the job, read by the others):
+a worker opens at most `credits` uses of the job's slots beyond those completed (default: the
+job's slot count; 0: no limit), and a use completes with `quorum` contributions (default 0:
+all workers; the late ones get the result when theirs arrives).
+
+Loss tolerance (`allreduce(..., loss_budget=0.02, priority=3)`, a value or one per tensor):
+each worker may let the switch drop (as null contributions, under congestion) up to
+`loss_budget` of the data chunks of each float tensor, its smallest, sent in priority classes
+below the tensor's `priority` (0..7); a sum missing contributions is scaled up to the world's
+(the mean of those present stands for the missing). With loss_budget 0 (the default) every
+sum is exact, quorum or not. The rules are in `host.engine`; `Handle.stats()` counts, per
+tensor, what was dropped and scaled.
 """
 
 from __future__ import annotations
@@ -42,7 +55,7 @@ import numpy as np
 from host import numerics as N
 from host import transport as T
 from host import wire as W
-from host.engine import Engine, NetaggError, NetaggTimeout, Work
+from host.engine import DEFAULT_PRIORITY, Engine, NetaggError, NetaggTimeout, Work
 
 __all__ = ["Worker", "Handle", "SwitchControl", "NetaggError", "NetaggTimeout"]
 
@@ -111,6 +124,14 @@ class SwitchControl:
         self.transport.close()
 
 
+def _per_tensor(value, n: int, name: str) -> list:
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(f"{name} has {len(value)} values for {n} tensors")
+        return list(value)
+    return [value] * n
+
+
 def _ip_str(ip: int) -> str:
     return ".".join(str((ip >> s) & 0xFF) for s in (24, 16, 8, 0))
 
@@ -123,6 +144,11 @@ class Handle:
         self._finish = finish
         self._result = None
         self._done = False
+
+    def stats(self) -> list[dict]:
+        """Per tensor (shard) of this worker: chunks, droppable chunks and droppable packets
+        sent, contributions lost from its sums, chunks scaled up and chunks filled in."""
+        return [w.stats() for w in self.works]
 
     def done(self) -> bool:
         if not self._done and self._finish is None:
@@ -148,9 +174,14 @@ class Worker:
                  *, local_size: int = 1, session=None, slots: int | None = None,
                  slot_base: int | None = None, timeout: float = 20.0,
                  fraction_bits: int | None = None, block: int = N.DEFAULT_BLOCK,
-                 faults: dict | None = None, paths: int = 1, spray: str = "round_robin"):
+                 faults: dict | None = None, paths: int = 1, spray: str = "round_robin",
+                 credits: int | None = None, quorum: int = 0):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
+        if credits is not None and not 0 <= credits <= 0xFFFF:
+            raise ValueError(f"credits must be 0..65535 (0: no limit), not {credits}")
+        if not 0 <= quorum <= 63:
+            raise ValueError(f"quorum must be 0..63 (0: all workers), not {quorum}")
         if local_size < 1 or world_size % local_size:
             raise ValueError(f"world_size {world_size} is not a multiple of local_size "
                              f"{local_size}")
@@ -180,7 +211,7 @@ class Worker:
                              session_tag=self.tag, timeout=timeout,
                              fraction_bits=self.fraction_bits, block=block, spray=spray)
         try:
-            self._configure(slots, slot_base)
+            self._configure(slots, slot_base, credits, quorum)
         except BaseException:
             self.transport.close()
             raise
@@ -193,7 +224,7 @@ class Worker:
 
     # --- set-up -------------------------------------------------------------------------
 
-    def _configure(self, slots, slot_base):
+    def _configure(self, slots, slot_base, credits, quorum):
         e, t = self.engine, self.transport
         magic, params, total_slots, max_payload, ip, sport = [v for _, v in e.control(
             [(W.REG_MAGIC, 0), (W.REG_PARAMS, 0), (W.REG_SLOTS, 0), (W.REG_MAX_PAYLOAD, 0),
@@ -235,23 +266,35 @@ class Worker:
         self._write(row)
         config = ENABLE | self.switch_workers
         if r == 0:
+            credits = count if credits is None else credits
+            if credits > 0xFFFF:
+                raise NetaggError(f"{credits} credits do not fit in JOB_CREDITS (16 bits): "
+                                  f"pass credits=")
             self._write([(W.job_reg(j, W.JOB_SLOT_BASE), base),
                          (W.job_reg(j, W.JOB_SLOT_COUNT), count),
-                         (W.job_reg(j, W.JOB_CONFIG), config),
+                         (W.job_reg(j, W.JOB_CREDITS), credits),
+                         (W.job_reg(j, W.JOB_QUORUM), quorum),
+                         (W.job_reg(j, W.JOB_CONFIG), config),   # clears slots, COMPLETED
                          (W.worker_reg(j, 0, W.WORKER_RKEY), self.tag)])
-            e.set_slots(count)
+            e.set_job(count, credits, quorum)
             return
         e.joined = False
 
         def accept(values):
-            cfg, n, rkey = values
+            cfg, n, cred, quo, completed, rkey = values
             if rkey != self.tag:
                 return None
             if cfg != config:
                 raise NetaggError(f"job {j} was configured as {cfg:#x} by rank 0 of this "
                                   f"session, this worker expects {config:#x}")
-            return n
+            if (credits is not None and cred != credits) or (quorum and quo != quorum):
+                raise NetaggError(f"job {j} was configured with credits={cred}, "
+                                  f"quorum={quo} by rank 0 of this session, this worker "
+                                  f"expects credits={credits}, quorum={quorum}")
+            return {"slots": n, "credits": cred, "quorum": quo, "completed": completed}
         e.join_check = ([(W.job_reg(j, W.JOB_CONFIG), 0), (W.job_reg(j, W.JOB_SLOT_COUNT), 0),
+                         (W.job_reg(j, W.JOB_CREDITS), 0), (W.job_reg(j, W.JOB_QUORUM), 0),
+                         (W.job_reg(j, W.JOB_COMPLETED), 0),
                          (W.worker_reg(j, 0, W.WORKER_RKEY), 0)], accept)
 
     def _write(self, pairs):
@@ -262,11 +305,16 @@ class Worker:
 
     # --- allreduce ----------------------------------------------------------------------
 
-    def allreduce(self, arrays, op: str = "sum", dtype=None, timeout: float | None = None):
-        """Blocking allreduce of one array or a list of arrays; returns new arrays."""
-        return self.allreduce_async(arrays, op, dtype).wait(timeout)
+    def allreduce(self, arrays, op: str = "sum", dtype=None, timeout: float | None = None, *,
+                  loss_budget=0.0, priority=None):
+        """Blocking allreduce of one array or a list of arrays; returns new arrays.
+        `loss_budget` (fraction of a tensor's data chunks this worker may have dropped,
+        0 <= b < 1) and `priority` (class 0..7, default 4): one value, or one per tensor."""
+        return self.allreduce_async(arrays, op, dtype, loss_budget=loss_budget,
+                                    priority=priority).wait(timeout)
 
-    def allreduce_async(self, arrays, op: str = "sum", dtype=None) -> Handle:
+    def allreduce_async(self, arrays, op: str = "sum", dtype=None, *, loss_budget=0.0,
+                        priority=None) -> Handle:
         if self._closed:
             raise NetaggError("this worker is closed")
         single = isinstance(arrays, np.ndarray) or not isinstance(arrays, (list, tuple))
@@ -277,15 +325,28 @@ class Worker:
         for f in fmts:
             if op == "mean" and f.kind == "int":
                 raise TypeError("the mean of int32 tensors is not an int32: use op='sum'")
+        budgets = _per_tensor(loss_budget, len(arrays), "loss_budget")
+        priorities = _per_tensor(DEFAULT_PRIORITY if priority is None else priority,
+                                 len(arrays), "priority")
+        for b, p, f in zip(budgets, priorities, fmts):
+            if not 0.0 <= float(b) < 1.0:
+                raise ValueError(f"loss_budget must be in [0, 1), not {b}")
+            if b > 0 and f.kind == "int":
+                raise ValueError("int32 sums are exact or nothing: loss_budget must be 0 for "
+                                 "an int32 tensor")
+            if int(p) != p or not 0 <= p < W.PRIORITY_CLASSES:
+                raise ValueError(f"priority must be a class 0..{W.PRIORITY_CLASSES - 1}, "
+                                 f"not {p}")
+        loss = list(zip((float(b) for b in budgets), (int(p) for p in priorities)))
         outs = [np.empty_like(a) for a in arrays]
         if self.local_size == 1:
             works = []
-            for a, f, o in zip(arrays, fmts, outs):
+            for a, f, o, lp in zip(arrays, fmts, outs, loss):
                 flat = np.ascontiguousarray(a).reshape(-1)
                 if flat.size == 0:
                     continue
                 works.append(self._work(f, [flat], o.reshape(-1), op == "mean",
-                                        [self._proposals(flat, f)]))
+                                        [self._proposals(flat, f)], lp))
             for w in works:
                 self.engine.submit(w)
             return Handle(self, works, outs, single)
@@ -294,12 +355,13 @@ class Worker:
                 N.check_finite(N.to_float64(a.reshape(-1), f))
         while self._pending:            # one hierarchical step at a time: they share memory
             self._pending[0].wait()
-        return self._hierarchical(arrays, fmts, outs, op == "mean", single)
+        return self._hierarchical(arrays, fmts, outs, op == "mean", single, loss)
 
-    def _work(self, fmt, sources, out, mean, proposals) -> Work:
+    def _work(self, fmt, sources, out, mean, proposals, loss=(0.0, DEFAULT_PRIORITY)) -> Work:
         props = np.max(np.stack(proposals), axis=0) if fmt.kind == "fixed" else None
         return Work(fmt=fmt, sources=sources, out=out, n=len(out), world_size=self.world_size,
-                    mean=mean, frac=self.fraction_bits, block=self.block, proposals=props)
+                    mean=mean, frac=self.fraction_bits, block=self.block, proposals=props,
+                    loss_budget=loss[0], priority=loss[1])
 
     def _proposals(self, flat, fmt):
         """This worker's exponent per block (checking that the values are finite)."""
@@ -333,7 +395,7 @@ class Worker:
 
     # --- hierarchical -------------------------------------------------------------------
 
-    def _hierarchical(self, arrays, fmts, outs, mean, single) -> Handle:
+    def _hierarchical(self, arrays, fmts, outs, mean, single, loss) -> Handle:
         sizes = [a.nbytes for a in arrays]
         offsets = np.cumsum([0] + [-(-s // 64) * 64 for s in sizes]).tolist()
         total = offsets[-1]
@@ -349,7 +411,7 @@ class Worker:
             self.shm.wait_all()
             works = []
             per = N.LANES * self.block
-            for a, f, off in zip(arrays, fmts, offsets):
+            for a, f, off, lp in zip(arrays, fmts, offsets, loss):
                 n = a.size
                 blocks = -(-n // per)
                 b0 = blocks * self.local_rank // self.local_size
@@ -360,7 +422,7 @@ class Worker:
                 sources = [region.input(i, off, a)[lo:hi] for i in range(self.local_size)]
                 out = region.result(off, a)[lo:hi]
                 works.append(self._work(f, sources, out, mean,
-                                        [self._proposals(s, f) for s in sources]))
+                                        [self._proposals(s, f) for s in sources], lp))
             for w in works:
                 self.engine.submit(w)
             handle.works = works
