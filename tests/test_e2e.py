@@ -146,3 +146,48 @@ def test_spraying_over_udp_source_ports(serve):
     assert all(n >= 3 * least for n in per_port), per_port     # every worker on every port
     assert ctl.counters(jobs=[0])["jobs"][0]["duplicates"] == 0
     ctl.close()
+
+
+def test_priority_classes_survive_the_udp_path(serve):
+    """Priority drop over UDP: the workers' DSCP travels in the IPv4 TOS byte and `netagg sim
+    serve` gives it to the switch, whose threshold 0 on class 0 alone makes nulls of exactly
+    the droppable packets sent in class 0 (each worker's smallest chunk of each tensor), not
+    of those in classes 1..3. With 4 credits for 8 slots, nothing is dropped for credit."""
+    import threading
+
+    from host import SwitchControl
+    from host import numerics as N
+    from host import wire as W
+
+    url, _, _ = serve
+    ctl = SwitchControl(url)
+    ctl.write([(W.drop_threshold(0), 0)])
+    rng = np.random.default_rng(6)
+    session = uuid.uuid4().hex
+    x = [(rng.standard_normal(40 * N.LANES)
+          * np.repeat(rng.uniform(0.01, 1.0, 40), N.LANES)).astype(np.float32) for _ in range(3)]
+    ws = [Worker(r, 3, url, session=session, timeout=10, slots=8, credits=4) for r in range(3)]
+    out, errors = [None] * 3, []
+
+    def one(r):
+        try:
+            out[r] = ws[r].allreduce(x[r], loss_budget=0.1)     # 4 droppable, classes 0..3
+        except Exception as e:          # re-raised below
+            errors.append(e)
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    counters = [w.counters() for w in ws]
+    for w in ws:
+        w.close()
+    assert all(np.array_equal(o, out[0]) for o in out)
+    c = ctl.counters(jobs=[0])
+    ctl.close()
+    dropped = sum(p["drop_priority"] for p in c["ports"].values())
+    assert [k["droppable_sent"] for k in counters] == [4, 4, 4]
+    assert dropped == sum(k["droppable_sent_class0"] for k in counters) == 3
+    assert c["jobs"][0]["drop_credit"] == 0
+    assert all(k["max_inflight"] <= 4 for k in counters)
