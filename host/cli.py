@@ -114,6 +114,12 @@ def main(argv=None) -> int:
                        help="congestion: float32 bytes per worker (e.g. 256K, 1M)")
     bench.add_argument("--repeat", type=int, default=3,
                        help="congestion: runs per path count (the median is reported)")
+    bench.add_argument("--experiments", default="priority_drop,spraying",
+                       help="congestion: priority_drop, spraying (comma-separated)")
+    bench.add_argument("--loss-budget", type=float, default=0.1,
+                       help="congestion: share of each tensor's chunks sent droppable")
+    bench.add_argument("--steps", type=int, default=40,
+                       help="congestion: allreduces per priority-drop mode")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
 
     demo = sub.add_parser("demo", help="allreduce through a simulated switch, checked")
@@ -172,7 +178,10 @@ def main(argv=None) -> int:
         from host.congestion import bench_congestion
         report = bench_congestion(args.backend, [int(p) for p in args.paths.split(",")],
                                   workers=args.workers, size=_size(args.size),
-                                  spray=args.spray, repeat=args.repeat, quiet=args.json)
+                                  spray=args.spray, repeat=args.repeat, quiet=args.json,
+                                  experiments=args.experiments.split(","),
+                                  priority={"loss_budget": args.loss_budget,
+                                            "steps": args.steps})
         if args.json:
             print(json.dumps(report))
         return 0
