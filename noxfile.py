@@ -20,12 +20,14 @@ def lint(session):
 
 @nox.session
 def bench(session):
-    """The datapath and switch line-rate benchmarks, and allreduce through the RTL (with the
-    simulator's Python-driven against C++ cycles per second). Arguments go to the datapath's."""
+    """The datapath and switch line-rate benchmarks, allreduce through the RTL (with the
+    simulator's Python-driven against C++ cycles per second), and allreduce under congestion
+    (priority drop off and on, spraying). Arguments go to the datapath's."""
     session.install("-e", ".")
     session.run("netagg", "bench", "datapath", *session.posargs)
     session.run("netagg", "bench", "switch")
     session.run("netagg", "bench", "allreduce", "--backend", "rtl", "--sizes", "64K,1M")
+    session.run("netagg", "bench", "congestion")
 
 
 @nox.session
