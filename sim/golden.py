@@ -42,9 +42,10 @@ What the switch does, frame by frame:
      `duplicates`; a different length is `drop_bad_length`; else the lanes are added
      (a null adds zeros), the exponent is the maximum (a null's included), the bit is set,
      the count goes up;
-   - a NEW USE or an add counts `contributions`. When the count equals the quorum (QUORUM
+   - a NEW USE or an add counts `contributions`. When the count reaches the quorum (QUORUM
      if 0 < QUORUM < workers, else the workers; a use already past a QUORUM written lower
-     while it was in progress never completes), it returns to 0: the use is complete
+     while it was in progress completes at its next contribution), it returns to 0: the use
+     is complete
      (`completed`, the job's COMPLETED register + 1, `overflows` if a lane saturated), and
      the result goes to every worker of the job, in rank order, each on the port its
      job-table entry names.
@@ -339,7 +340,7 @@ class GoldenSwitch:
             copy.count += 1
             copy.data += int(not null)
         counters["contributions"] += 1
-        if copy.count != job.needed:      # equality, as the RTL: see the module docstring
+        if copy.count < job.needed:
             return []
         copy.count = 0
         counters["completed"] += 1

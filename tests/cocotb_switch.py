@@ -588,3 +588,39 @@ async def sprayed_reordered(dut):
     assert counts["duplicates"] + counts["replays"] == duplicates
     assert counts["drop_stale"] == 0
     assert_same(dut, tb, model)
+
+
+@cocotb.test()
+async def early_close(dut):
+    """A quorum of 3 of 4 workers: each use closes at its third contribution, with the count
+    and sums of those three; the fourth, late, gets the same result sent again, to it
+    alone; no use mixes into the next."""
+    slots, rounds = 8, 3
+    tb, model, ws = await configured(dut, 14, slots=slots,
+                                     records=[(W.job_reg(0, W.JOB_QUORUM), 3)])
+    rng = random.Random(14)
+    for rnd in range(rounds):
+        lanes = {(w.rank, s): np.array([rng.randrange(-1 << 24, 1 << 24) for _ in range(64)],
+                                       np.int32) for w in ws for s in range(slots)}
+        late = {s: rng.choice(ws) for s in range(slots)}
+        before = [len(r) for r in tb.received]
+        for phase in ("quorum", "late"):
+            batch = [(w.port, w.contribution(s, rnd % 2, 256 * s, lanes[w.rank, s], rnd,
+                                             msn=rnd * slots + s))
+                     for s in range(slots) for w in ws if (late[s] is w) == (phase == "late")]
+            rng.shuffle(batch)
+            for port, f in batch:
+                tb.send(port, f)
+            await tb.drain()
+            model.catch_up(tb)
+        results = [(pkt, imm) for p in range(PORTS)
+                   for pkt, imm in results_of(tb.received[p][before[p]:])]
+        assert len(results) == slots * (PORTS + 1)      # every worker, then the late one
+        for pkt, imm in results:
+            s = imm["slot"]
+            want = sum(lanes[w.rank, s].astype(np.int64) for w in ws if w is not late[s])
+            assert imm["count"] == 3
+            assert np.array_equal(np.frombuffer(pkt.payload, "<i4"), want)
+    counts = await read_counters(tb, model, ["completed", "replays", "drop_stale"])
+    assert counts == {"completed": rounds * slots, "replays": rounds * slots, "drop_stale": 0}
+    assert_same(dut, tb, model)

@@ -352,16 +352,19 @@ def test_quorum_of_all_workers(quorum):
     assert len(out) == 3 and result(out[0][1])[2]["count"] == 3
 
 
-def test_quorum_is_an_equality():
-    """A use completes when its count equals the quorum: one already past a QUORUM written
-    lower while it was in progress does not complete (as in the RTL)."""
+def test_quorum_written_lower_completes_at_the_next_contribution():
+    """A use completes when its count reaches the quorum: one already past a QUORUM written
+    lower while it was in progress completes at its next contribution (as in the RTL)."""
     sw, ws = setup(workers=4, slots=2, quorum=3)
     for w in ws[:2]:
         assert sw.receive(0, w.contribution(0, 0, 0, lanes(1), 0)) == []
     control(sw, [(W.WRITE | W.job_reg(0, W.JOB_QUORUM), 1)])
-    for w in ws[2:]:
-        assert sw.receive(0, w.contribution(0, 0, 0, lanes(1), 0)) == []
-    assert sw.state[0][0].count == 4 and sw.job_counters[0]["completed"] == 0
+    out = sw.receive(0, ws[2].contribution(0, 0, 0, lanes(1), 0))
+    assert len(out) == 4 and sw.job_counters[0]["completed"] == 1
+    imm = W.unpack_imm(W.RESULT_IMM, W.parse_frame(out[0][1]).imm)
+    assert imm["count"] == 3
+    # the last worker's contribution is late: it gets the result again
+    assert len(sw.receive(0, ws[3].contribution(0, 0, 0, lanes(1), 0))) == 1
     # a new use of another slot completes at its first contribution
     assert len(sw.receive(0, ws[0].contribution(1, 0, 0, lanes(1), 0))) == 4
 

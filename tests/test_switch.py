@@ -18,6 +18,7 @@ def run(testcase, params=SWITCH, simulator="verilator", **env):
 @pytest.mark.parametrize("testcase", [
     "control_path", "aggregate_scenario", "aggregate_idle_backpressure", "egress_pressure",
     "saturation", "line_rate", "priority_drop", "credits_saturation", "sprayed_reordered",
+    "early_close",
 ])
 def test_switch(testcase):
     run(testcase)
