@@ -1,18 +1,22 @@
 """Gigabit Ethernet MAC: GMII on one side, the switch's frame beats on the other.
 
     GMII rx (rx clock) -> GmiiRx: strip preamble/SFD, check and strip the FCS
-        -> FrameBuffer (2 KB, commits good frames, rolls back bad ones) -> Widen8 (8 -> width)
-        -> AsyncFIFO -> rx beats (core clock)
-    tx beats (core clock) -> AsyncFIFO -> FrameBuffer (2 KB of beats, a frame leaves once
-        it is whole) -> Narrow8 (width -> 8) -> GmiiTx: preamble/SFD,
+        -> FrameBuffer (2 KB, commits good frames, rolls back bad ones) -> Skid
+        -> Widen8 (8 -> width) -> AsyncFIFO -> rx beats (core clock)
+    tx beats (core clock) -> AsyncFIFO -> Skid -> FrameBuffer (2 KB of beats, a frame leaves
+        once it is whole) -> Skid -> Narrow8 (width -> 8) -> Skid -> GmiiTx: preamble/SFD,
            padding to 60 bytes, FCS, 12 idle bytes between frames -> GMII tx (tx clock)
+
+The `Skid` register slices are there for timing at 125 MHz on an ECP5: each cuts a
+combinational path (a block RAM's output into a ready that feeds that RAM's read address, a
+byte mux into the FCS XOR network) without losing a cycle of throughput.
 
 Frames toward the switch carry no FCS and keep their Ethernet padding; frames from the switch
 get padding and FCS here. A received frame is dropped, and counted, when its FCS is wrong or
 the PHY signalled an error (`rx_crc_errors`), or when it does not fit in the receive buffer
 because the core is not taking frames (`rx_overflows`); `rx_frames` counts frames passed on.
 The counters live in the rx clock domain. Latency: a received frame leaves a few core cycles
-after its last FCS byte (store and forward); a frame to send starts on the wire about 20 tx
+after its last FCS byte (store and forward); a frame to send starts on the wire about 25 tx
 cycles after its last beat reached the tx buffer. Memory: one block RAM per direction
 (2048 x 9 bytes received; 256 x 68 beats to send, at width 64). Gigabit only (one byte
 per tx/rx clock).
@@ -122,6 +126,10 @@ class FrameBuffer(wiring.Component):
     instead of dropping, `ok` is ignored, and a frame larger than the ring is let out as it
     comes once it fills the ring. Output: one entry per cycle, one cycle after a frame is
     committed.
+
+    For timing at 125 MHz, `full` is a register computed from the previous cycle's pointers,
+    and conservative: it is set when at most one entry is free, so the ring holds
+    `depth` - 1 entries. The read side computes the pointer after this one a cycle ahead.
     """
 
     def __init__(self, shape, depth: int, backpressure: bool = False):
@@ -146,8 +154,9 @@ class FrameBuffer(wiring.Component):
         read_port = ring.read_port(transparent_for=())
         write_ptr, commit_ptr, read_ptr = Signal(ptr), Signal(ptr), Signal(ptr)
         overflow = Signal()
+        # At most one entry was written since the pointers this is computed from.
         full = Signal()
-        m.d.comb += full.eq((write_ptr - read_ptr)[:len(write_ptr)] == depth)
+        m.d.sync += full.eq((write_ptr - read_ptr)[:len(write_ptr)] >= depth - 1)
 
         last = self.i.payload.last
         if self.backpressure:
@@ -175,12 +184,41 @@ class FrameBuffer(wiring.Component):
                 m.d.sync += write_ptr.eq(write_ptr + 1)
 
         next_read = Signal(ptr)
+        after = Signal(ptr, init=1)         # read_ptr + 1
+        advance = self.o.valid & self.o.ready
         m.d.comb += [
-            next_read.eq(read_ptr + (self.o.valid & self.o.ready)),
+            next_read.eq(Mux(advance, after, read_ptr)),
             read_port.addr.eq(next_read),
             self.o.payload.eq(read_port.data),
         ]
-        m.d.sync += [read_ptr.eq(next_read), self.o.valid.eq(next_read != commit_ptr)]
+        m.d.sync += [
+            read_ptr.eq(next_read), after.eq(next_read + 1),
+            self.o.valid.eq(Mux(advance, after != commit_ptr, read_ptr != commit_ptr)),
+        ]
+        return m
+
+
+class Skid(wiring.Component):
+    """A register slice of a stream of `shape`: `o` (valid and payload) and `i.ready` come
+    from flip-flops, so no combinational path crosses it; one entry per cycle, latency 1.
+    A second register (the skid) holds the entry taken in a cycle in which `o` stalled."""
+
+    def __init__(self, shape):
+        self.shape = shape
+        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
+
+    def elaborate(self, platform):
+        m = Module()
+        spare = Signal(self.shape)
+        spare_valid = Signal()
+        m.d.comb += self.i.ready.eq(~spare_valid)
+        with m.If(self.o.ready | ~self.o.valid):
+            with m.If(spare_valid):
+                m.d.sync += [self.o.payload.eq(spare), self.o.valid.eq(1), spare_valid.eq(0)]
+            with m.Else():
+                m.d.sync += [self.o.payload.eq(self.i.payload), self.o.valid.eq(self.i.valid)]
+        with m.Elif(self.i.valid & ~spare_valid):
+            m.d.sync += [spare.eq(self.i.payload), spare_valid.eq(1)]
         return m
 
 
@@ -358,7 +396,9 @@ class Mac(wiring.Component):
             self.rx_frames.eq(rx_buffer.frames), self.rx_crc_errors.eq(rx_buffer.crc_errors),
             self.rx_overflows.eq(rx_buffer.overflows),
         ]
-        wiring.connect(m, rx_buffer.o, rx_widen.i)
+        m.submodules.rx_skid = rx_skid = rx(Skid(BYTE))
+        wiring.connect(m, rx_buffer.o, rx_skid.i)
+        wiring.connect(m, rx_skid.o, rx_widen.i)
         m.d.comb += [
             rx_cdc.w_data.eq(rx_widen.o.payload), rx_cdc.w_en.eq(rx_widen.o.valid),
             rx_widen.o.ready.eq(rx_cdc.w_rdy),
@@ -380,19 +420,25 @@ class Mac(wiring.Component):
             packed, self.buffer_bytes // (self.width // 8), backpressure=True))
         m.submodules.tx_narrow = tx_narrow = tx(Narrow8(self.width))
         m.submodules.gmii_tx = gmii_tx = tx(GmiiTx())
+        m.submodules.tx_skid_in = skid_in = tx(Skid(packed))
+        m.submodules.tx_skid_out = skid_out = tx(Skid(packed))
+        m.submodules.tx_skid_byte = skid_byte = tx(Skid(BYTE))
         m.d.comb += [
             tx_cdc.w_data.eq(tx_beat), tx_cdc.w_en.eq(self.tx.valid),
             self.tx.ready.eq(tx_cdc.w_rdy),
-            tx_buffer.i.payload.eq(tx_cdc.r_data), tx_buffer.i.valid.eq(tx_cdc.r_rdy),
-            tx_cdc.r_en.eq(tx_buffer.i.ready),
+            skid_in.i.payload.eq(tx_cdc.r_data), skid_in.i.valid.eq(tx_cdc.r_rdy),
+            tx_cdc.r_en.eq(skid_in.i.ready),
         ]
-        out = tx_buffer.o.payload
+        wiring.connect(m, skid_in.o, tx_buffer.i)
+        wiring.connect(m, tx_buffer.o, skid_out.i)
+        out = skid_out.o.payload
         m.d.comb += [
             tx_narrow.i.payload.data.eq(out.data), tx_narrow.i.payload.last.eq(out.last),
             tx_narrow.i.payload.keep.eq((Const(2, self.width // 8 + 1) << out.count) - 1),
-            tx_narrow.i.valid.eq(tx_buffer.o.valid), tx_buffer.o.ready.eq(tx_narrow.i.ready),
+            tx_narrow.i.valid.eq(skid_out.o.valid), skid_out.o.ready.eq(tx_narrow.i.ready),
         ]
-        wiring.connect(m, tx_narrow.o, gmii_tx.i)
+        wiring.connect(m, tx_narrow.o, skid_byte.i)
+        wiring.connect(m, skid_byte.o, gmii_tx.i)
         m.d.comb += [
             self.gmii_tx_data.eq(gmii_tx.tx_data), self.gmii_tx_en.eq(gmii_tx.tx_en),
             self.gmii_tx_er.eq(gmii_tx.tx_er),
