@@ -43,9 +43,10 @@ def ingress_header(ports: int) -> data.StructLayout:
 
 
 class Ingress(wiring.Component):
-    def __init__(self, width: int, factor: int, port: int, ports: int, capacity: int = 4096):
+    def __init__(self, width: int, factor: int, port: int, ports: int, capacity: int = 4096,
+                 headers: int = 32):
         self.width, self.factor, self.port = check_width(width), factor, port
-        self.capacity = capacity
+        self.capacity, self.headers = capacity, headers
         layout = ingress_header(ports)
         super().__init__({
             "i": In(FrameStream(width)),
@@ -63,7 +64,8 @@ class Ingress(wiring.Component):
         m.submodules.parser = parser = Parser(self.width)
         m.submodules.widen = widen = Widen(self.width, self.factor)
         m.submodules.queue = queue = PacketQueue(
-            self.width * self.factor, self.capacity, header_layout=self.header.payload.shape())
+            self.width * self.factor, self.capacity, headers=self.headers,
+            header_layout=self.header.payload.shape())
         wiring.connect(m, wiring.flipped(self.i), parser.i)
         wiring.connect(m, parser.payload, widen.i)
         wiring.connect(m, widen.o, queue.i_payload)

@@ -10,7 +10,9 @@ The aggregator is `ports` times as wide as a port (`width` bits), so it serves e
 line rate. Parameters: `ports` (2..16), `width` (64..512), `jobs`, `max_workers` (per job),
 `slots` (per version), `max_payload` (bytes of int32 lanes), and the ingress queue's and the
 egress ring's capacity in bytes (at most 32 KB per port: the priority-drop thresholds are 16
-bits). The packet format is `host.wire`'s; the behaviour is
+bits), and the number of committed header entries an ingress queue holds (`header_entries`,
+32: the entries are kept in LUT RAM, about 170 LUT RAM cells per 16 entries on an ECP5).
+The packet format is `host.wire`'s; the behaviour is
 `sim.golden`'s, frame for frame, when frames are applied in commit order (`committed`).
 """
 
@@ -64,7 +66,7 @@ class Arbiter(wiring.Component):
 class Switch(wiring.Component):
     def __init__(self, *, ports: int = 4, width: int = 64, jobs: int = 4, max_workers: int = 8,
                  slots: int = 64, max_payload: int = 1024, queue_capacity: int = 4096,
-                 egress_capacity: int = 4096):
+                 egress_capacity: int = 4096, header_entries: int = 32):
         if not 2 <= ports <= 16:
             raise ValueError(f"ports must be 2..16, not {ports}")
         if not 1 <= jobs <= 16 or not 1 <= max_workers <= 32 or not 1 <= slots <= 4096:
@@ -76,6 +78,7 @@ class Switch(wiring.Component):
         if queue_capacity > 32768:
             raise ValueError("the ingress queue holds at most 32 KB (16-bit thresholds)")
         self.queue_capacity, self.egress_capacity = queue_capacity, egress_capacity
+        self.header_entries = header_entries
         super().__init__({
             "rx": In(FrameStream(width)).array(ports),
             "tx": Out(FrameStream(width)).array(ports),
@@ -95,7 +98,8 @@ class Switch(wiring.Component):
 
         ingress = []
         for p in range(P):
-            port = Ingress(self.width, self.factor, p, P, self.queue_capacity)
+            port = Ingress(self.width, self.factor, p, P, self.queue_capacity,
+                           self.header_entries)
             m.submodules[f"ingress{p}"] = port
             wiring.connect(m, wiring.flipped(self.rx[p]), port.i)
             m.d.comb += [
