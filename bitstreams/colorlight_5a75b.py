@@ -1,7 +1,13 @@
 """Colorlight 5A-75B v7.0 (LFE5U-25F-6BG256C, two Broadcom B50612D gigabit PHYs, 25 MHz
 oscillator, one LED). Both PHYs share reset and MDIO pins: port 1's resource leaves them out
 (port 0 drives the shared reset). LiteX's settings for this board: 2 ns of input delay on
-receive, none on transmit (the PHY delays TXC itself)."""
+receive, none on transmit (the PHY delays TXC itself).
+
+Core clock: 625 MHz / 25 = 25 MHz, chosen from line rate, not more: a 64-bit port needs
+15.6 MHz for 1 Gb/s (125 MB/s at 8 bytes a cycle), and so does the 128-bit aggregator for
+both ports (250 MB/s at 16 bytes a cycle); 25 MHz leaves 60 % for partly filled last beats
+and per-packet cycles.
+"""
 
 from amaranth.build import Resource
 from amaranth_boards.colorlight_5a75b_r7_0 import Colorlight_5A75B_R70Platform
@@ -25,9 +31,9 @@ TARGET = Target(
     name="colorlight_5a75b",
     platform=Platform,
     clock="clk25", clock_hz=25e6,
-    core_hz=625e6 / 15,
-    switch={"jobs": 1, "max_workers": 2, "slots": 32, "max_payload": 1024,
-            "queue_capacity": 4096, "egress_capacity": 4096},
+    core_hz=625e6 / 25,
+    switch={"jobs": 1, "max_workers": 2, "slots": 16, "max_payload": 1024,
+            "queue_capacity": 4096, "egress_capacity": 4096, "header_entries": 16},
     mac=0x02_4E_41_47_47_01, ip="192.168.1.50",
     rx_delay=2e-9, tx_delay=0.0,
     leds=1,

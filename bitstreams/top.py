@@ -24,6 +24,8 @@ from hw.switch import Switch
 
 VCO_HZ = 625e6
 ETH_HZ = 125e6
+WIDTH = 64                          # bits of a switch port's beat
+LINE_BYTES_PER_S = 125e6            # one gigabit port, one way
 
 
 @dataclass
@@ -41,7 +43,26 @@ class Target:
     tx_delay: float = 0.0           # DELAYG on TXC, seconds
     leds: int = 1
     ports: tuple = (0, 1)           # eth_rgmii resource numbers
+    nextpnr_opts: tuple = ()        # options added to nextpnr's command line
     notes: list = field(default_factory=list)
+
+    @property
+    def core_needed_hz(self) -> float:
+        """The core clock that carries every port at line rate: a port's beats are `WIDTH`
+        bits (125 MB/s / 8 bytes = 15.6 M beats/s), and the aggregator, `ports` (rounded up to
+        a power of two) times as wide, takes all ports' payloads through one pipeline:
+        ports x 125 MB/s over ports x 8 bytes, the same 15.6 MHz."""
+        factor = 1 << (len(self.ports) - 1).bit_length()
+        port = LINE_BYTES_PER_S / (WIDTH // 8)
+        aggregator = len(self.ports) * LINE_BYTES_PER_S / (factor * WIDTH // 8)
+        return max(port, aggregator)
+
+    @property
+    def core_clock_reason(self) -> str:
+        return (f"{self.core_hz / 1e6:g} MHz: {len(self.ports)} ports at 1 Gb/s need "
+                f"{self.core_needed_hz / 1e6:g} MHz ({WIDTH}-bit ports, a "
+                f"{WIDTH * (1 << (len(self.ports) - 1).bit_length())}-bit aggregator); the "
+                f"margin is for a frame's partly filled last beat and per-packet cycles")
 
     @property
     def ip_int(self) -> int:
@@ -113,7 +134,7 @@ class SwitchBoard(Elaboratable):
             m.d.sync += hold.eq(hold - 1)
         phy_reset = hold != 0
 
-        m.submodules.switch = switch = Switch(ports=len(t.ports), width=64, **t.switch)
+        m.submodules.switch = switch = Switch(ports=len(t.ports), width=WIDTH, **t.switch)
         received, sent, bad = [], [], []
         replies = Signal()
         for n, number in enumerate(t.ports):
@@ -121,9 +142,9 @@ class SwitchBoard(Elaboratable):
             rx_domain = f"eth{n}_rx"
             phy = RgmiiPhy(pads, rx_domain=rx_domain, tx_domain="eth_tx",
                            rx_delay=t.rx_delay, tx_delay=t.tx_delay)
-            mac = Mac(64, rx_domain=rx_domain, tx_domain="eth_tx")
-            arp = ArpResponder(64, mac=t.mac, ip=t.ip_int)
-            mux = FrameMux(64)
+            mac = Mac(WIDTH, rx_domain=rx_domain, tx_domain="eth_tx")
+            arp = ArpResponder(WIDTH, mac=t.mac, ip=t.ip_int)
+            mux = FrameMux(WIDTH)
             m.submodules[f"phy{n}"], m.submodules[f"mac{n}"] = phy, mac
             m.submodules[f"arp{n}"], m.submodules[f"txmux{n}"] = arp, mux
             m.d.comb += [
