@@ -7,6 +7,15 @@ Core clock: 625 MHz / 25 = 25 MHz, chosen from line rate, not more: a 64-bit por
 15.6 MHz for 1 Gb/s (125 MB/s at 8 bytes a cycle), and so does the 128-bit aggregator for
 both ports (250 MB/s at 16 bytes a cycle); 25 MHz leaves 60 % for partly filled last beats
 and per-packet cycles.
+
+Size: the smallest useful switch (one job of two workers, 16 slots, 16 header entries per
+ingress queue) still does not fit the LFE5U-25F: 28,832 LUT4 positions of 24,288 after
+LUT4-only mapping (32,774 before), 40 of 56 block RAMs. What takes them is per port (parser
+and deparser, each with an ICRC engine of about 1,200 LUT4s at width 64, the egress, the
+ingress queue) plus the aggregator, the control registers and counters, and about 2,300 LUT
+RAM cells; fitting it needs a smaller core (for instance the 32-bit counters and the header
+entries in block RAM, narrower header entries), not a smaller configuration. The build stops
+at nextpnr's packing with a report that says so.
 """
 
 from amaranth.build import Resource

@@ -6,7 +6,14 @@ Core clock: 625 MHz / 25 = 25 MHz, chosen from line rate, not more. A 64-bit por
 8 bytes a cycle: 1 Gb/s (125 MB/s) needs 15.6 MHz, and the 128-bit aggregator, which takes
 both ports' payloads through one pipeline, needs 2 x 125 MB/s / 16 bytes, the same 15.6 MHz.
 25 MHz (200 MB/s per port) leaves 60 % for a frame's partly filled last beat and the
-per-packet cycles, and the core's deepest paths (about 28 MHz after placement) meet it.
+per-packet cycles, and the core's deepest paths (31 to 34 MHz after placement) meet it.
+
+Size: one job of up to four workers, 16 slots, 16 header entries per ingress queue (69 % of
+the LUTs, 40 block RAMs). Routing does not finish yet: router2 stalls at about 2,200 overused
+wires with this configuration, at about 5,400 with 2 jobs x 4 workers and 32 slots (76 %, 56
+block RAMs), at about 15,000 with 64 slots and 32 header entries (81 %, 91 block RAMs): the
+overuse falls with the design's size but does not reach zero, which points at a local hot
+spot rather than a full device.
 """
 
 from amaranth_boards.versa_ecp5_5g import VersaECP55GPlatform
@@ -18,12 +25,9 @@ TARGET = Target(
     platform=VersaECP55GPlatform,
     clock="clk100", clock_hz=100e6,
     core_hz=625e6 / 25,
-    switch={"jobs": 2, "max_workers": 4, "slots": 32, "max_payload": 1024,
+    switch={"jobs": 1, "max_workers": 4, "slots": 16, "max_payload": 1024,
             "queue_capacity": 4096, "egress_capacity": 4096, "header_entries": 16},
     mac=0x02_4E_41_47_47_02, ip="192.168.1.51",
     rx_delay=2e-9, tx_delay=2e-9,
     leds=8,
-    # Spread the placement (HeAP's density 0.8, not 0.9): at 0.9 router2 stalled with
-    # thousands of overused wires.
-    nextpnr_opts=("--placer-heap-beta", "0.8"),
 )
