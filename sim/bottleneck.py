@@ -5,9 +5,9 @@ as `SimServer` drives them) that puts every frame through one FIFO of `capacity`
 drained at `rate` bytes per second of wall-clock time, before the switch applies it, the way
 a switch port's ingress queue fills when more arrives than it drains:
 
-- a droppable contribution whose class threshold (the switch's REG_DROP_THRESHOLD + class,
-  read from the switch, so the host configures it as on a board) is at most the bytes queued
-  ahead of it loses its payload: it goes on as a null contribution (`receive(..., null=True)`)
+- a contribution the switch's own rule (`GoldenSwitch.drops_payload`, with the thresholds the
+  host configured as on a board) drops with the bytes queued ahead of it loses its payload:
+  it goes on as a null contribution (`receive(..., null=True)`)
   and takes only its headers' room (`NULL_BYTES`) in the queue;
 - any other frame that does not fit is dropped at the tail and counted (`tail_drops`): the
   sender's retransmission timeout recovers it.
@@ -20,10 +20,7 @@ Counters: `stats` (frames in, nulled, tail drops, cross-traffic bytes dropped).
 from __future__ import annotations
 
 import collections
-import struct
 import time
-
-from host import wire as W
 
 NULL_BYTES = 70       # Ethernet + IPv4 + UDP + BTH + RETH + ImmDt + ICRC of a contribution
 
@@ -47,7 +44,7 @@ class Bottleneck:
         now = self.clock()
         self._cross_traffic(now)
         ahead = self._queued(now)
-        null = self._droppable(frame) and ahead >= self._threshold(frame)
+        null = self.switch.drops_payload(frame, int(ahead))
         size = NULL_BYTES if null else len(frame)
         self.stats["frames_in"] += 1
         if ahead + size > self.capacity:
@@ -93,16 +90,3 @@ class Bottleneck:
                 self.free_at = max(self.free_at, self.next_burst) + room / self.rate
                 self.queue.append((self.free_at, 0, b"", False))
             self.next_burst += self.period
-
-    def _droppable(self, frame: bytes) -> bool:
-        """A contribution with the droppable flag (the switch's own rule, read from the
-        frame's fixed offsets: opcode, then the ImmDt after the RETH)."""
-        at = W.BTH_OFFSET + W.BTH_LEN + W.RETH_LEN
-        if len(frame) < at + W.IMM_LEN or frame[W.BTH_OFFSET] != W.OP_CONTRIBUTION:
-            return False
-        imm = struct.unpack_from("!I", frame, at)[0]
-        return bool(W.unpack_imm(W.REQUEST_IMM, imm)["droppable"])
-
-    def _threshold(self, frame: bytes) -> int:
-        priority_class = frame[W.IP_OFFSET + 1] >> 5
-        return self.switch.read(W.drop_threshold(priority_class))

@@ -244,6 +244,15 @@ class GoldenSwitch:
 
     # --- one frame ------------------------------------------------------------------------
 
+    def drops_payload(self, frame: bytes, fill: int) -> bool:
+        """Whether the ingress drops this frame's payload by priority (to a null
+        contribution) when its queue holds `fill` bytes ahead of it."""
+        return _droppable(frame, *parse(frame)) and fill >= self._threshold(frame)
+
+    def _threshold(self, frame: bytes) -> int:
+        """The drop threshold of the frame's priority class (IPv4 DSCP >> 3)."""
+        return self.drop_thresholds[frame[W.IP_OFFSET + 1] >> 5]
+
     def receive(self, port: int, frame: bytes, fill: int = 0,
                 null: bool | None = None) -> list:
         """Apply one frame that arrived on `port`; the frames sent, as (port, frame).
@@ -257,8 +266,7 @@ class GoldenSwitch:
         verdict, info = parse(frame)
         if verdict == OK and info[2] > self.queue_capacity:
             verdict = OVERSIZE
-        droppable = verdict == OK and info[0] == W.OP_CONTRIBUTION and bool(
-            W.unpack_imm(W.REQUEST_IMM, _contribution_imm(frame))["droppable"])
+        droppable = _droppable(frame, verdict, info)
         if null and not droppable:
             raise ValueError("only a droppable contribution that the parser takes can be null")
         if verdict != OK:
@@ -266,8 +274,7 @@ class GoldenSwitch:
             return []
         counters["rx"] += 1
         if null is None:
-            dscp = frame[W.IP_OFFSET + 1] >> 2
-            null = droppable and fill >= self.drop_thresholds[dscp >> 3]
+            null = droppable and fill >= self._threshold(frame)
         if null:
             counters["drop_priority"] += 1
         opcode, start, length = info
@@ -485,6 +492,12 @@ class GoldenSwitch:
     def counters(self) -> dict:
         return {"ports": [dict(c) for c in self.port_counters],
                 "jobs": [dict(c) for c in self.job_counters]}
+
+
+def _droppable(frame: bytes, verdict: int, info) -> bool:
+    """A contribution the parser takes, marked droppable in its ImmDt."""
+    return verdict == OK and info[0] == W.OP_CONTRIBUTION and bool(
+        W.unpack_imm(W.REQUEST_IMM, _contribution_imm(frame))["droppable"])
 
 
 def _contribution_imm(frame: bytes) -> int:
