@@ -134,7 +134,8 @@ class SwitchBoard(Elaboratable):
             m.d.sync += hold.eq(hold - 1)
         phy_reset = hold != 0
 
-        m.submodules.switch = switch = Switch(ports=len(t.ports), width=WIDTH, **t.switch)
+        m.submodules.switch = switch = Switch(ports=len(t.ports), width=WIDTH, icrc="mac",
+                                              **t.switch)
         received, sent, bad = [], [], []
         replies = Signal()
         for n, number in enumerate(t.ports):
@@ -142,7 +143,7 @@ class SwitchBoard(Elaboratable):
             rx_domain = f"eth{n}_rx"
             phy = RgmiiPhy(pads, rx_domain=rx_domain, tx_domain="eth_tx",
                            rx_delay=t.rx_delay, tx_delay=t.tx_delay)
-            mac = Mac(WIDTH, rx_domain=rx_domain, tx_domain="eth_tx")
+            mac = Mac(WIDTH, rx_domain=rx_domain, tx_domain="eth_tx", icrc=True)
             arp = ArpResponder(WIDTH, mac=t.mac, ip=t.ip_int)
             mux = FrameMux(WIDTH)
             m.submodules[f"phy{n}"], m.submodules[f"mac{n}"] = phy, mac

@@ -5,9 +5,12 @@ A frame is a sequence of beats of `width` bits. Byte ``i`` of a beat is ``data[8
 byte of the frame, and ``last`` marks the frame's final beat. Every beat but the last is full;
 the last holds ``1..width/8`` bytes, packed from byte 0. Streams of beats follow
 `amaranth.lib.stream`'s rules.
+
+A port whose MAC checks the ICRC (`hw.mac.Mac` with ``icrc=True``) gives beats with one more
+field, ``icrc_ok``: on a frame's last beat, whether the frame's ICRC was right.
 """
 
-from amaranth import unsigned
+from amaranth import Signal, unsigned
 from amaranth.lib import data, stream
 
 WIDTHS = (64, 128, 256, 512)
@@ -27,24 +30,40 @@ def check_wide_width(width: int) -> int:
 
 
 class BeatLayout(data.StructLayout):
-    """One beat of a frame: ``data``, ``keep`` (byte enables) and ``last``."""
+    """One beat of a frame: ``data``, ``keep`` (byte enables) and ``last``; with `checked`,
+    also ``icrc_ok`` (read on the last beat)."""
 
-    def __init__(self, width: int):
+    def __init__(self, width: int, checked: bool = False):
         check_wide_width(width)
         self.width = width
         self.bytes = width // 8
-        super().__init__({"data": unsigned(width), "keep": unsigned(width // 8), "last": 1})
+        self.checked = checked
+        fields = {"data": unsigned(width), "keep": unsigned(width // 8), "last": 1}
+        super().__init__({**fields, "icrc_ok": 1} if checked else fields)
 
     def __eq__(self, other):
-        return isinstance(other, BeatLayout) and other.width == self.width
+        return (isinstance(other, BeatLayout) and other.width == self.width
+                and other.checked == self.checked)
 
     def __hash__(self):
-        return hash((BeatLayout, self.width))
+        return hash((BeatLayout, self.width, self.checked))
 
     def __repr__(self):
-        return f"BeatLayout({self.width})"
+        return f"BeatLayout({self.width}{', checked=True' if self.checked else ''})"
 
 
-def FrameStream(width: int) -> stream.Signature:
-    """The signature of a stream of frame beats."""
-    return stream.Signature(BeatLayout(width))
+def FrameStream(width: int, checked: bool = False) -> stream.Signature:
+    """The signature of a stream of frame beats (with ``icrc_ok`` when `checked`)."""
+    return stream.Signature(BeatLayout(width, checked))
+
+
+def beat_index(m, fire, last, name: str = "index") -> Signal:
+    """A beat's index within its frame: counts beats taken (`fire`), back to 0 after `last`,
+    and stays at 0xFFFF in a frame that long."""
+    index = Signal(unsigned(16), name=name)
+    with m.If(fire):
+        with m.If(last):
+            m.d.sync += index.eq(0)
+        with m.Elif(index != 0xFFFF):
+            m.d.sync += index.eq(index + 1)
+    return index

@@ -4,7 +4,8 @@ Takes one header entry, then its `payload_length` bytes from the payload stream 
 the length is zero), and sends the frame: Ethernet, IPv4, UDP, BTH and the extension headers
 of the opcode's class (`hw.headers.OpClass`), the payload, PadCnt zero bytes to a multiple
 of four, and the ICRC. It computes the IPv4 total length and header checksum, the UDP length,
-the BTH PadCnt and the ICRC; every other field is sent as the header entry gives it.
+the BTH PadCnt and the ICRC (with ``icrc="mac"``, four zero bytes that the MAC fills in,
+`hw.mac.IcrcFill`); every other field is sent as the header entry gives it.
 The payload stream must carry exactly `payload_length` bytes for each entry.
 
 Throughput: one beat out per cycle with no gap between frames, whenever the inputs keep up
@@ -17,13 +18,16 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from . import headers as H
-from .beat import FrameStream, check_width
+from .beat import FrameStream, beat_index, check_width
 from .icrc import IcrcEngine
 
 
 class Deparser(wiring.Component):
-    def __init__(self, width: int):
+    def __init__(self, width: int, icrc: str = "engine"):
         self.width = check_width(width)
+        if icrc not in ("engine", "mac"):
+            raise ValueError(f"icrc must be 'engine' or 'mac', not {icrc!r}")
+        self.icrc = icrc
         super().__init__({
             "header": In(stream.Signature(H.PACKET_HEADER)),
             "payload": In(FrameStream(width)),
@@ -33,11 +37,11 @@ class Deparser(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         nb = self.width // 8
-        m.submodules.icrc = icrc = IcrcEngine(self.width)
-
         active = Signal()
         entry = Signal(H.PACKET_HEADER)
-        index = icrc.index          # output beat within the frame
+        fire = self.o.valid & self.o.ready
+        last = Signal()
+        index = beat_index(m, fire, last)       # output beat within the frame
 
         # Lengths of the frame being sent. `shift`: the lane where the payload starts, and
         # the bytes of the previous payload beat in each out beat.
@@ -119,29 +123,34 @@ class Deparser(wiring.Component):
                 m.d.comb += plain[byte].eq(realigned[byte])
             m.d.comb += keep[lane].eq(pos < frame_end)
 
-        icrc_saved = Signal(32)
-        icrc_value = Signal(32)
-        m.d.comb += icrc_value.eq(Mux(icrc.in_region_end, ~icrc.final, icrc_saved))
         sent = Signal(unsigned(self.width))
         m.d.comb += sent.eq(plain)
-        for lane in range(nb):
-            offset = base + lane - icrc_start
-            for n in range(H.ICRC_LENGTH):
-                with m.If(offset == n):
-                    m.d.comb += sent[8 * lane : 8 * lane + 8].eq(icrc_value[8 * n : 8 * n + 8])
+        if self.icrc == "engine":
+            m.submodules.icrc = icrc = IcrcEngine(self.width)
+            icrc_saved = Signal(32)
+            icrc_value = Signal(32)
+            m.d.comb += [
+                icrc.valid.eq(fire), icrc.data.eq(plain), icrc.last.eq(last),
+                icrc.end.eq(icrc_start),
+                icrc_value.eq(Mux(icrc.in_region_end, ~icrc.final, icrc_saved)),
+            ]
+            for lane in range(nb):
+                offset = base + lane - icrc_start
+                for n in range(H.ICRC_LENGTH):
+                    with m.If(offset == n):
+                        m.d.comb += sent[8 * lane : 8 * lane + 8].eq(
+                            icrc_value[8 * n : 8 * n + 8])
+            with m.If(fire & icrc.in_region_end):
+                m.d.sync += icrc_saved.eq(~icrc.final)
 
-        last = frame_end <= base + nb
-        fire = self.o.valid & self.o.ready
         m.d.comb += [
-            icrc.valid.eq(fire), icrc.data.eq(plain), icrc.last.eq(last), icrc.end.eq(icrc_start),
+            last.eq(frame_end <= base + nb),
             self.o.valid.eq(active & (~needs_payload | self.payload.valid)),
             self.o.payload.data.eq(sent),
             self.o.payload.keep.eq(keep),
             self.o.payload.last.eq(last),
             self.payload.ready.eq(active & needs_payload & self.o.ready),
         ]
-        with m.If(fire & icrc.in_region_end):
-            m.d.sync += icrc_saved.eq(~icrc.final)
         with m.If(self.payload.valid & self.payload.ready):
             m.d.sync += previous.eq(self.payload.payload.data)
         with m.If(fire & last):

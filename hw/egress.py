@@ -31,9 +31,10 @@ from .gearbox import Narrow
 
 class Egress(wiring.Component):
     def __init__(self, *, port: int, ports: int, width: int, factor: int, jobs: int,
-                 max_workers: int, control, capacity: int = 4096):
+                 max_workers: int, control, capacity: int = 4096, icrc: str = "engine"):
         self.port, self.ports, self.width, self.factor = port, ports, width, factor
         self.jobs, self.max_workers, self.control = jobs, max_workers, control
+        self.icrc = icrc
         wide = width * factor
         self.depth = capacity // (wide // 8)
         if self.depth < 2 or self.depth & (self.depth - 1):
@@ -59,7 +60,7 @@ class Egress(wiring.Component):
         m.submodules.descriptors = descriptors = fifo.SyncFIFOBuffered(
             width=entry_layout.size, depth=8)
         m.submodules.narrow = narrow = Narrow(self.width, self.factor)
-        m.submodules.deparser = deparser = Deparser(self.width)
+        m.submodules.deparser = deparser = Deparser(self.width, self.icrc)
         wiring.connect(m, narrow.o, deparser.payload)
         wiring.connect(m, deparser.o, wiring.flipped(self.o))
 

@@ -28,7 +28,7 @@ from amaranth import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from .beat import check_width
+from .beat import beat_index, check_width
 from .headers import ICRC_MASKED_BYTES, ICRC_START
 
 POLY = 0xEDB88320
@@ -198,11 +198,7 @@ class IcrcEngine(wiring.Component):
             self.ok.eq(self.final == RESIDUE),
         ]
 
-        with m.If(self.valid):
-            with m.If(self.index >= first_beat):
-                m.d.sync += state.eq(folded)
-            with m.If(self.last):
-                m.d.sync += self.index.eq(0)
-            with m.Elif(self.index != 0xFFFF):
-                m.d.sync += self.index.eq(self.index + 1)
+        m.d.comb += self.index.eq(beat_index(m, self.valid, self.last))
+        with m.If(self.valid & (self.index >= first_beat)):
+            m.d.sync += state.eq(folded)
         return m

@@ -44,12 +44,12 @@ def ingress_header(ports: int) -> data.StructLayout:
 
 class Ingress(wiring.Component):
     def __init__(self, width: int, factor: int, port: int, ports: int, capacity: int = 4096,
-                 headers: int = 32):
+                 headers: int = 32, icrc: str = "engine"):
         self.width, self.factor, self.port = check_width(width), factor, port
-        self.capacity, self.headers = capacity, headers
+        self.capacity, self.headers, self.icrc = capacity, headers, icrc
         layout = ingress_header(ports)
         super().__init__({
-            "i": In(FrameStream(width)),
+            "i": In(FrameStream(width, checked=icrc == "mac")),
             "time": In(unsigned(TIME_WIDTH)),
             "thresholds": In(16).array(R.PRIORITY_CLASSES),
             "header": Out(stream.Signature(layout)),
@@ -61,7 +61,7 @@ class Ingress(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.parser = parser = Parser(self.width)
+        m.submodules.parser = parser = Parser(self.width, self.icrc)
         m.submodules.widen = widen = Widen(self.width, self.factor)
         m.submodules.queue = queue = PacketQueue(
             self.width * self.factor, self.capacity, headers=self.headers,

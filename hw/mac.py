@@ -21,6 +21,10 @@ cycles after its last beat reached the tx buffer. Memory: one block RAM per dire
 (2048 x 9 bytes received; 256 x 68 beats to send, at width 64). Gigabit only (one byte
 per tx/rx clock).
 
+With ``icrc=True`` (the boards), `IcrcCheck` after GmiiRx checks each received frame's RoCEv2
+ICRC and `IcrcFill` before GmiiTx writes the ICRC of each RoCEv2 frame sent, a byte at a
+time: a few hundred LUTs per port instead of the switch's 64-bit ICRC engines.
+
 `RgmiiPhy` (hw/mac_rgmii.py) turns the GMII side into RGMII on an ECP5; simulation drives GMII.
 """
 
@@ -29,7 +33,9 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from . import headers as H
 from .beat import BeatLayout, FrameStream, check_width
+from .icrc import PREFIX_STATE, RESIDUE
 
 PREAMBLE = 0x55
 SFD = 0xD5
@@ -41,6 +47,11 @@ COUNTER_WIDTH = 32
 
 BYTE = data.StructLayout({"data": 8, "last": 1})
 CHECKED_BYTE = data.StructLayout({"data": 8, "last": 1, "ok": 1})
+ICRC_BYTE = data.StructLayout({"data": 8, "last": 1, "icrc_ok": 1})
+ICRC_CHECKED_BYTE = data.StructLayout({"data": 8, "last": 1, "ok": 1, "icrc_ok": 1})
+# Bytes a RoCEv2 frame (IPv4 without options, UDP to port 4791) has at these offsets.
+ROCE_SIGNATURE = {12: H.ETHERTYPE_IPV4 >> 8, 13: H.ETHERTYPE_IPV4 & 0xFF, 14: 0x45,
+                  23: H.IP_PROTO_UDP, 36: H.ROCEV2_PORT >> 8, 37: H.ROCEV2_PORT & 0xFF}
 
 
 def crc32_byte(crc, byte):
@@ -115,6 +126,113 @@ class GmiiRx(wiring.Component):
                     m.next = "IDLE"
         return m
 
+
+def _icrc_input(m, position, byte):
+    """The byte the ICRC folds in at frame offset `position`: 0xFF for a variant field."""
+    variant = Const(0, 1)
+    for offset in H.ICRC_MASKED_BYTES:
+        variant = variant | (position == offset)
+    folded = Signal(8)
+    m.d.comb += folded.eq(Mux(variant, 0xFF, byte))
+    return folded
+
+
+class IcrcCheck(wiring.Component):
+    """Checks the RoCEv2 ICRC of received frames, a byte at a time (see `hw.icrc` for the
+    CRC): passes `GmiiRx`'s bytes on one cycle later with ``icrc_ok`` on each frame's last
+    byte, true when the CRC over IPv4 header to ICRC, with the variant fields masked,
+    leaves the residue. The region ends where the IPv4 total length says, so Ethernet
+    padding after the ICRC is not folded. Any frame gets a verdict; for one that is not
+    RoCEv2 it means nothing, and the switch's parser does not read it."""
+
+    i: In(stream.Signature(CHECKED_BYTE, always_ready=True))
+    o: Out(stream.Signature(ICRC_CHECKED_BYTE, always_ready=True))
+
+    def elaborate(self, platform):
+        m = Module()
+        position = Signal(range(2048))      # of the byte in `i`; frames of the rx buffer
+        region_end = Signal(17, init=0x1FFFF)  # 14 + IPv4 total length, once known
+        total_high = Signal(8)
+        crc = Signal(32)
+        byte = self.i.payload.data
+        covered = (position >= H.ICRC_START) & (position < region_end)
+        start = position == H.ICRC_START
+        m.d.sync += [
+            self.o.valid.eq(self.i.valid),
+            self.o.payload.data.eq(byte), self.o.payload.last.eq(self.i.payload.last),
+            self.o.payload.ok.eq(self.i.payload.ok),
+        ]
+        m.d.comb += self.o.payload.icrc_ok.eq(crc == RESIDUE)
+        with m.If(self.i.valid):
+            with m.If(covered):
+                m.d.sync += crc.eq(crc32_byte(Mux(start, PREFIX_STATE, crc),
+                                              _icrc_input(m, position, byte)))
+            with m.If(position == H.IPV4_OFFSET + 2):
+                m.d.sync += total_high.eq(byte)
+            with m.If(position == H.IPV4_OFFSET + 3):
+                m.d.sync += region_end.eq(H.IPV4_OFFSET + Cat(byte, total_high))
+            with m.If(position < H.ICRC_START):
+                m.d.sync += crc.eq(0)       # a runt never shows a stale residue
+            with m.If(self.i.payload.last):
+                m.d.sync += [position.eq(0), region_end.eq(region_end.init)]
+            with m.Elif(position != 2047):
+                m.d.sync += position.eq(position + 1)
+        return m
+
+
+class IcrcFill(wiring.Component):
+    """Writes the RoCEv2 ICRC into the last 4 bytes of each RoCEv2 frame it passes (IPv4
+    without options, UDP to port 4791: `ROCE_SIGNATURE`), a byte at a time; other frames pass
+    unchanged. The CRC covers the frame from the IPv4 header to just before those 4 bytes,
+    so the frame must not carry Ethernet padding (the switch's deparser sends none).
+
+    Bytes go through a line of 4, so that a frame's last 4 are known before they leave: a
+    frame's first byte leaves once its fifth has come (or its last, in a shorter frame), then
+    one byte per cycle as they come. Latency: 4 bytes."""
+
+    i: In(stream.Signature(BYTE))
+    o: Out(stream.Signature(BYTE))
+
+    def elaborate(self, platform):
+        m = Module()
+        line = Signal(32)                   # held bytes, oldest in the low byte
+        held = Signal(range(5))
+        ended = Signal()                    # the frame's last byte is in the line
+        position = Signal(range(2048))      # of the byte leaving
+        roce = Signal(init=1)
+        crc = Signal(32)
+        leaving = line[:8]
+        fill = ended & roce & (position >= 38)  # every signature byte was seen and matched
+        take = self.i.valid & self.i.ready
+        give = self.o.valid & self.o.ready
+        m.d.comb += [
+            self.i.ready.eq(~ended & ((held != 4) | self.o.ready)),
+            self.o.valid.eq(Mux(ended, held != 0, (held == 4) & self.i.valid)),
+            self.o.payload.last.eq(ended & (held == 1)),
+            self.o.payload.data.eq(Mux(fill, ~crc[:8], leaving)),
+        ]
+        slot = Signal(range(5))             # where a byte taken now goes
+        m.d.comb += slot.eq(held - give)
+        for k in range(4):
+            kept = Mux(give, line[8 * k + 8 : 8 * k + 16] if k < 3 else 0, line[8 * k : 8 * k + 8])
+            m.d.sync += line[8 * k : 8 * k + 8].eq(
+                Mux(take & (slot == k), self.i.payload.data, kept))
+        m.d.sync += held.eq(held + take - give)
+        with m.If(take & self.i.payload.last):
+            m.d.sync += ended.eq(1)
+        with m.If(give):
+            m.d.sync += position.eq(position + 1)
+            for offset, value in ROCE_SIGNATURE.items():
+                with m.If(position == offset):
+                    m.d.sync += roce.eq(roce & (leaving == value))
+            with m.If(ended):           # the ICRC's bytes go out, least significant first
+                m.d.sync += crc.eq(crc >> 8)
+            with m.Elif(position >= H.ICRC_START):
+                m.d.sync += crc.eq(crc32_byte(Mux(position == H.ICRC_START, PREFIX_STATE, crc),
+                                              _icrc_input(m, position, leaving)))
+            with m.If(self.o.payload.last):
+                m.d.sync += [ended.eq(0), position.eq(0), roce.eq(1)]
+        return m
 
 class FrameBuffer(wiring.Component):
     """A ring of `depth` entries of `shape` (a layout with a ``last`` field) that lets out
@@ -230,11 +348,13 @@ def packed_beat(width: int):
 
 class Widen8(wiring.Component):
     """Gathers bytes into beats of `width` bits (first byte in the lowest bits); a frame's
-    last byte ends its beat. One byte in per cycle; latency 1 cycle."""
+    last byte ends its beat. One byte in per cycle; latency 1 cycle. With `checked`, the
+    last byte's ``icrc_ok`` goes with the last beat."""
 
-    def __init__(self, width: int):
-        self.width = width
-        super().__init__({"i": In(stream.Signature(BYTE)), "o": Out(FrameStream(width))})
+    def __init__(self, width: int, checked: bool = False):
+        self.width, self.checked = width, checked
+        super().__init__({"i": In(stream.Signature(ICRC_BYTE if checked else BYTE)),
+                          "o": Out(FrameStream(width, checked))})
 
     def elaborate(self, platform):
         m = Module()
@@ -255,6 +375,8 @@ class Widen8(wiring.Component):
                     self.o.payload.last.eq(self.i.payload.last), self.o.valid.eq(1),
                     lane.eq(0),
                 ]
+                if self.checked:
+                    m.d.sync += self.o.payload.icrc_ok.eq(self.i.payload.icrc_ok)
             with m.Else():
                 m.d.sync += [gathered.data.eq(data), lane.eq(lane + 1)]
         return m
@@ -357,17 +479,23 @@ class GmiiTx(wiring.Component):
 class Mac(wiring.Component):
     """The MAC of one port (see the module's docstring). Domains: `rx_domain` (the PHY's
     receive clock), `tx_domain` (the transmit clock), and ``sync`` for `rx` and `tx`, the
-    switch's port streams of `width` bits. Both crossings are AsyncFIFOs of 16 beats."""
+    switch's port streams of `width` bits. Both crossings are AsyncFIFOs of 16 beats.
+
+    With `icrc`, the MAC also does the RoCEv2 ICRC a byte at a time, so that the switch needs
+    no ICRC engine per port (``Switch(icrc="mac")``): `IcrcCheck` gives each received frame
+    an ``icrc_ok`` (on `rx`'s checked beats; the receive buffer's words are then 10 bits,
+    two block RAMs), and `IcrcFill` writes the ICRC of each RoCEv2 frame sent."""
 
     def __init__(self, width: int = 64, *, rx_domain: str = "eth_rx", tx_domain: str = "eth_tx",
-                 buffer_bytes: int = 2048):
+                 buffer_bytes: int = 2048, icrc: bool = False):
         self.width = check_width(width)
         self.rx_domain, self.tx_domain = rx_domain, tx_domain
         self.buffer_bytes = buffer_bytes
+        self.icrc = icrc
         super().__init__({
             "gmii_rx_data": In(8), "gmii_rx_dv": In(1), "gmii_rx_er": In(1),
             "gmii_tx_data": Out(8), "gmii_tx_en": Out(1), "gmii_tx_er": Out(1),
-            "rx": Out(FrameStream(width)),
+            "rx": Out(FrameStream(width, checked=icrc)),
             "tx": In(FrameStream(width)),
             "rx_frames": Out(COUNTER_WIDTH),
             "rx_crc_errors": Out(COUNTER_WIDTH),
@@ -380,23 +508,32 @@ class Mac(wiring.Component):
         m = Module()
         rx = DomainRenamer(self.rx_domain)
         tx = DomainRenamer(self.tx_domain)
-        beat_bits = BeatLayout(self.width).size
+        beat_bits = BeatLayout(self.width, self.icrc).size
+        stored = ICRC_BYTE if self.icrc else BYTE
 
         m.submodules.gmii_rx = gmii_rx = rx(GmiiRx())
-        m.submodules.rx_buffer = rx_buffer = rx(FrameBuffer(BYTE, self.buffer_bytes))
-        m.submodules.rx_widen = rx_widen = rx(Widen8(self.width))
+        m.submodules.rx_buffer = rx_buffer = rx(FrameBuffer(stored, self.buffer_bytes))
+        m.submodules.rx_widen = rx_widen = rx(Widen8(self.width, self.icrc))
         m.submodules.rx_cdc = rx_cdc = fifo.AsyncFIFO(
             width=beat_bits, depth=16, r_domain="sync", w_domain=self.rx_domain)
         m.d.comb += [
             gmii_rx.rx_data.eq(self.gmii_rx_data), gmii_rx.rx_dv.eq(self.gmii_rx_dv),
             gmii_rx.rx_er.eq(self.gmii_rx_er),
-            rx_buffer.i.payload.data.eq(gmii_rx.o.payload.data),
-            rx_buffer.i.payload.last.eq(gmii_rx.o.payload.last),
-            rx_buffer.i.valid.eq(gmii_rx.o.valid), rx_buffer.ok.eq(gmii_rx.o.payload.ok),
             self.rx_frames.eq(rx_buffer.frames), self.rx_crc_errors.eq(rx_buffer.crc_errors),
             self.rx_overflows.eq(rx_buffer.overflows),
         ]
-        m.submodules.rx_skid = rx_skid = rx(Skid(BYTE))
+        received = gmii_rx.o
+        if self.icrc:
+            m.submodules.rx_icrc = rx_icrc = rx(IcrcCheck())
+            wiring.connect(m, gmii_rx.o, rx_icrc.i)
+            received = rx_icrc.o
+            m.d.comb += rx_buffer.i.payload.icrc_ok.eq(received.payload.icrc_ok)
+        m.d.comb += [
+            rx_buffer.i.payload.data.eq(received.payload.data),
+            rx_buffer.i.payload.last.eq(received.payload.last),
+            rx_buffer.i.valid.eq(received.valid), rx_buffer.ok.eq(received.payload.ok),
+        ]
+        m.submodules.rx_skid = rx_skid = rx(Skid(stored))
         wiring.connect(m, rx_buffer.o, rx_skid.i)
         wiring.connect(m, rx_skid.o, rx_widen.i)
         m.d.comb += [
@@ -438,7 +575,14 @@ class Mac(wiring.Component):
             tx_narrow.i.valid.eq(skid_out.o.valid), skid_out.o.ready.eq(tx_narrow.i.ready),
         ]
         wiring.connect(m, tx_narrow.o, skid_byte.i)
-        wiring.connect(m, skid_byte.o, gmii_tx.i)
+        if self.icrc:
+            m.submodules.tx_icrc = tx_icrc = tx(IcrcFill())
+            m.submodules.tx_skid_icrc = skid_icrc = tx(Skid(BYTE))
+            wiring.connect(m, skid_byte.o, tx_icrc.i)
+            wiring.connect(m, tx_icrc.o, skid_icrc.i)
+            wiring.connect(m, skid_icrc.o, gmii_tx.i)
+        else:
+            wiring.connect(m, skid_byte.o, gmii_tx.i)
         m.d.comb += [
             self.gmii_tx_data.eq(gmii_tx.tx_data), self.gmii_tx_en.eq(gmii_tx.tx_en),
             self.gmii_tx_er.eq(gmii_tx.tx_er),

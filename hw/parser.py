@@ -27,17 +27,23 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from . import headers as H
-from .beat import BeatLayout, FrameStream, check_width
+from .beat import BeatLayout, FrameStream, beat_index, check_width
 from .icrc import IcrcEngine
 
 MIN_ETHERNET_FRAME = 60  # without FCS: shorter frames arrive padded to this length
 
 
 class Parser(wiring.Component):
-    def __init__(self, width: int):
+    """`icrc`: "engine" checks the ICRC here; "mac" takes the MAC's verdict, the ``icrc_ok``
+    field of a checked beat stream (`hw.beat`), on each frame's last beat."""
+
+    def __init__(self, width: int, icrc: str = "engine"):
         self.width = check_width(width)
+        if icrc not in ("engine", "mac"):
+            raise ValueError(f"icrc must be 'engine' or 'mac', not {icrc!r}")
+        self.icrc = icrc
         super().__init__({
-            "i": In(FrameStream(width)),
+            "i": In(FrameStream(width, checked=icrc == "mac")),
             "header": Out(stream.Signature(H.PACKET_HEADER)),
             "payload": Out(FrameStream(width)),
         })
@@ -45,10 +51,9 @@ class Parser(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         nb = self.width // 8
-        m.submodules.icrc = icrc = IcrcEngine(self.width)
         beat = self.i.payload
         fire = self.i.valid & self.i.ready
-        index = icrc.index
+        index = beat_index(m, fire, beat.last)
 
         # The first MAX_HEADER_LENGTH bytes: registered as they pass, seen combinationally
         # in the beat that brings them.
@@ -91,16 +96,21 @@ class Parser(wiring.Component):
         region_end = Signal(unsigned(17))
         m.d.comb += region_end.eq(H.IPV4_OFFSET + ip.total_length)
         total_length_known = index >= (H.IPV4_OFFSET + 3) // nb
-        m.d.comb += [
-            icrc.valid.eq(fire),
-            icrc.data.eq(beat.data),
-            icrc.last.eq(beat.last),
-            icrc.end.eq(Mux(total_length_known & (region_end <= 0xFFFF), region_end, 0xFFFF)),
-        ]
-        icrc_seen_ok = Signal()
-        with m.If(fire & icrc.in_region_end):
-            m.d.sync += icrc_seen_ok.eq(icrc.ok)
-        icrc_good = Mux(icrc.in_region_end, icrc.ok, icrc_seen_ok)
+        if self.icrc == "mac":
+            icrc_good = beat.icrc_ok
+        else:
+            m.submodules.icrc = icrc = IcrcEngine(self.width)
+            m.d.comb += [
+                icrc.valid.eq(fire),
+                icrc.data.eq(beat.data),
+                icrc.last.eq(beat.last),
+                icrc.end.eq(Mux(total_length_known & (region_end <= 0xFFFF), region_end,
+                                0xFFFF)),
+            ]
+            icrc_seen_ok = Signal()
+            with m.If(fire & icrc.in_region_end):
+                m.d.sync += icrc_seen_ok.eq(icrc.ok)
+            icrc_good = Mux(icrc.in_region_end, icrc.ok, icrc_seen_ok)
 
         # Frame length on the last beat.
         frame_length = Signal(unsigned(17))

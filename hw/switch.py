@@ -11,7 +11,11 @@ line rate. Parameters: `ports` (2..16), `width` (64..512), `jobs`, `max_workers`
 `slots` (per version), `max_payload` (bytes of int32 lanes), and the ingress queue's and the
 egress ring's capacity in bytes (at most 32 KB per port: the priority-drop thresholds are 16
 bits), and the number of committed header entries an ingress queue holds (`header_entries`,
-32: the entries are kept in LUT RAM, about 170 LUT RAM cells per 16 entries on an ECP5).
+32: the entries are kept in LUT RAM, about 170 LUT RAM cells per 16 entries on an ECP5),
+and where the ICRC is checked and computed (`icrc`): by an engine in each port's parser and
+deparser ("engine"), or by the MACs in front of the ports ("mac": `hw.mac.Mac` with
+``icrc=True``; the rx beats then carry the MAC's ``icrc_ok``, and frames leave with four zero
+bytes for the MAC to fill), which saves about 1,500 LUTs per engine on an ECP5.
 The packet format is `host.wire`'s; the behaviour is
 `sim.golden`'s, frame for frame, when frames are applied in commit order (`committed`).
 """
@@ -66,7 +70,7 @@ class Arbiter(wiring.Component):
 class Switch(wiring.Component):
     def __init__(self, *, ports: int = 4, width: int = 64, jobs: int = 4, max_workers: int = 8,
                  slots: int = 64, max_payload: int = 1024, queue_capacity: int = 4096,
-                 egress_capacity: int = 4096, header_entries: int = 32):
+                 egress_capacity: int = 4096, header_entries: int = 32, icrc: str = "engine"):
         if not 2 <= ports <= 16:
             raise ValueError(f"ports must be 2..16, not {ports}")
         if not 1 <= jobs <= 16 or not 1 <= max_workers <= 32 or not 1 <= slots <= 4096:
@@ -79,8 +83,11 @@ class Switch(wiring.Component):
             raise ValueError("the ingress queue holds at most 32 KB (16-bit thresholds)")
         self.queue_capacity, self.egress_capacity = queue_capacity, egress_capacity
         self.header_entries = header_entries
+        if icrc not in ("engine", "mac"):
+            raise ValueError(f"icrc must be 'engine' or 'mac', not {icrc!r}")
+        self.icrc = icrc
         super().__init__({
-            "rx": In(FrameStream(width)).array(ports),
+            "rx": In(FrameStream(width, checked=icrc == "mac")).array(ports),
             "tx": Out(FrameStream(width)).array(ports),
             "committed": Out(1).array(ports),
             "nulled": Out(1).array(ports),
@@ -99,7 +106,7 @@ class Switch(wiring.Component):
         ingress = []
         for p in range(P):
             port = Ingress(self.width, self.factor, p, P, self.queue_capacity,
-                           self.header_entries)
+                           self.header_entries, icrc=self.icrc)
             m.submodules[f"ingress{p}"] = port
             wiring.connect(m, wiring.flipped(self.rx[p]), port.i)
             m.d.comb += [
@@ -124,7 +131,8 @@ class Switch(wiring.Component):
         egress = []
         for p in range(P):
             port = Egress(port=p, ports=P, width=self.width, factor=self.factor, jobs=J,
-                          max_workers=MW, control=control, capacity=self.egress_capacity)
+                          max_workers=MW, control=control, capacity=self.egress_capacity,
+                          icrc=self.icrc)
             m.submodules[f"egress{p}"] = port
             wiring.connect(m, port.o, wiring.flipped(self.tx[p]))
             egress.append(port)

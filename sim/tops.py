@@ -230,13 +230,15 @@ TOPS["switch"] = SwitchTop
 class MacTop(Elaboratable):
     """The MAC of one port (`hw.mac.Mac`): GMII receive (``gmii_rx_*``, clock ``rx_clk``) and
     transmit (``gmii_tx_*``, clock ``tx_clk``), the switch side as AXI-Stream style frame
-    ports in the core clock (``clk``): ``rx_*`` out, ``tx_*`` in; and the receive counters
-    (rx clock domain). ``rst`` resets all three domains."""
+    ports in the core clock (``clk``): ``rx_*`` out (``rx_tuser``: the ICRC verdict, read on
+    a frame's last beat), ``tx_*`` in; and the receive counters (rx clock domain). ``rst``
+    resets all three domains. The MAC is the boards' (``icrc=True``)."""
 
     def __init__(self, width: int = 64):
         from hw.mac import COUNTER_WIDTH, Mac
 
-        self.mac = Mac(width, rx_domain="eth_rx", tx_domain="eth_tx")
+        self.mac = Mac(width, rx_domain="eth_rx", tx_domain="eth_tx", icrc=True)
+        self.rx_icrc_ok = Signal(name="rx_tuser")
         self.width = width
         self.rx_clk = Signal(name="rx_clk")
         self.tx_clk = Signal(name="tx_clk")
@@ -254,7 +256,7 @@ class MacTop(Elaboratable):
     def ports(self):
         return [self.rx_clk, self.tx_clk, self.gmii_rx_d, self.gmii_rx_dv, self.gmii_rx_er,
                 self.gmii_tx_d, self.gmii_tx_en, self.gmii_tx_er, *self.rx.ports(),
-                *self.tx.ports(), *self.counters.values()]
+                self.rx_icrc_ok, *self.tx.ports(), *self.counters.values()]
 
     def elaborate(self, platform):
         from amaranth import ClockDomain, ResetSignal
@@ -272,6 +274,7 @@ class MacTop(Elaboratable):
         ]
         self.tx.drive(m, mac.tx)
         self.rx.observe(m, mac.rx)
+        m.d.comb += self.rx_icrc_ok.eq(mac.rx.payload.icrc_ok)
         for name, signal in self.counters.items():
             m.d.comb += signal.eq(getattr(mac, name))
         return m

@@ -10,6 +10,7 @@ from tests.conftest import run_cocotb
 
 @pytest.mark.parametrize("testcase", [
     "receive_checks_fcs", "transmit_line_rate", "both_directions", "receive_overflow",
+    "icrc_both_ways",
 ])
 def test_mac(testcase):
     run_cocotb("cocotb_mac", "mac", testcase, width=64)
