@@ -13,9 +13,10 @@ Throughput: one beat out per cycle with no gap between frames, whenever the inpu
 leaves the cycle after its header entry is taken. Drops nothing.
 """
 
-from amaranth import Cat, Module, Mux, Signal, unsigned
+from amaranth import Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import exact_log2
 
 from . import headers as H
 from .beat import FrameStream, beat_index, check_width
@@ -114,14 +115,32 @@ class Deparser(wiring.Component):
                 with m.Case(k):
                     chunk = wire[k * self.width : (k + 1) * self.width]
                     m.d.comb += header_lanes.eq(chunk)
+
+        def lanes_below(end, name):
+            """The lanes of this beat at frame offsets below `end`, as a mask: one
+            subtraction per beat rather than a comparison per lane."""
+            ahead = Signal(signed(18), name=f"{name}_ahead")
+            count = Signal(range(nb + 1), name=f"{name}_lanes")
+            mask = Signal(nb, name=f"{name}_mask")
+            m.d.comb += [
+                ahead.eq(end - base),
+                count.eq(Mux(ahead[-1], 0, Mux(ahead[exact_log2(nb):-1].any(), nb, ahead))),
+            ]
+            with m.Switch(count):
+                for k in range(nb + 1):
+                    with m.Case(k):
+                        m.d.comb += mask.eq((1 << k) - 1)
+            return mask
+
+        in_header = lanes_below(header_end, "header")
+        in_payload = lanes_below(payload_end, "payload")
+        m.d.comb += keep.eq(lanes_below(frame_end, "frame"))
         for lane in range(nb):
-            pos = base + lane
             byte = slice(8 * lane, 8 * lane + 8)
-            with m.If(pos < header_end):
+            with m.If(in_header[lane]):
                 m.d.comb += plain[byte].eq(header_lanes[byte])
-            with m.Elif(pos < payload_end):
+            with m.Elif(in_payload[lane]):
                 m.d.comb += plain[byte].eq(realigned[byte])
-            m.d.comb += keep[lane].eq(pos < frame_end)
 
         sent = Signal(unsigned(self.width))
         m.d.comb += sent.eq(plain)

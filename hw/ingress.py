@@ -33,13 +33,37 @@ TIME_WIDTH = 32
 
 
 def ingress_header(ports: int) -> data.StructLayout:
-    """A committed header entry: the parser's fields, the ingress port and the commit time."""
+    """A committed header entry: the parser's fields that the aggregator reads (under the
+    same names as in `hw.headers.PACKET_HEADER`), the verdict and payload length the packet
+    queue reads, the ingress port and the commit time: 461 bits at 2 ports, where all of
+    PACKET_HEADER's would make 693. The entries fill LUT RAM, the arbiter's mux and two
+    aggregator stages."""
     return data.StructLayout({
-        **{name: field.shape for name, field in H.PACKET_HEADER},
+        "eth": data.StructLayout({"dst": 48, "src": 48}),
+        "ip": data.StructLayout({"src": 32, "dst": 32}),
+        "udp": data.StructLayout({"src_port": 16, "dst_port": 16}),
+        "bth": data.StructLayout({"opcode": 8, "dqpn": 24, "psn": 24}),
+        "reth": H.RETH,
+        "immdt": H.IMMDT,
+        "payload_length": unsigned(16),
+        "verdict": unsigned(3),
         "port": range(max(ports, 2)),
         "time": unsigned(TIME_WIDTH),
         "null": 1,                 # payload dropped by priority
     })
+
+
+def _copy(m, to, source):
+    """`to`'s fields from the fields of the same names in `source`, nested layouts too (the
+    others are left to the caller)."""
+    names = {name for name, _ in source.shape()}
+    for name, field in to.shape():
+        if name not in names:
+            continue
+        if isinstance(field.shape, data.StructLayout):
+            _copy(m, getattr(to, name), getattr(source, name))
+        else:
+            m.d.comb += getattr(to, name).eq(getattr(source, name))
 
 
 class Ingress(wiring.Component):
@@ -75,9 +99,8 @@ class Ingress(wiring.Component):
         # A header entry goes to the queue once the gearbox has handed over its frame's last
         # beat; meanwhile the next frame's payload waits, so the gearbox empties.
         entry = queue.i_header.payload
-        for name, _ in H.PACKET_HEADER:
-            m.d.comb += getattr(entry, name).eq(getattr(parser.header.payload, name))
         header = parser.header.payload
+        _copy(m, entry, header)
         droppable = ((header.bth.opcode == H.OP_CONTRIBUTION)
                      & H.REQUEST_IMM(header.immdt.data).droppable)
         congested = queue.level >= Array(self.thresholds)[header.ip.dscp[3:]]

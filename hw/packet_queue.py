@@ -12,7 +12,8 @@ order. Latency: a committed payload beat leaves two cycles after its header arri
 per cycle in and out.
 
 `capacity` is in bytes of payload; the header FIFO holds `headers` entries, of
-`header_layout` (`hw.headers.PACKET_HEADER`, or a layout that has its fields and more).
+`header_layout` (`hw.headers.PACKET_HEADER`, or any layout with its `verdict` and
+`payload_length`).
 """
 
 from amaranth import Module, Signal, unsigned

@@ -17,8 +17,10 @@ length against IPv4; PadCnt and the lengths the opcode class allows; the ICRC.
 Throughput: one beat per cycle. A payload beat goes out in the cycle of the frame beat that
 completes it; when a frame's last beat completes two payload beats, the second goes out in
 the next cycle, in parallel with the next frame's first beat, which never completes a payload
-beat unless that frame is a single beat (then the input waits one cycle). The header entry
-goes out the cycle after the frame's last beat, or after the payload's final beat.
+beat unless that frame is a single beat (then the input waits one cycle). The verdict and
+the header entry are made from registered header bytes in the cycle after the frame's last
+beat, and the entry goes out in the cycle after that, or after the payload's final beat; a
+frame's last beat waits while the previous frame is being judged.
 """
 
 from amaranth import Cat, Const, Module, Mux, Signal, unsigned
@@ -55,51 +57,59 @@ class Parser(wiring.Component):
         fire = self.i.valid & self.i.ready
         index = beat_index(m, fire, beat.last)
 
-        # The first MAX_HEADER_LENGTH bytes: registered as they pass, seen combinationally
-        # in the beat that brings them.
+        # The first MAX_HEADER_LENGTH bytes, registered as they pass. The verdict and the
+        # header entry are made from these in the cycle after the frame's last beat
+        # (`judging`), when all of them are in. The payload's placement needs a few of them
+        # earlier (`live`: from the beat that brings them, else from the registers).
         cap_beats = -(-H.MAX_HEADER_LENGTH // nb)
         captured = Signal(unsigned(cap_beats * nb * 8))
-        seen = Signal(unsigned(8 * H.MAX_HEADER_LENGTH))
-        for k in range(cap_beats):
-            lo, hi = k * self.width, min((k + 1) * self.width, len(seen))
-            m.d.comb += seen[lo:hi].eq(Mux(index == k, beat.data[: hi - lo], captured[lo:hi]))
-        now = [seen[8 * p : 8 * p + 8] for p in range(H.MAX_HEADER_LENGTH)]
         for k in range(cap_beats):
             with m.If(fire & (index == k)):
                 m.d.sync += captured[k * self.width : (k + 1) * self.width].eq(beat.data)
+        held = [captured[8 * p : 8 * p + 8] for p in range(H.MAX_HEADER_LENGTH)]
 
-        def view(layout, offset):
-            return H.from_wire(layout, now[offset : offset + layout.size // 8])
+        def live(p):
+            return Mux(index == p // nb, beat.data.word_select(p % nb, 8), held[p])
 
-        eth = view(H.ETHERNET, H.ETH_OFFSET)
-        ip = view(H.IPV4, H.IPV4_OFFSET)
-        udp = view(H.UDP, H.UDP_OFFSET)
-        bth = view(H.BTH, H.BTH_OFFSET)
+        def view(layout, offset, byte=held.__getitem__):
+            return H.from_wire(layout, [byte(p) for p in range(offset, offset + layout.size // 8)])
 
-        # The opcode's class decides where the payload starts.
-        rom = Memory(shape=4, depth=256, init=[int(c.value) for c in H.opclass_rom()])
-        m.submodules.opclass_rom = rom
-        rom_read = rom.read_port(domain="comb")
-        m.d.comb += rom_read.addr.eq(bth.opcode)
-        supported = rom_read.data[3]
-        opclass = rom_read.data[:3]
-        ext_length, start_first, shift = H.payload_start(m, opclass, nb)
+        def opcode_class(opcode, name):
+            """(supported, class) of an opcode, from a ROM."""
+            rom = Memory(shape=4, depth=256, init=[int(c.value) for c in H.opclass_rom()])
+            m.submodules[f"{name}_rom"] = rom
+            read = rom.read_port(domain="comb")
+            m.d.comb += read.addr.eq(opcode)
+            return read.data[3], read.data[:3]
 
-        # Lengths. padded = payload + pad, from the UDP length.
+        def lengths(udp, bth, opclass, name):
+            """(padded: payload + pad, from the UDP length; payload length; extension
+            headers' length, beat and lane where the payload starts)."""
+            ext_length, start_first, shift = H.payload_start(m, opclass, nb)
+            padded = Signal(unsigned(17), name=f"{name}_padded")
+            payload_length = Signal(unsigned(16), name=f"{name}_payload_length")
+            m.d.comb += [
+                padded.eq(udp.length - fixed - ext_length),
+                payload_length.eq(padded - bth.padcnt),
+            ]
+            return padded, payload_length, ext_length, start_first, shift
+
         fixed = H.UDP.length + H.BTH.length + H.ICRC_LENGTH
-        padded = Signal(unsigned(17))
-        payload_length = Signal(unsigned(16))
-        m.d.comb += [
-            padded.eq(udp.length - fixed - ext_length),
-            payload_length.eq(padded - bth.padcnt),
-        ]
-        region_end = Signal(unsigned(17))
-        m.d.comb += region_end.eq(H.IPV4_OFFSET + ip.total_length)
-        total_length_known = index >= (H.IPV4_OFFSET + 3) // nb
+
+        # For the payload, as the frame's beats pass.
+        udp_live, bth_live = view(H.UDP, H.UDP_OFFSET, live), view(H.BTH, H.BTH_OFFSET, live)
+        _, opclass_live = opcode_class(bth_live.opcode, "live")
+        _, payload_length, _, start_first, shift = lengths(
+            udp_live, bth_live, opclass_live, "live")
+
         if self.icrc == "mac":
             icrc_good = beat.icrc_ok
         else:
             m.submodules.icrc = icrc = IcrcEngine(self.width)
+            ip_live = view(H.IPV4, H.IPV4_OFFSET, live)
+            region_end = Signal(unsigned(17))
+            m.d.comb += region_end.eq(H.IPV4_OFFSET + ip_live.total_length)
+            total_length_known = index >= (H.IPV4_OFFSET + 3) // nb
             m.d.comb += [
                 icrc.valid.eq(fire),
                 icrc.data.eq(beat.data),
@@ -112,14 +122,28 @@ class Parser(wiring.Component):
                 m.d.sync += icrc_seen_ok.eq(icrc.ok)
             icrc_good = Mux(icrc.in_region_end, icrc.ok, icrc_seen_ok)
 
-        # Frame length on the last beat.
+        # What the last beat tells, kept for the judging cycle.
+        judging = Signal()
         frame_length = Signal(unsigned(17))
-        m.d.comb += frame_length.eq(index * nb + sum(beat.keep))
+        too_long = Signal()
+        icrc_ok = Signal()
+        m.d.sync += judging.eq(fire & beat.last)
+        with m.If(fire & beat.last):
+            m.d.sync += [frame_length.eq(index * nb + sum(beat.keep)),
+                         too_long.eq(index == 0xFFFF), icrc_ok.eq(icrc_good)]
+
+        eth = view(H.ETHERNET, H.ETH_OFFSET)
+        ip = view(H.IPV4, H.IPV4_OFFSET)
+        udp = view(H.UDP, H.UDP_OFFSET)
+        bth = view(H.BTH, H.BTH_OFFSET)
+        supported, opclass = opcode_class(bth.opcode, "opclass")
+        padded, judged_length, ext_length, _, _ = lengths(udp, bth, opclass, "judged")
 
         verdict = Signal(H.Verdict)
-        checksum_ok = H.ipv4_checksum_sum(now[H.IPV4_OFFSET : H.UDP_OFFSET]) == 0xFFFF
+        checksum_ok = H.ipv4_checksum_sum(held[H.IPV4_OFFSET : H.UDP_OFFSET]) == 0xFFFF
         fragmented = ip.flags[0] | (ip.fragment_offset != 0)   # MF bit, or an offset
-        ip_end = region_end
+        ip_end = Signal(unsigned(17))
+        m.d.comb += ip_end.eq(H.IPV4_OFFSET + ip.total_length)
         length_ok = (frame_length == ip_end) | (
             (frame_length == MIN_ETHERNET_FRAME) & (ip_end < MIN_ETHERNET_FRAME))
         no_payload = (opclass == H.OpClass.READ_REQ) | (opclass == H.OpClass.ACK)
@@ -145,23 +169,23 @@ class Parser(wiring.Component):
             m.d.comb += verdict.eq(V.NOT_ROCE)
         with m.Elif(~supported):
             m.d.comb += verdict.eq(V.BAD_OPCODE)
-        with m.Elif((frame_length < ip_end) | (index == 0xFFFF)):
+        with m.Elif((frame_length < ip_end) | too_long):
             m.d.comb += verdict.eq(V.TRUNCATED)
         with m.Elif(~length_ok | (udp.length != ip.total_length - H.IPV4.length) |
                     (udp.length < fixed + ext_length) | (padded[:2] != 0) |
                     (padded < bth.padcnt) | (no_payload & (padded != 0))):
             m.d.comb += verdict.eq(V.BAD_LENGTH)
-        with m.Elif(~icrc_good):
+        with m.Elif(~icrc_ok):
             m.d.comb += verdict.eq(V.BAD_ICRC)
         with m.Else():
             m.d.comb += verdict.eq(V.OK)
 
-        # The header entry, registered on the last beat.
+        # The header entry, registered in the judging cycle.
         entry = Signal(H.PACKET_HEADER)
         m.d.comb += [
             entry.eth.eq(eth), entry.ip.eq(ip), entry.udp.eq(udp), entry.bth.eq(bth),
             entry.opclass.eq(opclass), entry.verdict.eq(verdict),
-            entry.payload_length.eq(Mux(verdict == V.OK, payload_length, 0)),
+            entry.payload_length.eq(Mux(verdict == V.OK, judged_length, 0)),
         ]
         with m.Switch(opclass):
             with m.Case(H.OpClass.RETH, H.OpClass.READ_REQ):
@@ -237,13 +261,14 @@ class Parser(wiring.Component):
         # cycle) to take a last beat, and a payload beat can go only when no tail is waiting
         # and the sink takes it. An entry waiting behind a tail beat is not leaving yet,
         # whatever `header.ready` says.
-        header_free = ~header_pending | (self.header.valid & self.header.ready)
+        header_free = ~judging & (~header_pending | (self.header.valid & self.header.ready))
+        beat_may_go = ~beat.last | header_free
         m.d.comb += self.i.ready.eq(
-            (~beat.last | header_free) & (~send_now | (~pending & self.payload.ready)))
+            beat_may_go & (~send_now | (~pending & self.payload.ready)))
         with m.If(pending):
             m.d.comb += [self.payload.valid.eq(1), self.payload.payload.eq(pending_beat)]
         with m.Else():
-            m.d.comb += [self.payload.valid.eq(self.i.valid & send_now),
+            m.d.comb += [self.payload.valid.eq(self.i.valid & send_now & beat_may_go),
                          self.payload.payload.eq(send)]
         with m.If(pending & self.payload.ready):
             m.d.sync += pending.eq(0)
@@ -253,6 +278,6 @@ class Parser(wiring.Component):
         m.d.comb += self.header.valid.eq(header_pending & ~pending)
         with m.If(self.header.valid & self.header.ready):
             m.d.sync += header_pending.eq(0)
-        with m.If(fire & beat.last):
+        with m.If(judging):
             m.d.sync += [header_pending.eq(1), self.header.payload.eq(entry)]
         return m
