@@ -14,8 +14,17 @@ ARP answers with from power-up.
 
 from dataclasses import dataclass, field
 
-from amaranth import (ClockDomain, ClockSignal, Const, Elaboratable, Instance, Module, Mux,
-                      ResetSignal, Signal)
+from amaranth import (
+    ClockDomain,
+    ClockSignal,
+    Const,
+    Elaboratable,
+    Instance,
+    Module,
+    Mux,
+    ResetSignal,
+    Signal,
+)
 from amaranth.lib.cdc import ResetSynchronizer
 
 from hw.mac import Mac
