@@ -14,17 +14,7 @@ ARP answers with from power-up.
 
 from dataclasses import dataclass, field
 
-from amaranth import (
-    ClockDomain,
-    ClockSignal,
-    Const,
-    Elaboratable,
-    Instance,
-    Module,
-    Mux,
-    ResetSignal,
-    Signal,
-)
+from amaranth import ClockDomain, ClockSignal, Const, Elaboratable, Instance, Module, Mux, Signal
 from amaranth.lib.cdc import ResetSynchronizer
 
 from hw.mac import Mac
@@ -135,14 +125,7 @@ class SwitchBoard(Elaboratable):
         m.d.comb += [ClockSignal("sync").eq(pll.clkos), ClockSignal("eth_tx").eq(pll.clkop)]
         platform.add_clock_constraint(pll.clkop, ETH_HZ)
         platform.add_clock_constraint(pll.clkos, VCO_HZ / pll.clkos_div)
-        # The core's reset reaches most of its ~15k flip-flops: synchronised to the core clock
-        # in a domain of its own, then driven onto a global network (DCCA), so that it does
-        # not take general routing from every slice of the design.
-        m.domains.sync_reset = ClockDomain("sync_reset")
-        m.d.comb += ClockSignal("sync_reset").eq(pll.clkos)
-        m.submodules.sync_reset = ResetSynchronizer(~pll.locked, domain="sync_reset")
-        m.submodules.sync_reset_global = Instance(
-            "DCCA", i_CLKI=ResetSignal("sync_reset"), i_CE=1, o_CLKO=ResetSignal("sync"))
+        m.submodules.sync_reset = ResetSynchronizer(~pll.locked, domain="sync")
         m.submodules.eth_tx_reset = ResetSynchronizer(~pll.locked, domain="eth_tx")
 
         # About 10 ms of PHY reset after lock, then the ports start.
