@@ -16,7 +16,9 @@ script ``&sweep; &dc2; &if -W 300`` (about 3 times faster, within 1 % of the LUT
 deparser; classic ``abc -lut 4:7`` was faster still but took twice the LUTs on the XOR
 networks of the ICRC) and lets synth_ecp5 finish; ``--abc9`` keeps the default. nextpnr
 routes with router2 (router1 took over 20 minutes on the Versa) and is stopped, with a
-report that says so, after ``--nextpnr-limit`` seconds.
+report that says so, after ``--nextpnr-limit`` seconds, or as soon as its estimate after
+placement shows a clock missing its constraint (routing only adds delay; ``--route-anyway``
+routes all the same).
 
 The tools come from PyPI (YoWASP): the first call of each compiles its WebAssembly, which
 takes a minute or more and is cached (under ~/.cache/yowasp); later builds start at once.
@@ -100,6 +102,28 @@ def utilisation_from_log(directory: Path) -> dict:
     return {key: used.get(bel, {"used": 0, "available": 0}) for key, bel in RESOURCES.items()}
 
 
+def _reason_to_stop(directory: Path, phase: str, seconds: float, nextpnr_limit: float,
+                    stop_early: bool):
+    """Why nextpnr should be stopped now (`seconds` into its run), or None."""
+    if phase != "nextpnr":
+        return None
+    over = [f"{key} {r['used']}/{r['available']}"
+            for key, r in utilisation_from_log(directory).items() if r["used"] > r["available"]]
+    if over:
+        return f"does not fit: {', '.join(over)} (nextpnr stopped before placement)"
+    short = [f"{clock} {fmax:.1f}/{constraint:.1f} MHz"
+             for clock, (fmax, constraint) in fmax_from_log(directory).items()
+             if fmax < constraint] if stop_early else []
+    if short:
+        return (f"timing fails after placement: {', '.join(short)} (nextpnr stopped before "
+                f"routing, which only adds delay; --route-anyway routes)")
+    if seconds > nextpnr_limit:
+        return (f"nextpnr stopped after {seconds:.0f} s, the time limit (--nextpnr-limit "
+                f"{nextpnr_limit:.0f}): placement or routing did not finish; Fmax below is "
+                f"nextpnr's last estimate")
+    return None
+
+
 def report(target, directory: Path, seconds: float) -> dict:
     from .top import WIDTH
 
@@ -129,7 +153,7 @@ def report(target, directory: Path, seconds: float) -> dict:
 
 
 def build(name: str, console: Console, *, abc9: bool = False,
-          nextpnr_limit: float = NEXTPNR_LIMIT) -> dict:
+          nextpnr_limit: float = NEXTPNR_LIMIT, stop_early: bool = True) -> dict:
     from .top import SwitchBoard
 
     target = importlib.import_module(f"bitstreams.{name}").TARGET
@@ -160,21 +184,11 @@ def build(name: str, console: Console, *, abc9: bool = False,
                 now = time.monotonic()
                 phase = _phase(directory)
                 phases.setdefault(phase, now)
-                over = [f"{key} {r['used']}/{r['available']}"
-                        for key, r in utilisation_from_log(directory).items()
-                        if r["used"] > r["available"]] if phase == "nextpnr" else []
-                if over:
+                stopped = _reason_to_stop(directory, phase, now - phases[phase],
+                                          nextpnr_limit, stop_early)
+                if stopped:
                     os.killpg(process.pid, signal.SIGTERM)
                     process.wait()
-                    stopped = (f"does not fit: {', '.join(over)} (nextpnr stopped before "
-                               f"placement)")
-                    break
-                if phase == "nextpnr" and now - phases[phase] > nextpnr_limit:
-                    os.killpg(process.pid, signal.SIGTERM)
-                    process.wait()
-                    stopped = (f"nextpnr stopped after {now - phases[phase]:.0f} s, the time "
-                               f"limit (--nextpnr-limit {nextpnr_limit:.0f}): placement or "
-                               f"routing did not finish; Fmax below is nextpnr's last estimate")
                     break
                 status.update(f"[bold]{name}[/]: {phase} ({now - start:.0f} s; "
                               f"log in {(directory / 'build.log').relative_to(ROOT)})")
@@ -239,6 +253,8 @@ def main(argv=None):
     parser.add_argument("--nextpnr-limit", type=float, default=NEXTPNR_LIMIT,
                         metavar="SECONDS", help="stop nextpnr after this long "
                         f"(default {NEXTPNR_LIMIT})")
+    parser.add_argument("--route-anyway", action="store_true",
+                        help="route even when a clock misses its constraint after placement")
     args = parser.parse_args(argv)
     unknown = set(args.boards) - set(BOARDS)
     if unknown:
@@ -246,7 +262,8 @@ def main(argv=None):
     console = Console()
     console.print("The first call of each YoWASP tool compiles its WebAssembly (a minute or "
                   "more, cached); later builds start at once.")
-    results = [build(name, console, abc9=args.abc9, nextpnr_limit=args.nextpnr_limit)
+    results = [build(name, console, abc9=args.abc9, nextpnr_limit=args.nextpnr_limit,
+                     stop_early=not args.route_anyway)
                for name in (args.boards or BOARDS)]
     summary(results, console)
     ok = all(not r.get("failed") and r["timing_met"] for r in results)

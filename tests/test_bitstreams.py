@@ -1,0 +1,41 @@
+"""The bitstream flow's reading of nextpnr's log (bitstreams/build.py): when it stops nextpnr,
+and what it reports, from log lines in nextpnr's own format."""
+
+from bitstreams.build import _reason_to_stop, fmax_from_log, utilisation_from_log
+
+UTILISATION = """Info: Device utilisation:
+Info: \t          TRELLIS_IO:      35/    197    17%
+Info: \t              DP16KD:      42/     56    75%
+Info: \t          TRELLIS_FF:   14283/  24288    58%
+Info: \t        TRELLIS_COMB:   {comb}/  24288    93%
+"""
+PLACED = (
+    "Info: Max frequency for clock       '$glbnet$clk_eth_tx': {tx} MHz ({verdict} at 125.00 MHz)\n"
+    "Info: Max frequency for clock         '$glbnet$clk_core': 31.39 MHz (PASS at 25.00 MHz)\n"
+)
+
+
+def _log(tmp_path, text):
+    (tmp_path / "top.tim").write_text(text)
+    return tmp_path
+
+
+def test_stops_a_design_that_does_not_fit(tmp_path):
+    d = _log(tmp_path, UTILISATION.format(comb=28832))
+    assert utilisation_from_log(d)["luts"] == {"used": 28832, "available": 24288}
+    assert "does not fit: luts 28832/24288" in _reason_to_stop(d, "nextpnr", 10, 1800, True)
+    assert _reason_to_stop(d, "yosys", 10, 1800, True) is None
+
+
+def test_stops_when_placement_misses_a_clock(tmp_path):
+    d = _log(tmp_path, UTILISATION.format(comb=22771) + PLACED.format(tx="97.83", verdict="FAIL"))
+    assert fmax_from_log(d) == {"clk_eth_tx": (97.83, 125.0), "clk_core": (31.39, 25.0)}
+    reason = _reason_to_stop(d, "nextpnr", 10, 1800, True)
+    assert "timing fails after placement: clk_eth_tx 97.8/125.0 MHz" in reason
+    assert _reason_to_stop(d, "nextpnr", 10, 1800, False) is None      # --route-anyway
+
+
+def test_routes_when_placement_meets_every_clock(tmp_path):
+    d = _log(tmp_path, UTILISATION.format(comb=24152) + PLACED.format(tx="179.60", verdict="PASS"))
+    assert _reason_to_stop(d, "nextpnr", 10, 1800, True) is None
+    assert "time limit" in _reason_to_stop(d, "nextpnr", 1801, 1800, True)
