@@ -12,8 +12,9 @@ Size: one job of up to four workers, 16 slots, 16 header entries per ingress que
 in the MACs: 24,152 LUT4 positions of 43,848 (55 %), 14,951 flip-flops, 42 of 108 block RAMs.
 After placement every clock meets its constraint (core 45.2 MHz against 25, eth_tx 179.6,
 eth0_rx 133.7, eth1_rx 157.5). Routing does not finish: router2's overused wires fall to
-about 2,000 and stop there (2,200 at 69 % before the ICRC moved to the MACs, 5,400 at 76 %,
-15,000 at 81 %), and router1 stalls near 38,000 unrouted arcs. Router2's congestion map
+about 3,100 by its 12th pass and then rise again (they stopped near 2,200 at 69 % before the
+ICRC moved to the MACs, 5,400 at 76 %, 15,000 at 81 %), and router1 stalls near 38,000
+unrouted arcs. Router2's congestion map
 (``--router2-heatmap``) puts the overuse in a band down the middle of the device, where the
 analytic placer packs the design; ``--placer-heap-beta`` did not change its placement.
 """
