@@ -11,7 +11,7 @@ line rate. Parameters: `ports` (2..16), `width` (64..512), `jobs`, `max_workers`
 `slots` (per version), `max_payload` (bytes of int32 lanes), and the ingress queue's and the
 egress ring's capacity in bytes (at most 32 KB per port: the priority-drop thresholds are 16
 bits), and the number of committed header entries an ingress queue holds (`header_entries`,
-32: the entries are kept in LUT RAM, about 170 LUT RAM cells per 16 entries on an ECP5),
+32: the entries are kept in LUT RAM, about 116 LUT RAM cells per 16 entries on an ECP5),
 and where the ICRC is checked and computed (`icrc`): by an engine in each port's parser and
 deparser ("engine"), or by the MACs in front of the ports ("mac": `hw.mac.Mac` with
 ``icrc=True``; the rx beats then carry the MAC's ``icrc_ok``, and frames leave with four zero
