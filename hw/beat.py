@@ -22,6 +22,14 @@ def check_width(width: int) -> int:
     return width
 
 
+def check_icrc(icrc: str) -> str:
+    """Where a stage's ICRC is done: "engine" (`hw.icrc`, in the stage) or "mac" (by the MAC in
+    front of the port, the beats then checked)."""
+    if icrc not in ("engine", "mac"):
+        raise ValueError(f"icrc must be 'engine' or 'mac', not {icrc!r}")
+    return icrc
+
+
 def check_wide_width(width: int) -> int:
     """Widths inside the switch, where ports' beats are gathered, may be wider."""
     if not isinstance(width, int) or width < 64 or width & (width - 1):

@@ -19,16 +19,14 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from . import headers as H
-from .beat import FrameStream, beat_index, check_width
+from .beat import FrameStream, beat_index, check_icrc, check_width
 from .icrc import IcrcEngine
 
 
 class Deparser(wiring.Component):
     def __init__(self, width: int, icrc: str = "engine"):
         self.width = check_width(width)
-        if icrc not in ("engine", "mac"):
-            raise ValueError(f"icrc must be 'engine' or 'mac', not {icrc!r}")
-        self.icrc = icrc
+        self.icrc = check_icrc(icrc)
         super().__init__({
             "header": In(stream.Signature(H.PACKET_HEADER)),
             "payload": In(FrameStream(width)),

@@ -234,6 +234,7 @@ class IcrcFill(wiring.Component):
                 m.d.sync += [ended.eq(0), position.eq(0), roce.eq(1)]
         return m
 
+
 class FrameBuffer(wiring.Component):
     """A ring of `depth` entries of `shape` (a layout with a ``last`` field) that lets out
     only whole frames.

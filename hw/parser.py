@@ -29,7 +29,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from . import headers as H
-from .beat import BeatLayout, FrameStream, beat_index, check_width
+from .beat import BeatLayout, FrameStream, beat_index, check_icrc, check_width
 from .icrc import IcrcEngine
 
 MIN_ETHERNET_FRAME = 60  # without FCS: shorter frames arrive padded to this length
@@ -41,9 +41,7 @@ class Parser(wiring.Component):
 
     def __init__(self, width: int, icrc: str = "engine"):
         self.width = check_width(width)
-        if icrc not in ("engine", "mac"):
-            raise ValueError(f"icrc must be 'engine' or 'mac', not {icrc!r}")
-        self.icrc = icrc
+        self.icrc = check_icrc(icrc)
         super().__init__({
             "i": In(FrameStream(width, checked=icrc == "mac")),
             "header": Out(stream.Signature(H.PACKET_HEADER)),

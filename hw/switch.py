@@ -25,7 +25,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .aggregator import Aggregator
-from .beat import FrameStream, check_width
+from .beat import FrameStream, check_icrc, check_width
 from .control import PORT_EVENTS, Control
 from .egress import Egress
 from .ingress import TIME_WIDTH, Ingress
@@ -83,9 +83,7 @@ class Switch(wiring.Component):
             raise ValueError("the ingress queue holds at most 32 KB (16-bit thresholds)")
         self.queue_capacity, self.egress_capacity = queue_capacity, egress_capacity
         self.header_entries = header_entries
-        if icrc not in ("engine", "mac"):
-            raise ValueError(f"icrc must be 'engine' or 'mac', not {icrc!r}")
-        self.icrc = icrc
+        self.icrc = check_icrc(icrc)
         super().__init__({
             "rx": In(FrameStream(width, checked=icrc == "mac")).array(ports),
             "tx": Out(FrameStream(width)).array(ports),
