@@ -8,9 +8,12 @@ and every egress port read it without waiting. Each job also counts the uses it 
 raises `cleared` for the aggregator to clear the job's slots. The priority-drop thresholds
 (one per priority class) are shown on `thresholds` for the ingress ports.
 
-Counters count pulses from the stages (`port_events`, `job_events`, `results`) or show the
-packet queues' drop counters; all are 32 bits and wrap. A record is applied in the cycle
-`record.en` is high; `record.rdata` shows the addressed register, combinationally.
+Counters count pulses from the stages (`port_events`, `job_events`, `results`) and the
+packet queues' drops (`queue_dropped`); all are 32 bits and wrap, and live in a block RAM
+(`hw.counters.CounterBank`), not in flip-flops behind a read mux. A record is applied in the
+cycle `record.en` is high; `rdata` shows the addressed register combinationally, except that a
+counter's value comes a cycle after its address, with every event up to that first cycle:
+the aggregator holds a record's address for two cycles (apply, then read back).
 """
 
 from amaranth import Cat, Const, Module, Mux, Signal
@@ -18,8 +21,8 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from . import regmap as R
+from .counters import CounterBank
 from .headers import Verdict
-from .packet_queue import COUNTER_WIDTH
 
 JOB = data.StructLayout({
     "enable": 1, "workers": 6, "slot_base": 16, "slot_count": 16,
@@ -56,7 +59,7 @@ class Control(wiring.Component):
             "port_events": In(len(PORT_EVENTS)).array(ports),
             "job_events": In(len(JOB_EVENTS)).array(jobs),
             "results": In(range(ports + 1)).array(jobs),
-            "queue_drops": In(COUNTER_WIDTH).array(ports * len(Verdict)),
+            "queue_dropped": In(len(Verdict)).array(ports),   # by verdict
         })
 
     def elaborate(self, platform):
@@ -111,30 +114,37 @@ class Control(wiring.Component):
         for i, w in enumerate(workers):
             m.d.comb += self.worker[i].eq(w)
 
-        # Counters.
-        port_counters, job_counters = {}, {}
+        # Counters, in a bank of 16 per port and 16 per job: the counter `name` of port p is
+        # at p * 16 + PORT_COUNTERS.index(name), that of job j at (ports + j) * 16 + ...
+        port_steps = [1] * len(R.PORT_COUNTERS)
+        job_steps = [self.ports if name == "results" else 1 for name in R.JOB_COUNTERS]
+        pad = ([0] * (16 - len(port_steps)), [0] * (16 - len(job_steps)))
+        steps = (port_steps + pad[0]) * self.ports + (job_steps + pad[1]) * self.jobs
+        m.submodules.counters = counters = CounterBank(steps)
         for p in range(self.ports):
-            for name in R.PORT_COUNTERS:
+            for k, name in enumerate(R.PORT_COUNTERS):
                 if name in VERDICT_COUNTERS:
-                    value = self.queue_drops[p * len(Verdict) + VERDICT_COUNTERS[name]]
+                    event = self.queue_dropped[p][VERDICT_COUNTERS[name]]
                 else:
-                    value = Signal(COUNTER_WIDTH, name=f"port{p}_{name}")
-                    with m.If(self.port_events[p][PORT_EVENTS.index(name)]):
-                        m.d.sync += value.eq(value + 1)
-                port_counters[p, name] = value
-                regs.append((R.port_counter(p, name), value, None))
+                    event = self.port_events[p][PORT_EVENTS.index(name)]
+                m.d.comb += counters.step[16 * p + k].eq(event)
         for j in range(self.jobs):
-            for name in R.JOB_COUNTERS:
-                value = Signal(COUNTER_WIDTH, name=f"job{j}_{name}")
-                if name == "results":
-                    m.d.sync += value.eq(value + self.results[j])
-                else:
-                    with m.If(self.job_events[j][JOB_EVENTS.index(name)]):
-                        m.d.sync += value.eq(value + 1)
-                job_counters[j, name] = value
-                regs.append((R.job_counter(j, name), value, None))
+            for k, name in enumerate(R.JOB_COUNTERS):
+                step = (self.results[j] if name == "results"
+                        else self.job_events[j][JOB_EVENTS.index(name)])
+                m.d.comb += counters.step[16 * (self.ports + j) + k].eq(step)
+        addr = rec.addr
+        group, number = addr[5:13], addr[:5]
+        port_counter = ((addr[13:16] == R.PORT_COUNTERS_BASE >> 13) & (group < self.ports)
+                        & (number < len(R.PORT_COUNTERS)))
+        job_counter = ((addr[13:16] == R.JOB_COUNTERS_BASE >> 13) & (group < self.jobs)
+                       & (number < len(R.JOB_COUNTERS)))
+        m.d.comb += counters.addr.eq(
+            Cat(number[:4], Mux(port_counter, group, group + self.ports)))
 
         # Records: read any register; write the writable ones.
+        with m.If(port_counter | job_counter):
+            m.d.comb += self.rdata.eq(counters.data)
         with m.Switch(rec.addr):
             for addr, value, field in regs:
                 with m.Case(addr):

@@ -7,9 +7,9 @@ destination: for a result, each worker of the descriptor's `dests` whose job-tab
 names this port, in rank order, from the same stored payload; for a control reply, the one
 requester. Each packet's header entry is built from the job table (worker MAC, IP, UDP port,
 QPN, R_Key, base address + offset; the PSN is the job's credit limit, from the descriptor)
-or, for a reply, from the
-request's addresses swapped, and goes with the payload (through a `Narrow` gearbox) to the
-`Deparser`, which computes lengths, checksum and ICRC.
+or, for a reply, from the request's addresses swapped (`reply_to`, which the aggregator holds
+until `reply_sent`), and goes with the payload (through a `Narrow` gearbox) to the `Deparser`,
+which computes lengths, checksum and ICRC.
 
 Throughput: the deparser's, one beat per cycle, no gap between packets when the payload is
 stored. Latency: the first beat of a packet leaves 3 cycles after its payload's last beat
@@ -23,7 +23,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from . import headers as H
-from .aggregator import egress_beat, result_descriptor
+from .aggregator import REPLY_TO, egress_beat, result_descriptor
 from .beat import BeatLayout, FrameStream
 from .deparser import Deparser
 from .gearbox import Narrow
@@ -41,6 +41,8 @@ class Egress(wiring.Component):
             raise ValueError(f"egress capacity {capacity} must be a power of two of 2+ beats")
         super().__init__({
             "i": In(stream.Signature(egress_beat(wide, ports, max_workers))),
+            "reply_to": In(REPLY_TO),             # the control reply's addresses
+            "reply_sent": Out(1),                 # its header went to the deparser
             "o": Out(FrameStream(width)),
             "sent": Out(1),                       # a packet's header went to the deparser
             "result_job": Out(range(max(jobs, 2))),
@@ -100,6 +102,7 @@ class Egress(wiring.Component):
         worker = Array(ctl.worker)[worker_index]
 
         header = Signal(H.PACKET_HEADER)
+        reply_to = self.reply_to
         m.d.comb += [
             header.eth.ethertype.eq(H.ETHERTYPE_IPV4),
             header.ip.version.eq(4), header.ip.ihl.eq(5), header.ip.flags.eq(H.IP_FLAGS_DF),
@@ -109,9 +112,9 @@ class Egress(wiring.Component):
         m.d.comb += header.bth.psn.eq(desc.psn)
         with m.If(desc.control):
             m.d.comb += [
-                header.eth.dst.eq(desc.eth_src), header.eth.src.eq(desc.eth_dst),
-                header.ip.src.eq(desc.ip_dst), header.ip.dst.eq(desc.ip_src),
-                header.udp.src_port.eq(desc.udp_dst), header.udp.dst_port.eq(desc.udp_src),
+                header.eth.dst.eq(reply_to.eth_src), header.eth.src.eq(reply_to.eth_dst),
+                header.ip.src.eq(reply_to.ip_dst), header.ip.dst.eq(reply_to.ip_src),
+                header.udp.src_port.eq(reply_to.udp_dst), header.udp.dst_port.eq(reply_to.udp_src),
                 header.bth.opcode.eq(H.OP_CONTROL), header.bth.dqpn.eq(H.CONTROL_QPN),
                 header.opclass.eq(H.OpClass.NONE),
             ]
@@ -151,7 +154,8 @@ class Egress(wiring.Component):
             self.result_job.eq(desc.job),
         ]
         sent = deparser.header.valid & deparser.header.ready
-        m.d.comb += [self.sent.eq(sent), self.result.eq(sent & ~desc.control)]
+        m.d.comb += [self.sent.eq(sent), self.result.eq(sent & ~desc.control),
+                     self.reply_sent.eq(sent & desc.control)]
         with m.If(sent):
             m.d.sync += [header_sent.eq(1), read_ptr.eq(head.start), to_read.eq(head.beats)]
         done_reading = header_sent & (to_read == 0)

@@ -26,7 +26,7 @@ from . import headers as H
 from . import regmap as R
 from .beat import FrameStream, check_width
 from .gearbox import Widen
-from .packet_queue import COUNTER_WIDTH, PacketQueue
+from .packet_queue import PacketQueue
 from .parser import Parser
 
 TIME_WIDTH = 32
@@ -78,7 +78,7 @@ class Ingress(wiring.Component):
             "thresholds": In(16).array(R.PRIORITY_CLASSES),
             "header": Out(stream.Signature(layout)),
             "payload": Out(FrameStream(width * factor)),
-            "drops": Out(unsigned(COUNTER_WIDTH)).array(len(H.Verdict)),
+            "dropped": Out(len(H.Verdict)),       # a frame dropped, by verdict (a pulse)
             "committed": Out(1),
             "nulled": Out(1),
         })
@@ -117,6 +117,5 @@ class Ingress(wiring.Component):
 
         m.d.comb += [self.committed.eq(queue.committed),
                      self.nulled.eq(queue.committed & entry.null)]
-        for mine, theirs in zip(self.drops, queue.drops):
-            m.d.comb += mine.eq(theirs)
+        m.d.comb += self.dropped.eq(queue.dropped)
         return m

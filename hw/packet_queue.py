@@ -3,7 +3,8 @@
 Takes the parser's payload stream (written as it arrives) and header stream (one entry per
 frame, after its payload). A header whose verdict is OK commits the frame's payload and
 queues the header; any other verdict rewinds the payload written since the last commit, so
-a bad frame leaves nothing behind, and is counted in `drops`, indexed by verdict. A frame
+a bad frame leaves nothing behind, and is counted in `drops`, indexed by verdict (and shown
+on `dropped` in the cycle it is dropped). A frame
 whose payload would not fit in an empty queue is dropped as OVERSIZE. A good header that
 comes with `null` set is queued but its payload is rewound: the frame goes on as a header
 alone (a contribution dropped by priority). `level` is the committed payload not yet read,
@@ -48,6 +49,7 @@ class PacketQueue(wiring.Component):
             "committed": Out(1),   # high in the cycle a frame is committed
             "level": Out(range(capacity + 1)),
             "drops": Out(unsigned(COUNTER_WIDTH)).array(len(H.Verdict)),
+            "dropped": Out(len(H.Verdict)),    # a frame dropped this cycle, by verdict
         })
 
     def elaborate(self, platform):
@@ -116,6 +118,7 @@ class PacketQueue(wiring.Component):
                     with m.Case(v):
                         # An OK frame is only rewound when it overflowed.
                         reason = H.Verdict.OVERSIZE if v == H.Verdict.OK else v
+                        m.d.comb += self.dropped[reason].eq(1)
                         m.d.sync += self.drops[reason].eq(self.drops[reason] + 1)
 
         # Payload out, from the committed region, through the read port's register.

@@ -113,8 +113,7 @@ class Switch(wiring.Component):
             ]
             for c, threshold in enumerate(control.thresholds):
                 m.d.comb += port.thresholds[c].eq(threshold)
-            for v, count in enumerate(port.drops):
-                m.d.comb += control.queue_drops[p * len(port.drops) + v].eq(count)
+            m.d.comb += control.queue_dropped[p].eq(port.dropped)
             ingress.append(port)
 
         m.submodules.arbiter = arbiter = Arbiter(ingress[0].header.payload.shape(), P)
@@ -133,7 +132,9 @@ class Switch(wiring.Component):
                           icrc=self.icrc)
             m.submodules[f"egress{p}"] = port
             wiring.connect(m, port.o, wiring.flipped(self.tx[p]))
+            m.d.comb += port.reply_to.eq(aggregator.reply_to)
             egress.append(port)
+        m.d.comb += aggregator.reply_sent.eq(Cat(*(port.reply_sent for port in egress)).any())
         # A result beat leaves the aggregator when every port it goes to can take it, and
         # only then is it offered to them (an egress port's ready never depends on valid).
         targets = aggregator.egress.payload.ports
