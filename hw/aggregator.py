@@ -157,7 +157,9 @@ class Aggregator(wiring.Component):
         length = a.payload_length
         job_number = imm.job
         job = Array(ctl.job)[job_number[: max(1, (J - 1).bit_length())]]
-        worker = Array(ctl.worker)[job_number * MW + imm.rank]
+        worker_index = job_number * MW + imm.rank
+        worker_ip = Array(ctl.worker_ip)[worker_index]
+        worker_port_number = Array(ctl.worker_port)[worker_index]
         index = Signal(17)
         m.d.comb += index.eq(job.slot_base + imm.slot)
         contribution = a.bth.opcode == H.OP_CONTRIBUTION
@@ -166,19 +168,19 @@ class Aggregator(wiring.Component):
                      & (a.reth.dma_length == length))
         control_length_ok = (length >= 8) & (length <= MAX_CONTROL_PAYLOAD) & (length[:3] == 0)
         job_ok = (job_number < J) & job.enable
-        worker_ok = (imm.rank < job.workers) & (imm.rank < MW) & (worker.ip == a.ip.src)
+        worker_ok = (imm.rank < job.workers) & (imm.rank < MW) & (worker_ip == a.ip.src)
         slot_ok = (imm.slot < job.slot_count) & (index < self.slots)
         ahead = Signal(32)          # the message's distance beyond the job's completed uses
         m.d.comb += ahead.eq(a.reth.rkey - job.completed)
         credit_ok = (job.credits == 0) | (ahead[-1] | (ahead < job.credits))
         completion_ports = Signal(P)
-        rank_ports = [Array(ctl.worker[j * MW + r].port for j in range(J))[job_number]
+        rank_ports = [Array(ctl.worker_port[j * MW + r] for j in range(J))[job_number]
                       for r in range(MW)]
         m.d.comb += completion_ports.eq(Cat(*(
             Cat(*(((rank_ports[r] == p) & (r < job.workers)) for r in range(MW))).any()
             for p in range(P))))
         worker_port = Signal(P)
-        m.d.comb += worker_port.eq(Cat(*((worker.port == p) for p in range(P))))
+        m.d.comb += worker_port.eq(Cat(*((worker_port_number == p) for p in range(P))))
 
         class Look(enum.IntEnum):
             UNHANDLED = 0
@@ -488,7 +490,7 @@ class Aggregator(wiring.Component):
         control_cmd = commands.r_rdy & (c.action == Action.CONTROL)
         with m.If(ctl.cleared):
             m.d.sync += clear_pending.eq(clear_pending | (Const(1, J) << ctl.cleared_job))
-        with m.If(control_cmd & ~holding & ~clearing):
+        with m.If(control_cmd & ~holding & ~clearing & ctl.ready):
             with m.If(~c.has_payload):
                 m.d.comb += pop.eq(1)
             with m.Else():

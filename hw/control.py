@@ -2,22 +2,28 @@
 and the counters, read and written one record at a time by the aggregator when it serves a
 control request.
 
-The job table is kept in flip-flops and shown whole on `jobs`/`workers`, so the aggregator
-and every egress port read it without waiting. Each job also counts the uses it completed
-(`completed`, the base of its credit limit), reset by a write of its CONFIG, which also
-raises `cleared` for the aggregator to clear the job's slots. The priority-drop thresholds
+The jobs' part of the job table is kept in flip-flops and shown whole on `job`, so the
+aggregator and every egress port read it without waiting. The workers' entries (MAC, IP, UDP
+port, QPN, R_Key, base address) are in LUT RAM, one copy per reader (`worker_at` ->
+`worker`, asynchronous): a wide table in flip-flops behind several read muxes is what the
+boards' routing could not fit. Each worker's switch port and IP are also kept in flip-flops
+(`worker_port`, `worker_ip`), for the aggregator's checks. After a reset the entries are
+written 0 one per cycle, and records wait for `ready`. Each job also counts the uses it
+completed (`completed`, the base of its credit limit), reset by a write of its CONFIG, which
+also raises `cleared` for the aggregator to clear the job's slots. The priority-drop thresholds
 (one per priority class) are shown on `thresholds` for the ingress ports.
 
 Counters count pulses from the stages (`port_events`, `job_events`, `results`) and the
 packet queues' drops (`queue_dropped`); all are 32 bits and wrap, and live in a block RAM
 (`hw.counters.CounterBank`), not in flip-flops behind a read mux. A record is applied in the
-cycle `record.en` is high; `rdata` shows the addressed register combinationally, except that a
-counter's value comes a cycle after its address, with every event up to that first cycle:
+cycle `record.en` is high; `rdata` shows the addressed register combinationally, except that
+a counter's value comes a cycle after its address, with every event up to that first cycle:
 the aggregator holds a record's address for two cycles (apply, then read back).
 """
 
 from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from . import regmap as R
@@ -43,16 +49,22 @@ JOB_EVENTS = tuple(c for c in R.JOB_COUNTERS if c != "results")
 
 class Control(wiring.Component):
     def __init__(self, *, ports: int, jobs: int, max_workers: int, slots: int, width: int,
-                 max_payload: int):
+                 max_payload: int, readers: int = 1):
         self.ports, self.jobs, self.max_workers = ports, jobs, max_workers
         self.slots, self.width, self.max_payload = slots, width, max_payload
         entries = jobs * max_workers
         super().__init__({
             "record": In(data.StructLayout({"en": 1, "write": 1, "addr": 16, "wdata": 32})),
             "rdata": Out(32),
+            "ready": Out(1),          # records may be applied (not while starting from reset)
             "mac": Out(48), "ip": Out(32), "udp_sport": Out(16),
             "job": Out(JOB).array(jobs),
-            "worker": Out(WORKER).array(entries),        # job * max_workers + rank
+            # The job table's workers, at job * max_workers + rank: each one's switch port
+            # and IP for the aggregator, and a whole entry for each reader (egress ports).
+            "worker_port": Out(4).array(entries),
+            "worker_ip": Out(32).array(entries),
+            "worker_at": In(range(max(entries, 2))).array(readers),
+            "worker": Out(WORKER).array(readers),
             "thresholds": Out(16).array(R.PRIORITY_CLASSES),
             "cleared": Out(1),                            # a CONFIG write, this cycle
             "cleared_job": Out(range(max(jobs, 2))),
@@ -89,8 +101,6 @@ class Control(wiring.Component):
             m.d.comb += self.thresholds[c].eq(threshold)
             regs.append((R.drop_threshold(c), threshold, threshold))
         jobs = [Signal(JOB, name=f"job{j}") for j in range(self.jobs)]
-        workers = [Signal(WORKER, name=f"worker{j}_{r}")
-                   for j in range(self.jobs) for r in range(self.max_workers)]
         for j, job in enumerate(jobs):
             m.d.comb += self.job[j].eq(job)
             regs += [
@@ -102,17 +112,8 @@ class Control(wiring.Component):
             ]
             with m.If(self.job_events[j][JOB_EVENTS.index("completed")]):
                 m.d.sync += job.completed.eq(job.completed + 1)
-            for r in range(self.max_workers):
-                w = workers[j * self.max_workers + r]
-                for off, value in (
-                    (R.WORKER_PORT, Cat(w.udp_port, w.port)), (R.WORKER_MAC_HI, w.mac[32:]),
-                    (R.WORKER_MAC_LO, w.mac[:32]), (R.WORKER_IP, w.ip), (R.WORKER_QPN, w.qpn),
-                    (R.WORKER_RKEY, w.rkey), (R.WORKER_VA_HI, w.va[32:]),
-                    (R.WORKER_VA_LO, w.va[:32]),
-                ):
-                    regs.append((R.worker_reg(j, r, off), value, value))
-        for i, w in enumerate(workers):
-            m.d.comb += self.worker[i].eq(w)
+
+        self._workers(m, write)
 
         # Counters, in a bank of 16 per port and 16 per job: the counter `name` of port p is
         # at p * 16 + PORT_COUNTERS.index(name), that of job j at (ports + j) * 16 + ...
@@ -164,4 +165,65 @@ class Control(wiring.Component):
                         ]
                         m.d.comb += [self.cleared.eq(1), self.cleared_job.eq(j)]
         return m
+
+    def _workers(self, m, write):
+        """The workers' entries: a LUT RAM with an asynchronous read port for each reader and
+        one for records (a record rewrites the field it addresses in the whole entry), and
+        each worker's port and IP in flip-flops beside it."""
+        MW, entries = self.max_workers, self.jobs * self.max_workers
+        m.submodules.workers = table = Memory(shape=WORKER, depth=max(entries, 2), init=[])
+        table_wr = table.write_port()
+        table_rd = table.read_port(domain="comb")
+        for i in range(len(self.worker)):
+            reader = table.read_port(domain="comb")
+            m.d.comb += [reader.addr.eq(self.worker_at[i]), self.worker[i].eq(reader.data)]
+
+        # The address of a worker register: JOB_BASE + job * JOB_STRIDE + WORKER_BASE
+        # + rank * WORKER_STRIDE + offset.
+        addr, wdata = self.record.addr, self.record.wdata
+        in_job = Signal(16)
+        m.d.comb += in_job.eq(addr - R.JOB_BASE)
+        job = in_job[9:13]
+        rank, offset = in_job[3:9] - (R.WORKER_BASE >> 3), in_job[:3]
+        hit = ((addr >= R.JOB_BASE) & (in_job[13:] == 0) & (job < self.jobs)
+               & (in_job[:9] >= R.WORKER_BASE) & (rank < MW))
+        assert R.JOB_STRIDE == 0x200 and R.WORKER_STRIDE == 8 and R.WORKER_BASE % 8 == 0
+        index = Signal(range(max(entries, 2)))
+        m.d.comb += [index.eq(job * MW + rank), table_rd.addr.eq(index)]
+
+        def fields(w):
+            return {
+                R.WORKER_PORT: Cat(w.udp_port, w.port), R.WORKER_MAC_HI: w.mac[32:],
+                R.WORKER_MAC_LO: w.mac[:32], R.WORKER_IP: w.ip, R.WORKER_QPN: w.qpn,
+                R.WORKER_RKEY: w.rkey, R.WORKER_VA_HI: w.va[32:], R.WORKER_VA_LO: w.va[:32],
+            }
+
+        # Written in the record's first cycle, read back (from the new entry) in its second.
+        # After a reset, every entry is first written 0, one a cycle; records wait (`ready`).
+        old, new = table_rd.data, Signal(WORKER)
+        wiping = Signal(init=1)
+        wiped = Signal(range(max(entries, 2)))
+        m.d.comb += [new.eq(old), self.ready.eq(~wiping)]
+        with m.If(wiping):
+            m.d.comb += [table_wr.addr.eq(wiped), table_wr.data.eq(0), table_wr.en.eq(1)]
+            m.d.sync += wiped.eq(wiped + 1)
+            with m.If(wiped == max(entries, 2) - 1):
+                m.d.sync += wiping.eq(0)
+        with m.Else():
+            m.d.comb += [table_wr.addr.eq(index), table_wr.data.eq(new),
+                         table_wr.en.eq(write & hit)]
+        with m.If(hit):
+            with m.Switch(offset):
+                for number, field in fields(old).items():
+                    with m.Case(number):
+                        m.d.comb += [self.rdata.eq(field), fields(new)[number].eq(wdata)]
+
+        for i in range(entries):
+            port, ip = Signal(4, name=f"worker{i}_port"), Signal(32, name=f"worker{i}_ip")
+            m.d.comb += [self.worker_port[i].eq(port), self.worker_ip[i].eq(ip)]
+            with m.If(write & hit & (index == i)):
+                with m.If(offset == R.WORKER_PORT):
+                    m.d.sync += port.eq(wdata[16:20])
+                with m.If(offset == R.WORKER_IP):
+                    m.d.sync += ip.eq(wdata)
 

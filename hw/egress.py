@@ -91,15 +91,15 @@ class Egress(wiring.Component):
         on_port = Signal(MW)            # the job's ranks whose results leave here
         job = desc.job[:max(1, (J - 1).bit_length())]
         m.d.comb += on_port.eq(Cat(*(
-            Array(ctl.worker[j * MW + r].port for j in range(J))[job] == self.port
+            Array(ctl.worker_port[j * MW + r] for j in range(J))[job] == self.port
             for r in range(MW))))
         remaining = Signal(MW)           # destinations still to send to
         rank = Signal(range(max(MW, 2)))
         for r in reversed(range(MW)):
             with m.If(remaining[r]):
                 m.d.comb += rank.eq(r)
-        worker_index = desc.job * MW + rank
-        worker = Array(ctl.worker)[worker_index]
+        m.d.comb += ctl.worker_at[self.port].eq(desc.job * MW + rank)
+        worker = ctl.worker[self.port]
 
         header = Signal(H.PACKET_HEADER)
         reply_to = self.reply_to

@@ -97,7 +97,7 @@ class Switch(wiring.Component):
         wide = self.width * self.factor
         m.submodules.control = control = Control(
             ports=P, jobs=J, max_workers=MW, slots=self.slots, width=self.width,
-            max_payload=self.max_payload)
+            max_payload=self.max_payload, readers=P)
         time = Signal(TIME_WIDTH)
         m.d.sync += time.eq(time + 1)
 
