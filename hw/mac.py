@@ -2,7 +2,7 @@
 
     GMII rx (rx clock) -> GmiiRx: strip preamble/SFD, check and strip the FCS
         -> FrameBuffer (2 KB, commits good frames, rolls back bad ones) -> Skid
-        -> Widen8 (8 -> width) -> AsyncFIFO -> rx beats (core clock)
+        -> Widen8 (8 -> width) -> Skid -> AsyncFIFO -> rx beats (core clock)
     tx beats (core clock) -> AsyncFIFO -> Skid -> FrameBuffer (2 KB of beats, a frame leaves
         once it is whole) -> Skid -> Narrow8 (width -> 8) -> Skid -> GmiiTx: preamble/SFD,
            padding to 60 bytes, FCS, 12 idle bytes between frames -> GMII tx (tx clock)
@@ -127,14 +127,38 @@ class GmiiRx(wiring.Component):
         return m
 
 
-def _icrc_input(m, position, byte):
-    """The byte the ICRC folds in at frame offset `position`: 0xFF for a variant field."""
-    variant = Const(0, 1)
-    for offset in H.ICRC_MASKED_BYTES:
-        variant = variant | (position == offset)
-    folded = Signal(8)
-    m.d.comb += folded.eq(Mux(variant, 0xFF, byte))
-    return folded
+# What the ICRC stages need to know of a frame offset, kept in flip-flops one byte ahead (each
+# flag computed, when a byte goes, for the offset after it) so that the 125 MHz paths start
+# at a register: offset compares never sit in front of the CRC's XOR network.
+OFFSET_FLAGS = data.StructLayout({
+    "header": 1,        # before the ICRC's coverage (Ethernet header)
+    "start": 1,         # the first byte covered (IPv4 header)
+    "variant": 1,       # a variant field, folded in as 0xFF
+    "total_high": 1,    # IPv4 total length, high and low byte
+    "total_low": 1,
+    "signature": len(ROCE_SIGNATURE),   # one of ROCE_SIGNATURE's offsets, in its order
+    "after_signature": 1,               # past every signature byte
+})
+
+
+def _flags_after(m, position, name):
+    """OFFSET_FLAGS of offset `position` + 1, from compares on `position`."""
+    flags = Signal(OFFSET_FLAGS, name=name)
+    following = [position == offset - 1 for offset in H.ICRC_MASKED_BYTES]
+    m.d.comb += [
+        flags.header.eq(position < H.ICRC_START - 1),
+        flags.start.eq(position == H.ICRC_START - 1),
+        flags.variant.eq(Cat(*following).any()),
+        flags.total_high.eq(position == H.IPV4_OFFSET + 1),
+        flags.total_low.eq(position == H.IPV4_OFFSET + 2),
+        flags.signature.eq(Cat(*(position == offset - 1 for offset in ROCE_SIGNATURE))),
+        flags.after_signature.eq(position >= max(ROCE_SIGNATURE)),
+    ]
+    return flags
+
+
+# The flags of offset 0, where each frame starts.
+FIRST_BYTE = OFFSET_FLAGS.const({"header": 1})
 
 
 class IcrcCheck(wiring.Component):
@@ -151,32 +175,39 @@ class IcrcCheck(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         position = Signal(range(2048))      # of the byte in `i`; frames of the rx buffer
+        at = Signal(OFFSET_FLAGS, init={"header": 1})
+        covered = Signal()                  # the byte in `i` is folded in
         region_end = Signal(17, init=0x1FFFF)  # 14 + IPv4 total length, once known
         total_high = Signal(8)
         crc = Signal(32)
         byte = self.i.payload.data
-        covered = (position >= H.ICRC_START) & (position < region_end)
-        start = position == H.ICRC_START
         m.d.sync += [
             self.o.valid.eq(self.i.valid),
             self.o.payload.data.eq(byte), self.o.payload.last.eq(self.i.payload.last),
             self.o.payload.ok.eq(self.i.payload.ok),
         ]
         m.d.comb += self.o.payload.icrc_ok.eq(crc == RESIDUE)
+        after = _flags_after(m, position, "after")
         with m.If(self.i.valid):
             with m.If(covered):
-                m.d.sync += crc.eq(crc32_byte(Mux(start, PREFIX_STATE, crc),
-                                              _icrc_input(m, position, byte)))
-            with m.If(position == H.IPV4_OFFSET + 2):
-                m.d.sync += total_high.eq(byte)
-            with m.If(position == H.IPV4_OFFSET + 3):
-                m.d.sync += region_end.eq(H.IPV4_OFFSET + Cat(byte, total_high))
-            with m.If(position < H.ICRC_START):
+                m.d.sync += crc.eq(crc32_byte(Mux(at.start, PREFIX_STATE, crc),
+                                              Mux(at.variant, 0xFF, byte)))
+            with m.If(at.header):
                 m.d.sync += crc.eq(0)       # a runt never shows a stale residue
+            with m.If(at.total_high):
+                m.d.sync += total_high.eq(byte)
+            with m.If(at.total_low):
+                m.d.sync += region_end.eq(H.IPV4_OFFSET + Cat(byte, total_high))
             with m.If(self.i.payload.last):
-                m.d.sync += [position.eq(0), region_end.eq(region_end.init)]
-            with m.Elif(position != 2047):
-                m.d.sync += position.eq(position + 1)
+                m.d.sync += [position.eq(0), at.eq(FIRST_BYTE), covered.eq(0),
+                             region_end.eq(region_end.init)]
+            with m.Else():
+                # The byte after this one is covered if it is in [ICRC_START, region_end).
+                # (The region's end is known from offset 18, before any valid end.)
+                m.d.sync += [at.eq(after),
+                             covered.eq(~after.header & (position + 1 < region_end))]
+                with m.If(position != 2047):
+                    m.d.sync += position.eq(position + 1)
         return m
 
 
@@ -199,10 +230,11 @@ class IcrcFill(wiring.Component):
         held = Signal(range(5))
         ended = Signal()                    # the frame's last byte is in the line
         position = Signal(range(2048))      # of the byte leaving
+        at = Signal(OFFSET_FLAGS, init={"header": 1})
         roce = Signal(init=1)
         crc = Signal(32)
         leaving = line[:8]
-        fill = ended & roce & (position >= 38)  # every signature byte was seen and matched
+        fill = ended & roce & at.after_signature  # every signature byte was seen and matched
         take = self.i.valid & self.i.ready
         give = self.o.valid & self.o.ready
         m.d.comb += [
@@ -220,18 +252,19 @@ class IcrcFill(wiring.Component):
         m.d.sync += held.eq(held + take - give)
         with m.If(take & self.i.payload.last):
             m.d.sync += ended.eq(1)
+        after = _flags_after(m, position, "after")
         with m.If(give):
-            m.d.sync += position.eq(position + 1)
-            for offset, value in ROCE_SIGNATURE.items():
-                with m.If(position == offset):
+            m.d.sync += [position.eq(position + 1), at.eq(after)]
+            for k, value in enumerate(ROCE_SIGNATURE.values()):
+                with m.If(at.signature[k]):
                     m.d.sync += roce.eq(roce & (leaving == value))
             with m.If(ended):           # the ICRC's bytes go out, least significant first
                 m.d.sync += crc.eq(crc >> 8)
-            with m.Elif(position >= H.ICRC_START):
-                m.d.sync += crc.eq(crc32_byte(Mux(position == H.ICRC_START, PREFIX_STATE, crc),
-                                              _icrc_input(m, position, leaving)))
+            with m.Elif(~at.header):
+                m.d.sync += crc.eq(crc32_byte(Mux(at.start, PREFIX_STATE, crc),
+                                              Mux(at.variant, 0xFF, leaving)))
             with m.If(self.o.payload.last):
-                m.d.sync += [ended.eq(0), position.eq(0), roce.eq(1)]
+                m.d.sync += [ended.eq(0), position.eq(0), at.eq(FIRST_BYTE), roce.eq(1)]
         return m
 
 
@@ -537,9 +570,13 @@ class Mac(wiring.Component):
         m.submodules.rx_skid = rx_skid = rx(Skid(stored))
         wiring.connect(m, rx_buffer.o, rx_skid.i)
         wiring.connect(m, rx_skid.o, rx_widen.i)
+        # A second slice keeps the crossing's `w_rdy` (from its synchronised read pointer)
+        # out of the gearbox's and the buffer's ready paths.
+        m.submodules.rx_skid_beat = rx_skid_beat = rx(Skid(BeatLayout(self.width, self.icrc)))
+        wiring.connect(m, rx_widen.o, rx_skid_beat.i)
         m.d.comb += [
-            rx_cdc.w_data.eq(rx_widen.o.payload), rx_cdc.w_en.eq(rx_widen.o.valid),
-            rx_widen.o.ready.eq(rx_cdc.w_rdy),
+            rx_cdc.w_data.eq(rx_skid_beat.o.payload), rx_cdc.w_en.eq(rx_skid_beat.o.valid),
+            rx_skid_beat.o.ready.eq(rx_cdc.w_rdy),
             self.rx.payload.eq(rx_cdc.r_data), self.rx.valid.eq(rx_cdc.r_rdy),
             rx_cdc.r_en.eq(self.rx.ready),
         ]
