@@ -17,8 +17,8 @@ Counters count pulses from the stages (`port_events`, `job_events`, `results`) a
 packet queues' drops (`queue_dropped`); all are 32 bits and wrap, and live in a block RAM
 (`hw.counters.CounterBank`), not in flip-flops behind a read mux. A record is applied in the
 cycle `record.en` is high; `rdata` shows the addressed register combinationally, except that
-a counter's value comes a cycle after its address, with every event up to that first cycle:
-the aggregator holds a record's address for two cycles (apply, then read back).
+a counter's value comes in the cycle after its record is applied, with every event up to
+that cycle: the aggregator holds a record's address for two cycles (apply, then read back).
 """
 
 from amaranth import Cat, Const, Module, Mux, Signal
@@ -140,8 +140,10 @@ class Control(wiring.Component):
                         & (number < len(R.PORT_COUNTERS)))
         job_counter = ((addr[13:16] == R.JOB_COUNTERS_BASE >> 13) & (group < self.jobs)
                        & (number < len(R.JOB_COUNTERS)))
-        m.d.comb += counters.addr.eq(
-            Cat(number[:4], Mux(port_counter, group, group + self.ports)))
+        m.d.comb += [
+            counters.read.eq(rec.en & (port_counter | job_counter)),
+            counters.addr.eq(Cat(number[:4], Mux(port_counter, group, group + self.ports))),
+        ]
 
         # Records: read any register; write the writable ones.
         with m.If(port_counter | job_counter):
