@@ -9,13 +9,13 @@ both ports (250 MB/s at 16 bytes a cycle); 25 MHz leaves 60 % for partly filled 
 and per-packet cycles.
 
 Size: one job of two workers, 16 slots, 16 header entries per ingress queue, with the ICRC in
-the MACs (``Switch(icrc="mac")``). Before that change the design took 28,832 LUT4 positions
-of 24,288; with it, and the parser judging from registered header bytes and the narrower
-committed header entries, 22,771 (93 %), 14,283 flip-flops and 42 of 56 block RAMs. It fits,
-but so full that placement leaves the 125 MHz clocks short: eth_tx 97.8, eth1_rx 81.3 and
-eth0_rx 110.1 MHz after placement (the core, 31.4 against 25, is fine). Meeting 125 MHz on this
-speed grade 6 part needs a smaller core still (the control registers' read mux, about 1,800
-LUT4s, and the aggregator, about 3,500, are the largest parts left).
+the MACs (``Switch(icrc="mac")``): 20,673 LUT4 positions of 24,288 (85 %), 13,231 flip-flops
+and 43 of 56 block RAMs (28,832 LUT4, 119 %, before the ICRC moved into the MACs; 22,771
+before the counters moved into a block RAM and the workers' entries into LUT RAM). It fits,
+but so full that placement leaves the 125 MHz clocks short on this speed grade 6 part:
+eth_tx 96.5, eth0_rx 114.9, eth1_rx 81.8 MHz after placement (the core, 33.5 against 25, is
+fine), and router2 stalls near 3,000 overused wires. The same MAC meets 125 MHz with room on
+the Versa (131.6-187.1 MHz routed), so what is missing here is room: a smaller core.
 """
 
 from amaranth.build import Resource
