@@ -58,7 +58,7 @@ class RgmiiPhy(Elaboratable):
 
         rx_clk = Signal(attrs={"keep": "true"})     # named in the clock constraint
         m.submodules.rx_clk_buf = Instance("IB", i_I=pads.rx_clk.io[0], o_O=rx_clk)
-        m.domains += ClockDomain(self.rx_domain)
+        m.domains += ClockDomain(self.rx_domain, async_reset=True)
         m.d.comb += ClockSignal(self.rx_domain).eq(rx_clk)
         m.submodules.rx_reset = ResetSynchronizer(self.reset, domain=self.rx_domain)
         if platform is not None:
