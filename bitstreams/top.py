@@ -143,6 +143,7 @@ class SwitchBoard(Elaboratable):
         for n, number in enumerate(t.ports):
             pads = platform.request("eth_rgmii", number, dir="-")
             rx_domain = f"eth{n}_rx"
+            m.domains += ClockDomain(rx_domain, async_reset=True)
             phy = RgmiiPhy(pads, rx_domain=rx_domain, tx_domain="eth_tx",
                            rx_delay=t.rx_delay, tx_delay=t.tx_delay)
             mac = Mac(WIDTH, rx_domain=rx_domain, tx_domain="eth_tx", icrc=True)

@@ -1,5 +1,11 @@
 """The bitstream flow's reading of nextpnr's log (bitstreams/build.py): when it stops nextpnr,
-and what it reports, from log lines in nextpnr's own format."""
+and what it reports, from log lines in nextpnr's own format; and each board's top level,
+elaborated without the tools."""
+
+import importlib
+import re
+
+import pytest
 
 from bitstreams.build import _reason_to_stop, fmax_from_log, utilisation_from_log
 
@@ -39,3 +45,24 @@ def test_routes_when_placement_meets_every_clock(tmp_path):
     d = _log(tmp_path, UTILISATION.format(comb=24152) + PLACED.format(tx="179.60", verdict="PASS"))
     assert _reason_to_stop(d, "nextpnr", 10, 1800, True) is None
     assert "time limit" in _reason_to_stop(d, "nextpnr", 1801, 1800, True)
+
+
+@pytest.mark.parametrize("board", ["colorlight_5a75b", "versa_ecp5_5g"])
+def test_board_top_elaborates_with_every_clock_constrained(board):
+    """Each board's top level elaborates (RTLIL, no synthesis), with a frequency constraint
+    on each of its four clocks: the core, the transmit clock and both ports' receive
+    clocks; and it holds the PLL, both ports' DDR I/O and their MACs."""
+    from bitstreams.top import SwitchBoard
+
+    target = importlib.import_module(f"bitstreams.{board}").TARGET
+    plan = target.platform().prepare(SwitchBoard(target), name="top")
+    constraints = dict(re.findall(r'FREQUENCY NET "([^"]+)" ([0-9.]+) HZ;', plan.files["top.lpf"]))
+    assert {net: float(hz) for net, hz in constraints.items()} == {
+        "pll.clk_eth_tx": 125e6, "pll.clk_core": target.core_hz,
+        "phy0.rx_clk": 125e6, "phy1.rx_clk": 125e6,
+    }
+    rtlil = plan.files["top.il"]
+    assert rtlil.count("cell \\EHXPLLL ") == 1
+    assert rtlil.count("cell \\IDDRX1F ") == 2 * 5 and rtlil.count("cell \\ODDRX1F ") == 2 * 6
+    for port in (0, 1):
+        assert f"module \\top.mac{port}" in rtlil and f"module \\top.switch.ingress{port}" in rtlil
