@@ -6,10 +6,8 @@ the aggregation switch, and status LEDs.
     port i: RGMII -> RgmiiPhy -> Mac -> (ArpResponder watches) -> switch rx[i]
             RGMII <- RgmiiPhy <- Mac <- FrameMux(switch tx[i], ARP replies)
 
-Each port's receive side runs on its PHY's RXC (domains ``eth0_rx``, ``eth1_rx``). The
-125 MHz domains take their resets asynchronously (released in step with their clock by a
-`ResetSynchronizer`), so that a reset net spread over a whole MAC is not a timed path. The
-PHYs are held in reset for about 10 ms after the PLL locks. The switch's own MAC/IP registers
+Each port's receive side runs on its PHY's RXC (domains ``eth0_rx``, ``eth1_rx``). The PHYs
+are held in reset for about 10 ms after the PLL locks. The switch's own MAC/IP registers
 (results' source) are set by the host over the control path; `mac` and `ip` here are what
 ARP answers with from power-up.
 """
@@ -123,7 +121,7 @@ class SwitchBoard(Elaboratable):
         clk_in = platform.request(t.clock, 0).i
         m.submodules.pll = pll = Pll(clk_in, t.clock_hz, t.core_hz)
         m.domains.sync = ClockDomain("sync")
-        m.domains.eth_tx = ClockDomain("eth_tx", async_reset=True)
+        m.domains.eth_tx = ClockDomain("eth_tx")
         m.d.comb += [ClockSignal("sync").eq(pll.clkos), ClockSignal("eth_tx").eq(pll.clkop)]
         platform.add_clock_constraint(pll.clkop, ETH_HZ)
         platform.add_clock_constraint(pll.clkos, VCO_HZ / pll.clkos_div)
@@ -143,7 +141,7 @@ class SwitchBoard(Elaboratable):
         for n, number in enumerate(t.ports):
             pads = platform.request("eth_rgmii", number, dir="-")
             rx_domain = f"eth{n}_rx"
-            m.domains += ClockDomain(rx_domain, async_reset=True)
+            m.domains += ClockDomain(rx_domain)
             phy = RgmiiPhy(pads, rx_domain=rx_domain, tx_domain="eth_tx",
                            rx_delay=t.rx_delay, tx_delay=t.tx_delay)
             mac = Mac(WIDTH, rx_domain=rx_domain, tx_domain="eth_tx", icrc=True)

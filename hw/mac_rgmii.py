@@ -1,10 +1,10 @@
 """RGMII on an ECP5: the DDR pins of one gigabit port turned into the MAC's GMII signals.
 
-Receive: the PHY's RXC clocks `rx_domain` (125 MHz), which the caller defines (with
-``async_reset=True``; the PHY drives its clock, and its reset from `reset` through a
-`ResetSynchronizer`); RXD and RX_CTL go through an optional input delay (DELAYG, for PHYs
-that send data and clock edge-aligned) into IDDRX1F: the rising edge gives bits 3..0 and
-RX_DV, the falling edge bits 7..4 and RX_DV xor RX_ER. One register follows, so GMII rx is 2 rx cycles behind the pins.
+Receive: the PHY's RXC clocks `rx_domain` (125 MHz), which the caller defines (the PHY
+drives its clock, and its reset from `reset` through a `ResetSynchronizer`); RXD and RX_CTL
+go through an optional input delay (DELAYG, for PHYs that send data and clock edge-aligned)
+into IDDRX1F: the rising edge gives bits 3..0 and RX_DV, the falling edge bits 7..4 and
+RX_DV xor RX_ER. One register follows, so GMII rx is 2 rx cycles behind the pins.
 Transmit: ODDRX1F in `tx_domain` (125 MHz) sends bits 3..0 and TX_EN on the rising edge,
 bits 7..4 and TX_EN xor TX_ER on the falling edge; TXC is the same clock through an ODDRX1F
 (1 then 0), optionally delayed (DELAYG) for PHYs without an internal TX delay.
