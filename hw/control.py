@@ -134,6 +134,8 @@ class Control(wiring.Component):
                 step = (self.results[j] if name == "results"
                         else self.job_events[j][JOB_EVENTS.index(name)])
                 m.d.comb += counters.step[16 * (self.ports + j) + k].eq(step)
+        assert R.PORT_COUNTERS_STRIDE == R.JOB_COUNTERS_STRIDE == 0x20
+        assert R.PORT_COUNTERS_BASE % 0x2000 == 0 and R.JOB_COUNTERS_BASE % 0x2000 == 0
         addr = rec.addr
         group, number = addr[5:13], addr[:5]
         port_counter = ((addr[13:16] == R.PORT_COUNTERS_BASE >> 13) & (group < self.ports)
