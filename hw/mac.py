@@ -175,7 +175,7 @@ class IcrcCheck(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         position = Signal(range(2048))      # of the byte in `i`; frames of the rx buffer
-        at = Signal(OFFSET_FLAGS, init={"header": 1})
+        at = Signal(OFFSET_FLAGS, init=FIRST_BYTE)
         covered = Signal()                  # the byte in `i` is folded in
         region_end = Signal(17, init=0x1FFFF)  # 14 + IPv4 total length, once known
         total_high = Signal(8)
@@ -230,7 +230,7 @@ class IcrcFill(wiring.Component):
         held = Signal(range(5))
         ended = Signal()                    # the frame's last byte is in the line
         position = Signal(range(2048))      # of the byte leaving
-        at = Signal(OFFSET_FLAGS, init={"header": 1})
+        at = Signal(OFFSET_FLAGS, init=FIRST_BYTE)
         roce = Signal(init=1)
         crc = Signal(32)
         leaving = line[:8]
