@@ -141,7 +141,7 @@ class SwitchBoard(Elaboratable):
         for n, number in enumerate(t.ports):
             pads = platform.request("eth_rgmii", number, dir="-")
             rx_domain = f"eth{n}_rx"
-            m.domains += ClockDomain(rx_domain)
+            m.domains += ClockDomain(rx_domain, reset_less=True)   # see RgmiiPhy
             phy = RgmiiPhy(pads, rx_domain=rx_domain, tx_domain="eth_tx",
                            rx_delay=t.rx_delay, tx_delay=t.tx_delay)
             mac = Mac(WIDTH, rx_domain=rx_domain, tx_domain="eth_tx", icrc=True)
@@ -150,7 +150,7 @@ class SwitchBoard(Elaboratable):
             m.submodules[f"phy{n}"], m.submodules[f"mac{n}"] = phy, mac
             m.submodules[f"arp{n}"], m.submodules[f"txmux{n}"] = arp, mux
             m.d.comb += [
-                phy.reset.eq(~pll.locked), phy.phy_reset.eq(phy_reset),
+                phy.phy_reset.eq(phy_reset),
                 mac.gmii_rx_data.eq(phy.rx_data), mac.gmii_rx_dv.eq(phy.rx_dv),
                 mac.gmii_rx_er.eq(phy.rx_er), phy.tx_data.eq(mac.gmii_tx_data),
                 phy.tx_en.eq(mac.gmii_tx_en), phy.tx_er.eq(mac.gmii_tx_er),

@@ -177,7 +177,7 @@ class IcrcCheck(wiring.Component):
         position = Signal(range(2048))      # of the byte in `i`; frames of the rx buffer
         at = Signal(OFFSET_FLAGS, init=FIRST_BYTE)
         covered = Signal()                  # the byte in `i` is folded in
-        region_end = Signal(17, init=0x1FFFF)  # 14 + IPv4 total length, once known
+        region_last = Signal(17, init=0x1FFFE)  # 14 + IPv4 total length - 1, once known
         total_high = Signal(8)
         crc = Signal(32)
         byte = self.i.payload.data
@@ -197,15 +197,15 @@ class IcrcCheck(wiring.Component):
             with m.If(at.total_high):
                 m.d.sync += total_high.eq(byte)
             with m.If(at.total_low):
-                m.d.sync += region_end.eq(H.IPV4_OFFSET + Cat(byte, total_high))
+                m.d.sync += region_last.eq(H.IPV4_OFFSET - 1 + Cat(byte, total_high))
             with m.If(self.i.payload.last):
                 m.d.sync += [position.eq(0), at.eq(FIRST_BYTE), covered.eq(0),
-                             region_end.eq(region_end.init)]
+                             region_last.eq(region_last.init)]
             with m.Else():
-                # The byte after this one is covered if it is in [ICRC_START, region_end).
+                # The byte after this one is covered if it is in [ICRC_START, region_last].
                 # (The region's end is known from offset 18, before any valid end.)
                 m.d.sync += [at.eq(after),
-                             covered.eq(~after.header & (position + 1 < region_end))]
+                             covered.eq(~after.header & (position < region_last))]
                 with m.If(position != 2047):
                     m.d.sync += position.eq(position + 1)
         return m
@@ -226,13 +226,13 @@ class IcrcFill(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        line = Signal(32)                   # held bytes, oldest in the low byte
+        line = Signal(32, reset_less=True)  # held bytes, oldest in the low byte
         held = Signal(range(5))
         ended = Signal()                    # the frame's last byte is in the line
         position = Signal(range(2048))      # of the byte leaving
         at = Signal(OFFSET_FLAGS, init=FIRST_BYTE)
         roce = Signal(init=1)
-        crc = Signal(32)
+        crc = Signal(32, reset_less=True)   # starts again at each frame's ICRC_START
         leaving = line[:8]
         fill = ended & roce & at.after_signature  # every signature byte was seen and matched
         take = self.i.valid & self.i.ready
@@ -361,14 +361,17 @@ class Skid(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        spare = Signal(self.shape)
+        # Only the valid flags are reset: a reset net into every payload bit is routing
+        # that 125 MHz paths cannot spare.
+        payload = Signal(self.shape, reset_less=True)
+        spare = Signal(self.shape, reset_less=True)
         spare_valid = Signal()
-        m.d.comb += self.i.ready.eq(~spare_valid)
+        m.d.comb += [self.i.ready.eq(~spare_valid), self.o.payload.eq(payload)]
         with m.If(self.o.ready | ~self.o.valid):
             with m.If(spare_valid):
-                m.d.sync += [self.o.payload.eq(spare), self.o.valid.eq(1), spare_valid.eq(0)]
+                m.d.sync += [payload.eq(spare), self.o.valid.eq(1), spare_valid.eq(0)]
             with m.Else():
-                m.d.sync += [self.o.payload.eq(self.i.payload), self.o.valid.eq(self.i.valid)]
+                m.d.sync += [payload.eq(self.i.payload), self.o.valid.eq(self.i.valid)]
         with m.Elif(self.i.valid & ~spare_valid):
             m.d.sync += [spare.eq(self.i.payload), spare_valid.eq(1)]
         return m
@@ -417,37 +420,39 @@ class Widen8(wiring.Component):
 
 
 class Narrow8(wiring.Component):
-    """Gives out the bytes of beats of `width` bits (the kept ones; beats are packed from
-    byte 0), one per cycle, the frame's last byte marked. Latency 1 cycle."""
+    """Gives out the bytes of packed beats of `width` bits (`packed_beat`: bytes from byte 0
+    and their count less one), one per cycle, the frame's last byte marked. Latency 1 cycle.
+    The held beat shifts down a byte per byte given, and whether the byte given is the
+    beat's last is a register, so the output and `i.ready` come from flip-flops."""
 
     def __init__(self, width: int):
         self.width = width
         super().__init__({
-            "i": In(FrameStream(width)),
+            "i": In(stream.Signature(packed_beat(width))),
             "o": Out(stream.Signature(BYTE)),
         })
 
     def elaborate(self, platform):
         m = Module()
-        n = self.width // 8
-        held = Signal(BeatLayout(self.width))
+        held = Signal(self.width, reset_less=True)
+        frame_ends = Signal()               # the held beat is its frame's last
+        left = Signal(range(self.width // 8))   # bytes held after the one given now
+        single = Signal()                   # left == 0
         full = Signal()
-        lane = Signal(range(n))
-        more = Signal()
-        if n > 1:
-            m.d.comb += more.eq((lane != n - 1) & held.keep.bit_select(lane + 1, 1))
         m.d.comb += [
             self.o.valid.eq(full),
-            self.o.payload.data.eq(held.data.word_select(lane, 8)),
-            self.o.payload.last.eq(held.last & ~more),
-            self.i.ready.eq(~full | (self.o.ready & ~more)),
+            self.o.payload.data.eq(held[:8]),
+            self.o.payload.last.eq(frame_ends & single),
+            self.i.ready.eq(~full | (self.o.ready & single)),
         ]
         with m.If(self.o.valid & self.o.ready):
-            m.d.sync += lane.eq(lane + 1)
-            with m.If(~more):
-                m.d.sync += [full.eq(0), lane.eq(0)]
+            m.d.sync += [held.eq(held >> 8), left.eq(left - 1), single.eq(left == 1)]
+            with m.If(single):
+                m.d.sync += full.eq(0)
         with m.If(self.i.valid & self.i.ready):
-            m.d.sync += [held.eq(self.i.payload), full.eq(1), lane.eq(0)]
+            count = self.i.payload.count
+            m.d.sync += [held.eq(self.i.payload.data), frame_ends.eq(self.i.payload.last),
+                         left.eq(count), single.eq(count == 0), full.eq(1)]
         return m
 
 
@@ -606,12 +611,7 @@ class Mac(wiring.Component):
         ]
         wiring.connect(m, skid_in.o, tx_buffer.i)
         wiring.connect(m, tx_buffer.o, skid_out.i)
-        out = skid_out.o.payload
-        m.d.comb += [
-            tx_narrow.i.payload.data.eq(out.data), tx_narrow.i.payload.last.eq(out.last),
-            tx_narrow.i.payload.keep.eq((Const(2, self.width // 8 + 1) << out.count) - 1),
-            tx_narrow.i.valid.eq(skid_out.o.valid), skid_out.o.ready.eq(tx_narrow.i.ready),
-        ]
+        wiring.connect(m, skid_out.o, tx_narrow.i)
         wiring.connect(m, tx_narrow.o, skid_byte.i)
         if self.icrc:
             m.submodules.tx_icrc = tx_icrc = tx(IcrcFill())

@@ -1,10 +1,12 @@
 """RGMII on an ECP5: the DDR pins of one gigabit port turned into the MAC's GMII signals.
 
-Receive: the PHY's RXC clocks `rx_domain` (125 MHz), which the caller defines (the PHY
-drives its clock, and its reset from `reset` through a `ResetSynchronizer`); RXD and RX_CTL
-go through an optional input delay (DELAYG, for PHYs that send data and clock edge-aligned)
-into IDDRX1F: the rising edge gives bits 3..0 and RX_DV, the falling edge bits 7..4 and
-RX_DV xor RX_ER. One register follows, so GMII rx is 2 rx cycles behind the pins.
+Receive: the PHY's RXC clocks `rx_domain` (125 MHz), which the caller defines without a
+reset (``ClockDomain(reset_less=True)``): the receive logic starts from its initial values
+at configuration, while the PHY is held in reset, and a reset net into every receive
+flip-flop was the critical path at 125 MHz. RXD and RX_CTL go through an optional input
+delay (DELAYG, for PHYs that send data and clock edge-aligned) into IDDRX1F: the rising edge
+gives bits 3..0 and RX_DV, the falling edge bits 7..4 and RX_DV xor RX_ER. One register
+follows, so GMII rx is 2 rx cycles behind the pins.
 Transmit: ODDRX1F in `tx_domain` (125 MHz) sends bits 3..0 and TX_EN on the rising edge,
 bits 7..4 and TX_EN xor TX_ER on the falling edge; TXC is the same clock through an ODDRX1F
 (1 then 0), optionally delayed (DELAYG) for PHYs without an internal TX delay.
@@ -16,7 +18,6 @@ bits 7..4 and TX_EN xor TX_ER on the falling edge; TXC is the same clock through
 
 from amaranth import Cat, ClockSignal, Elaboratable, Instance, Module, Signal
 from amaranth.lib import io
-from amaranth.lib.cdc import ResetSynchronizer
 
 DELAY_STEP = 25e-12     # one DELAYG tap
 
@@ -40,7 +41,6 @@ class RgmiiPhy(Elaboratable):
         self.tx_data = Signal(8)
         self.tx_en = Signal()
         self.tx_er = Signal()
-        self.reset = Signal()          # asynchronous reset of the rx domain
         self.phy_reset = Signal()      # drives the PHY's reset pin, if the board has one
 
     @staticmethod
@@ -60,7 +60,6 @@ class RgmiiPhy(Elaboratable):
         rx_clk = Signal(attrs={"keep": "true"})     # named in the clock constraint
         m.submodules.rx_clk_buf = Instance("IB", i_I=pads.rx_clk.io[0], o_O=rx_clk)
         m.d.comb += ClockSignal(self.rx_domain).eq(rx_clk)
-        m.submodules.rx_reset = ResetSynchronizer(self.reset, domain=self.rx_domain)
         if platform is not None:
             platform.add_clock_constraint(rx_clk, 125e6)
 
