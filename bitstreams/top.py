@@ -121,12 +121,15 @@ class SwitchBoard(Elaboratable):
         clk_in = platform.request(t.clock, 0).i
         m.submodules.pll = pll = Pll(clk_in, t.clock_hz, t.core_hz)
         m.domains.sync = ClockDomain("sync")
-        m.domains.eth_tx = ClockDomain("eth_tx")
+        # No reset on the 125 MHz side (see RgmiiPhy for receive): the transmit logic starts
+        # from its initial values at configuration and idles until the core, held in reset
+        # until the PLL locks, sends a frame; one reset net reaching both ports' MACs, on
+        # opposite edges of the die, was the critical path.
+        m.domains.eth_tx = ClockDomain("eth_tx", reset_less=True)
         m.d.comb += [ClockSignal("sync").eq(pll.clkos), ClockSignal("eth_tx").eq(pll.clkop)]
         platform.add_clock_constraint(pll.clkop, ETH_HZ)
         platform.add_clock_constraint(pll.clkos, VCO_HZ / pll.clkos_div)
         m.submodules.sync_reset = ResetSynchronizer(~pll.locked, domain="sync")
-        m.submodules.eth_tx_reset = ResetSynchronizer(~pll.locked, domain="eth_tx")
 
         # About 10 ms of PHY reset after lock, then the ports start.
         hold = Signal(range(int(t.core_hz / 100) + 1), init=int(t.core_hz / 100))

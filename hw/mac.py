@@ -28,7 +28,7 @@ time: a few hundred LUTs per port instead of the switch's 64-bit ICRC engines.
 `RgmiiPhy` (hw/mac_rgmii.py) turns the GMII side into RGMII on an ECP5; simulation drives GMII.
 """
 
-from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth import Cat, ClockDomain, ClockSignal, Const, Module, Mux, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -80,7 +80,11 @@ def crc32_byte(crc, byte):
 class GmiiRx(wiring.Component):
     """GMII receive: takes the bytes after the SFD, and gives them out without the FCS,
     delayed by 5 bytes (the FCS and one more), the last one marked with `ok` (FCS right, no
-    rx_er, at least one byte before the FCS). The output cannot wait (always ready)."""
+    rx_er, at least one byte before the FCS). The output cannot wait (always ready).
+
+    Two register stages come first (2 cycles): one takes the GMII signals as they come, so
+    that the wires from the pins, on the die's edge, end at a flip-flop; the other holds the
+    byte with the preamble and SFD compares that the state machine branches on."""
 
     rx_data: In(8)
     rx_dv: In(1)
@@ -89,6 +93,14 @@ class GmiiRx(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
+        data_in, dv_in, er_in = Signal(8, reset_less=True), Signal(), Signal()
+        data, dv, er = Signal(8, reset_less=True), Signal(), Signal()
+        sfd, preamble = Signal(), Signal()
+        m.d.sync += [
+            data_in.eq(self.rx_data), dv_in.eq(self.rx_dv), er_in.eq(self.rx_er),
+            data.eq(data_in), dv.eq(dv_in), er.eq(er_in),
+            sfd.eq(dv_in & (data_in == SFD)), preamble.eq(data_in == PREAMBLE),
+        ]
         held = Signal(40)            # the last five bytes, oldest in the low bits
         count = Signal(range(6))     # bytes held, up to 5
         crc = Signal(32, init=0xFFFFFFFF)
@@ -97,20 +109,20 @@ class GmiiRx(wiring.Component):
             m.d.sync += self.o.valid.eq(0)
         with m.FSM():
             with m.State("IDLE"):
-                with m.If(self.rx_dv & (self.rx_data == SFD)):
+                with m.If(sfd):
                     m.d.sync += [count.eq(0), crc.eq(0xFFFFFFFF), error.eq(0)]
                     m.next = "DATA"
-                with m.Elif(self.rx_dv & (self.rx_data != PREAMBLE)):
+                with m.Elif(dv & ~preamble):
                     m.next = "SKIP"
             with m.State("SKIP"):        # a frame without a proper preamble: ignore it
-                with m.If(~self.rx_dv):
+                with m.If(~dv):
                     m.next = "IDLE"
             with m.State("DATA"):
-                with m.If(self.rx_dv):
+                with m.If(dv):
                     m.d.sync += [
-                        held.eq(Cat(held[8:], self.rx_data)),
-                        crc.eq(crc32_byte(crc, self.rx_data)),
-                        error.eq(error | self.rx_er),
+                        held.eq(Cat(held[8:], data)),
+                        crc.eq(crc32_byte(crc, data)),
+                        error.eq(error | er),
                     ]
                     with m.If(count == 5):
                         m.d.sync += [self.o.valid.eq(1), self.o.payload.data.eq(held[:8]),
@@ -549,12 +561,18 @@ class Mac(wiring.Component):
         tx = DomainRenamer(self.tx_domain)
         beat_bits = BeatLayout(self.width, self.icrc).size
         stored = ICRC_BYTE if self.icrc else BYTE
+        # The crossings' core side has no reset: the switch sends nothing while the core is
+        # in reset, and the core's reset would otherwise reach the tx domain through each
+        # crossing's reset synchronizer, which synthesis shares between the MACs of all
+        # ports, however far apart their pins.
+        m.domains.mac_core = core = ClockDomain("mac_core", local=True, reset_less=True)
+        m.d.comb += core.clk.eq(ClockSignal("sync"))
 
         m.submodules.gmii_rx = gmii_rx = rx(GmiiRx())
         m.submodules.rx_buffer = rx_buffer = rx(FrameBuffer(stored, self.buffer_bytes))
         m.submodules.rx_widen = rx_widen = rx(Widen8(self.width, self.icrc))
         m.submodules.rx_cdc = rx_cdc = fifo.AsyncFIFO(
-            width=beat_bits, depth=16, r_domain="sync", w_domain=self.rx_domain)
+            width=beat_bits, depth=16, r_domain="mac_core", w_domain=self.rx_domain)
         m.d.comb += [
             gmii_rx.rx_data.eq(self.gmii_rx_data), gmii_rx.rx_dv.eq(self.gmii_rx_dv),
             gmii_rx.rx_er.eq(self.gmii_rx_er),
@@ -595,7 +613,7 @@ class Mac(wiring.Component):
             tx_beat.count.eq(sum(self.tx.payload.keep[1:])),
         ]
         m.submodules.tx_cdc = tx_cdc = fifo.AsyncFIFO(
-            width=packed.size, depth=16, r_domain=self.tx_domain, w_domain="sync")
+            width=packed.size, depth=16, r_domain=self.tx_domain, w_domain="mac_core")
         m.submodules.tx_buffer = tx_buffer = tx(FrameBuffer(
             packed, self.buffer_bytes // (self.width // 8), backpressure=True))
         m.submodules.tx_narrow = tx_narrow = tx(Narrow8(self.width))
