@@ -2,8 +2,8 @@
 
     GMII rx (rx clock) -> GmiiRx: strip preamble/SFD, check and strip the FCS
         -> FrameBuffer (2 KB, commits good frames, rolls back bad ones) -> Skid
-        -> Widen8 (8 -> width) -> Skid -> AsyncFIFO -> rx beats (core clock)
-    tx beats (core clock) -> AsyncFIFO -> Skid -> FrameBuffer (2 KB of beats, a frame leaves
+        -> Widen8 (8 -> width) -> AsyncFifo -> rx beats (core clock)
+    tx beats (core clock) -> AsyncFifo -> FrameBuffer (2 KB of beats, a frame leaves
         once it is whole) -> Skid -> Narrow8 (width -> 8) -> Skid -> GmiiTx: preamble/SFD,
            padding to 60 bytes, FCS, 12 idle bytes between frames -> GMII tx (tx clock)
 
@@ -29,12 +29,13 @@ time: a few hundred LUTs per port instead of the switch's 64-bit ICRC engines.
 """
 
 from amaranth import Cat, ClockDomain, ClockSignal, Const, Module, Mux, Signal
-from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from . import headers as H
 from .beat import BeatLayout, FrameStream, check_width
+from .cdc import AsyncFifo
 from .icrc import PREFIX_STATE, RESIDUE
 
 PREAMBLE = 0x55
@@ -530,7 +531,8 @@ class GmiiTx(wiring.Component):
 class Mac(wiring.Component):
     """The MAC of one port (see the module's docstring). Domains: `rx_domain` (the PHY's
     receive clock), `tx_domain` (the transmit clock), and ``sync`` for `rx` and `tx`, the
-    switch's port streams of `width` bits. Both crossings are AsyncFIFOs of 16 beats.
+    switch's port streams of `width` bits. Both crossings are `hw.cdc.AsyncFifo`s of 16
+    beats, whose ready, valid and data come from flip-flops on both sides.
 
     With `icrc`, the MAC also does the RoCEv2 ICRC a byte at a time, so that the switch needs
     no ICRC engine per port (``Switch(icrc="mac")``): `IcrcCheck` gives each received frame
@@ -561,18 +563,17 @@ class Mac(wiring.Component):
         tx = DomainRenamer(self.tx_domain)
         beat_bits = BeatLayout(self.width, self.icrc).size
         stored = ICRC_BYTE if self.icrc else BYTE
-        # The crossings' core side has no reset: the switch sends nothing while the core is
-        # in reset, and the core's reset would otherwise reach the tx domain through each
-        # crossing's reset synchronizer, which synthesis shares between the MACs of all
-        # ports, however far apart their pins.
+        # The crossings have no reset, so their core side runs on a reset-less copy of the
+        # core clock: they start empty at configuration, and the switch sends nothing while
+        # the core is in reset.
         m.domains.mac_core = core = ClockDomain("mac_core", local=True, reset_less=True)
         m.d.comb += core.clk.eq(ClockSignal("sync"))
 
         m.submodules.gmii_rx = gmii_rx = rx(GmiiRx())
         m.submodules.rx_buffer = rx_buffer = rx(FrameBuffer(stored, self.buffer_bytes))
         m.submodules.rx_widen = rx_widen = rx(Widen8(self.width, self.icrc))
-        m.submodules.rx_cdc = rx_cdc = fifo.AsyncFIFO(
-            width=beat_bits, depth=16, r_domain="mac_core", w_domain=self.rx_domain)
+        m.submodules.rx_cdc = rx_cdc = AsyncFifo(
+            beat_bits, 16, r_domain="mac_core", w_domain=self.rx_domain)
         m.d.comb += [
             gmii_rx.rx_data.eq(self.gmii_rx_data), gmii_rx.rx_dv.eq(self.gmii_rx_dv),
             gmii_rx.rx_er.eq(self.gmii_rx_er),
@@ -593,13 +594,9 @@ class Mac(wiring.Component):
         m.submodules.rx_skid = rx_skid = rx(Skid(stored))
         wiring.connect(m, rx_buffer.o, rx_skid.i)
         wiring.connect(m, rx_skid.o, rx_widen.i)
-        # A second slice keeps the crossing's `w_rdy` (from its synchronised read pointer)
-        # out of the gearbox's and the buffer's ready paths.
-        m.submodules.rx_skid_beat = rx_skid_beat = rx(Skid(BeatLayout(self.width, self.icrc)))
-        wiring.connect(m, rx_widen.o, rx_skid_beat.i)
         m.d.comb += [
-            rx_cdc.w_data.eq(rx_skid_beat.o.payload), rx_cdc.w_en.eq(rx_skid_beat.o.valid),
-            rx_skid_beat.o.ready.eq(rx_cdc.w_rdy),
+            rx_cdc.w_data.eq(rx_widen.o.payload), rx_cdc.w_en.eq(rx_widen.o.valid),
+            rx_widen.o.ready.eq(rx_cdc.w_rdy),
             self.rx.payload.eq(rx_cdc.r_data), self.rx.valid.eq(rx_cdc.r_rdy),
             rx_cdc.r_en.eq(self.rx.ready),
         ]
@@ -612,22 +609,20 @@ class Mac(wiring.Component):
             tx_beat.data.eq(self.tx.payload.data), tx_beat.last.eq(self.tx.payload.last),
             tx_beat.count.eq(sum(self.tx.payload.keep[1:])),
         ]
-        m.submodules.tx_cdc = tx_cdc = fifo.AsyncFIFO(
-            width=packed.size, depth=16, r_domain=self.tx_domain, w_domain="mac_core")
+        m.submodules.tx_cdc = tx_cdc = AsyncFifo(
+            packed.size, 16, r_domain=self.tx_domain, w_domain="mac_core")
         m.submodules.tx_buffer = tx_buffer = tx(FrameBuffer(
             packed, self.buffer_bytes // (self.width // 8), backpressure=True))
         m.submodules.tx_narrow = tx_narrow = tx(Narrow8(self.width))
         m.submodules.gmii_tx = gmii_tx = tx(GmiiTx())
-        m.submodules.tx_skid_in = skid_in = tx(Skid(packed))
         m.submodules.tx_skid_out = skid_out = tx(Skid(packed))
         m.submodules.tx_skid_byte = skid_byte = tx(Skid(BYTE))
         m.d.comb += [
             tx_cdc.w_data.eq(tx_beat), tx_cdc.w_en.eq(self.tx.valid),
             self.tx.ready.eq(tx_cdc.w_rdy),
-            skid_in.i.payload.eq(tx_cdc.r_data), skid_in.i.valid.eq(tx_cdc.r_rdy),
-            tx_cdc.r_en.eq(skid_in.i.ready),
+            tx_buffer.i.payload.eq(tx_cdc.r_data), tx_buffer.i.valid.eq(tx_cdc.r_rdy),
+            tx_cdc.r_en.eq(tx_buffer.i.ready),
         ]
-        wiring.connect(m, skid_in.o, tx_buffer.i)
         wiring.connect(m, tx_buffer.o, skid_out.i)
         wiring.connect(m, skid_out.o, tx_narrow.i)
         wiring.connect(m, tx_narrow.o, skid_byte.i)
