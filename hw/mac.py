@@ -225,59 +225,60 @@ class IcrcCheck(wiring.Component):
 
 
 class IcrcFill(wiring.Component):
-    """Writes the RoCEv2 ICRC into the last 4 bytes of each RoCEv2 frame it passes (IPv4
-    without options, UDP to port 4791: `ROCE_SIGNATURE`), a byte at a time; other frames pass
-    unchanged. The CRC covers the frame from the IPv4 header to just before those 4 bytes,
-    so the frame must not carry Ethernet padding (the switch's deparser sends none).
-
-    Bytes go through a line of 4, so that a frame's last 4 are known before they leave: a
-    frame's first byte leaves once its fifth has come (or its last, in a shorter frame), then
-    one byte per cycle as they come. Latency: 4 bytes."""
+    """Writes the RoCEv2 ICRC into each RoCEv2 frame it passes (IPv4 without options, UDP to
+    port 4791: `ROCE_SIGNATURE`), a byte at a time; other frames pass unchanged. The ICRC's
+    4 bytes are where the IPv4 total length ends the packet (Ethernet padding after them
+    passes unchanged); the CRC covers the frame from the IPv4 header to just before them.
+    The signature and the length are known before the ICRC (offset 54 at the earliest; a
+    frame whose length would put it among the signature bytes is not filled), so each byte
+    leaves as it comes: one register stage, latency 1 cycle, one byte per cycle."""
 
     i: In(stream.Signature(BYTE))
     o: Out(stream.Signature(BYTE))
 
     def elaborate(self, platform):
         m = Module()
-        line = Signal(32, reset_less=True)  # held bytes, oldest in the low byte
-        held = Signal(range(5))
-        ended = Signal()                    # the frame's last byte is in the line
-        position = Signal(range(2048))      # of the byte leaving
+        position = Signal(range(2048))      # of the byte in `i`
         at = Signal(OFFSET_FLAGS, init=FIRST_BYTE)
-        roce = Signal(init=1)
+        total_high = Signal(8)
+        fill_from = Signal(17, init=0x1FFFF)    # the ICRC's first and last offsets - 1,
+        fill_to = Signal(17, init=0x1FFFF)      # once known
+        filling = Signal()                  # the byte in `i` is one of the ICRC's
+        roce = Signal(init=1)               # every signature byte so far matched
         crc = Signal(32, reset_less=True)   # starts again at each frame's ICRC_START
-        leaving = line[:8]
-        fill = ended & roce & at.after_signature  # every signature byte was seen and matched
+        byte = self.i.payload.data
         take = self.i.valid & self.i.ready
-        give = self.o.valid & self.o.ready
-        m.d.comb += [
-            self.i.ready.eq(~ended & ((held != 4) | self.o.ready)),
-            self.o.valid.eq(Mux(ended, held != 0, (held == 4) & self.i.valid)),
-            self.o.payload.last.eq(ended & (held == 1)),
-            self.o.payload.data.eq(Mux(fill, ~crc[:8], leaving)),
-        ]
-        slot = Signal(range(5))             # where a byte taken now goes
-        m.d.comb += slot.eq(held - give)
-        for k in range(4):
-            kept = Mux(give, line[8 * k + 8 : 8 * k + 16] if k < 3 else 0, line[8 * k : 8 * k + 8])
-            m.d.sync += line[8 * k : 8 * k + 8].eq(
-                Mux(take & (slot == k), self.i.payload.data, kept))
-        m.d.sync += held.eq(held + take - give)
-        with m.If(take & self.i.payload.last):
-            m.d.sync += ended.eq(1)
+        m.d.comb += self.i.ready.eq(~self.o.valid | self.o.ready)
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += self.o.valid.eq(0)
         after = _flags_after(m, position, "after")
-        with m.If(give):
-            m.d.sync += [position.eq(position + 1), at.eq(after)]
+        with m.If(take):
+            m.d.sync += [
+                self.o.valid.eq(1), self.o.payload.last.eq(self.i.payload.last),
+                self.o.payload.data.eq(Mux(filling & roce & at.after_signature, ~crc[:8], byte)),
+            ]
             for k, value in enumerate(ROCE_SIGNATURE.values()):
                 with m.If(at.signature[k]):
-                    m.d.sync += roce.eq(roce & (leaving == value))
-            with m.If(ended):           # the ICRC's bytes go out, least significant first
+                    m.d.sync += roce.eq(roce & (byte == value))
+            with m.If(filling):         # the ICRC's bytes go out, least significant first
                 m.d.sync += crc.eq(crc >> 8)
             with m.Elif(~at.header):
                 m.d.sync += crc.eq(crc32_byte(Mux(at.start, PREFIX_STATE, crc),
-                                              Mux(at.variant, 0xFF, leaving)))
-            with m.If(self.o.payload.last):
-                m.d.sync += [ended.eq(0), position.eq(0), at.eq(FIRST_BYTE), roce.eq(1)]
+                                              Mux(at.variant, 0xFF, byte)))
+            with m.If(at.total_high):
+                m.d.sync += total_high.eq(byte)
+            with m.If(at.total_low):
+                total = Cat(byte, total_high)
+                m.d.sync += [fill_from.eq(H.IPV4_OFFSET - 5 + total),
+                             fill_to.eq(H.IPV4_OFFSET - 2 + total)]
+            with m.If(self.i.payload.last):
+                m.d.sync += [position.eq(0), at.eq(FIRST_BYTE), filling.eq(0), roce.eq(1),
+                             fill_from.eq(fill_from.init), fill_to.eq(fill_to.init)]
+            with m.Else():
+                m.d.sync += [at.eq(after),
+                             filling.eq((position >= fill_from) & (position <= fill_to))]
+                with m.If(position != 2047):
+                    m.d.sync += position.eq(position + 1)
         return m
 
 

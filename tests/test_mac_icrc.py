@@ -116,16 +116,19 @@ def _fill(frames, seed=5):
 
 
 def test_icrc_fill_against_scapy():
-    """RoCEv2 frames sent with four zero bytes for the ICRC leave with scapy's ICRC; other
-    frames (ARP, UDP to another port, a frame too short to be RoCEv2) leave unchanged."""
+    """RoCEv2 frames sent with four zero bytes for the ICRC leave with scapy's ICRC, also
+    when Ethernet padding follows; other frames (ARP, UDP to another port, a frame too short
+    to be RoCEv2) leave unchanged."""
     rng = random.Random(2)
     roce = F.sweep(rng, [0, 4, 12, 100, 1024])
     placeholders = [f[:-4] + bytes(4) for f in roce]
     arp = bytes(Ether(src="02:00:00:00:00:07") / ARP(op=2, psrc="192.168.1.50"))
     other = bytes(Ether() / IP(dst="10.0.0.1") / UDP(dport=4792) / bytes(40))
     tiny = bytes([1, 2, 3])
-    frames = placeholders + [arp, other, tiny] + placeholders[:2]
-    assert _fill(frames) == roce + [arp, other, tiny] + roce[:2]
+    padded = placeholders[0] + bytes(60 - len(placeholders[0]))
+    frames = placeholders + [arp, other, tiny, padded] + placeholders[:2]
+    assert _fill(frames) == roce + [arp, other, tiny, roce[0] + bytes(60 - len(roce[0]))] \
+        + roce[:2]
 
 
 def _beats(frame: bytes, nb: int = 8):
