@@ -2,7 +2,7 @@
 
     GMII rx (rx clock) -> GmiiRx: strip preamble/SFD, check and strip the FCS
         -> FrameBuffer (2 KB, commits good frames, rolls back bad ones) -> Skid
-        -> Widen8 (8 -> width) -> AsyncFifo -> rx beats (core clock)
+        -> [IcrcCheck] -> Widen8 (8 -> width) -> AsyncFifo -> rx beats (core clock)
     tx beats (core clock) -> AsyncFifo -> FrameBuffer (2 KB of beats, a frame leaves
         once it is whole) -> Skid -> Narrow8 (width -> 8) -> Skid -> GmiiTx: preamble/SFD,
            padding to 60 bytes, FCS, 12 idle bytes between frames -> GMII tx (tx clock)
@@ -21,8 +21,8 @@ cycles after its last beat reached the tx buffer. Memory: one block RAM per dire
 (2048 x 9 bytes received; 256 x 68 beats to send, at width 64). Gigabit only (one byte
 per tx/rx clock).
 
-With ``icrc=True`` (the boards), `IcrcCheck` after GmiiRx checks each received frame's RoCEv2
-ICRC and `IcrcFill` before GmiiTx writes the ICRC of each RoCEv2 frame sent, a byte at a
+With ``icrc=True`` (the boards), `IcrcCheck` after the receive buffer checks each frame's
+RoCEv2 ICRC and `IcrcFill` before GmiiTx writes the ICRC of each RoCEv2 frame sent, a byte at a
 time: a few hundred LUTs per port instead of the switch's 64-bit ICRC engines.
 
 `RgmiiPhy` (hw/mac_rgmii.py) turns the GMII side into RGMII on an ECP5; simulation drives GMII.
@@ -49,7 +49,6 @@ COUNTER_WIDTH = 32
 BYTE = data.StructLayout({"data": 8, "last": 1})
 CHECKED_BYTE = data.StructLayout({"data": 8, "last": 1, "ok": 1})
 ICRC_BYTE = data.StructLayout({"data": 8, "last": 1, "icrc_ok": 1})
-ICRC_CHECKED_BYTE = data.StructLayout({"data": 8, "last": 1, "ok": 1, "icrc_ok": 1})
 # Bytes a RoCEv2 frame (IPv4 without options, UDP to port 4791) has at these offsets.
 ROCE_SIGNATURE = {12: H.ETHERTYPE_IPV4 >> 8, 13: H.ETHERTYPE_IPV4 & 0xFF, 14: 0x45,
                   23: H.IP_PROTO_UDP, 36: H.ROCEV2_PORT >> 8, 37: H.ROCEV2_PORT & 0xFF}
@@ -176,14 +175,15 @@ FIRST_BYTE = OFFSET_FLAGS.const({"header": 1})
 
 class IcrcCheck(wiring.Component):
     """Checks the RoCEv2 ICRC of received frames, a byte at a time (see `hw.icrc` for the
-    CRC): passes `GmiiRx`'s bytes on one cycle later with ``icrc_ok`` on each frame's last
-    byte, true when the CRC over IPv4 header to ICRC, with the variant fields masked,
-    leaves the residue. The region ends where the IPv4 total length says, so Ethernet
+    CRC): passes the bytes on through one register stage (latency 1 cycle, one byte per
+    cycle, waiting when the output waits) with ``icrc_ok`` on each frame's last byte, true
+    when the CRC over IPv4 header to ICRC, with the variant fields masked, leaves the
+    residue. The region ends where the IPv4 total length says, so Ethernet
     padding after the ICRC is not folded. Any frame gets a verdict; for one that is not
     RoCEv2 it means nothing, and the switch's parser does not read it."""
 
-    i: In(stream.Signature(CHECKED_BYTE, always_ready=True))
-    o: Out(stream.Signature(ICRC_CHECKED_BYTE, always_ready=True))
+    i: In(stream.Signature(BYTE))
+    o: Out(stream.Signature(ICRC_BYTE))
 
     def elaborate(self, platform):
         m = Module()
@@ -194,14 +194,15 @@ class IcrcCheck(wiring.Component):
         total_high = Signal(8)
         crc = Signal(32)
         byte = self.i.payload.data
-        m.d.sync += [
-            self.o.valid.eq(self.i.valid),
-            self.o.payload.data.eq(byte), self.o.payload.last.eq(self.i.payload.last),
-            self.o.payload.ok.eq(self.i.payload.ok),
-        ]
-        m.d.comb += self.o.payload.icrc_ok.eq(crc == RESIDUE)
+        take = self.i.valid & self.i.ready
+        m.d.comb += [self.i.ready.eq(~self.o.valid | self.o.ready),
+                     self.o.payload.icrc_ok.eq(crc == RESIDUE)]
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += self.o.valid.eq(0)
         after = _flags_after(m, position, "after")
-        with m.If(self.i.valid):
+        with m.If(take):
+            m.d.sync += [self.o.valid.eq(1), self.o.payload.data.eq(byte),
+                         self.o.payload.last.eq(self.i.payload.last)]
             with m.If(covered):
                 m.d.sync += crc.eq(crc32_byte(Mux(at.start, PREFIX_STATE, crc),
                                               Mux(at.variant, 0xFF, byte)))
@@ -537,8 +538,8 @@ class Mac(wiring.Component):
 
     With `icrc`, the MAC also does the RoCEv2 ICRC a byte at a time, so that the switch needs
     no ICRC engine per port (``Switch(icrc="mac")``): `IcrcCheck` gives each received frame
-    an ``icrc_ok`` (on `rx`'s checked beats; the receive buffer's words are then 10 bits,
-    two block RAMs), and `IcrcFill` writes the ICRC of each RoCEv2 frame sent."""
+    an ``icrc_ok`` (on `rx`'s checked beats), and `IcrcFill` writes the ICRC of each RoCEv2
+    frame sent."""
 
     def __init__(self, width: int = 64, *, rx_domain: str = "eth_rx", tx_domain: str = "eth_tx",
                  buffer_bytes: int = 2048, icrc: bool = False):
@@ -563,7 +564,6 @@ class Mac(wiring.Component):
         rx = DomainRenamer(self.rx_domain)
         tx = DomainRenamer(self.tx_domain)
         beat_bits = BeatLayout(self.width, self.icrc).size
-        stored = ICRC_BYTE if self.icrc else BYTE
         # The crossings have no reset, so their core side runs on a reset-less copy of the
         # core clock: they start empty at configuration, and the switch sends nothing while
         # the core is in reset.
@@ -571,7 +571,7 @@ class Mac(wiring.Component):
         m.d.comb += core.clk.eq(ClockSignal("sync"))
 
         m.submodules.gmii_rx = gmii_rx = rx(GmiiRx())
-        m.submodules.rx_buffer = rx_buffer = rx(FrameBuffer(stored, self.buffer_bytes))
+        m.submodules.rx_buffer = rx_buffer = rx(FrameBuffer(BYTE, self.buffer_bytes))
         m.submodules.rx_widen = rx_widen = rx(Widen8(self.width, self.icrc))
         m.submodules.rx_cdc = rx_cdc = AsyncFifo(
             beat_bits, 16, r_domain="mac_core", w_domain=self.rx_domain)
@@ -582,19 +582,20 @@ class Mac(wiring.Component):
             self.rx_overflows.eq(rx_buffer.overflows),
         ]
         received = gmii_rx.o
-        if self.icrc:
-            m.submodules.rx_icrc = rx_icrc = rx(IcrcCheck())
-            wiring.connect(m, gmii_rx.o, rx_icrc.i)
-            received = rx_icrc.o
-            m.d.comb += rx_buffer.i.payload.icrc_ok.eq(received.payload.icrc_ok)
         m.d.comb += [
             rx_buffer.i.payload.data.eq(received.payload.data),
             rx_buffer.i.payload.last.eq(received.payload.last),
             rx_buffer.i.valid.eq(received.valid), rx_buffer.ok.eq(received.payload.ok),
         ]
-        m.submodules.rx_skid = rx_skid = rx(Skid(stored))
+        m.submodules.rx_skid = rx_skid = rx(Skid(BYTE))
         wiring.connect(m, rx_buffer.o, rx_skid.i)
-        wiring.connect(m, rx_skid.o, rx_widen.i)
+        if self.icrc:
+            # After the buffer, so that its words stay 9 bits: one block RAM.
+            m.submodules.rx_icrc = rx_icrc = rx(IcrcCheck())
+            wiring.connect(m, rx_skid.o, rx_icrc.i)
+            wiring.connect(m, rx_icrc.o, rx_widen.i)
+        else:
+            wiring.connect(m, rx_skid.o, rx_widen.i)
         m.d.comb += [
             rx_cdc.w_data.eq(rx_widen.o.payload), rx_cdc.w_en.eq(rx_widen.o.valid),
             rx_widen.o.ready.eq(rx_cdc.w_rdy),

@@ -21,35 +21,42 @@ def _roce_frames(rng):
 
 
 def _check(frames):
-    """Feeds `frames` into IcrcCheck with idle bytes between some, returns each frame's
-    (bytes out, icrc_ok on its last byte)."""
+    """Feeds `frames` into IcrcCheck with idle bytes between some, and a reader that
+    stalls; returns each frame's (bytes out, icrc_ok on its last byte)."""
     dut = IcrcCheck()
     results = []
+    feed = [(b, i == len(f) - 1) for f in frames for i, b in enumerate(f)]
 
-    async def bench(ctx):
-        got = bytearray()
+    async def source(ctx):
         rng = random.Random(3)
-        feed = [(b, i == len(f) - 1) for f in frames for i, b in enumerate(f)]
-        pending = list(feed)
-        for _ in range(len(feed) * 3 + 10):
-            if pending and rng.random() < 0.8:
-                byte, last = pending.pop(0)
-                ctx.set(dut.i.valid, 1)
-                ctx.set(dut.i.payload, {"data": byte, "last": last, "ok": 1})
-            else:
+        for byte, last in feed:
+            while rng.random() < 0.2:
                 ctx.set(dut.i.valid, 0)
+                await ctx.tick()
+            ctx.set(dut.i.valid, 1)
+            ctx.set(dut.i.payload, {"data": byte, "last": last})
+            await ctx.tick().until(dut.i.ready)
+        ctx.set(dut.i.valid, 0)
+
+    async def sink(ctx):
+        rng = random.Random(4)
+        got = bytearray()
+        while len(results) < len(frames):
+            ready = rng.random() < 0.7
+            ctx.set(dut.o.ready, ready)
+            taken = ready and ctx.get(dut.o.valid)
+            out = ctx.get(dut.o.payload)
             await ctx.tick()
-            if ctx.get(dut.o.valid):
-                out = ctx.get(dut.o.payload)
+            if taken:
                 got.append(out.data)
                 if out.last:
-                    assert out.ok
                     results.append((bytes(got), bool(out.icrc_ok)))
                     got = bytearray()
 
     sim = Simulator(dut)
     sim.add_clock(8e-9)
-    sim.add_testbench(bench)
+    sim.add_testbench(source)
+    sim.add_testbench(sink)
     sim.run()
     return results
 
