@@ -31,9 +31,10 @@ contribution nor a control request is dropped as unhandled. Every dropped packet
 is drained.
 
 A control request is a barrier: no packet behind it is looked up until its records are
-applied (and the slots of any job whose CONFIG it wrote are cleared, one slot per cycle) and
-an egress port has sent its reply (`reply_sent`). Its addresses wait in `reply_to` meanwhile,
-so that results' descriptors need not carry them.
+applied (and the slots of any job whose CONFIG it wrote are cleared, one slot per cycle). Its
+reply goes out of the port it came in on, whose ingress holds the request's addresses
+(`hw.ingress.Ingress.reply_to`); a request that is not served releases them
+(`reply_dropped`).
 Throughput: one header per cycle and one payload beat per cycle, with no gap between
 packets. Latency: the first result beat leaves 4 cycles after the header is taken, when the
 packet's payload is waiting.
@@ -65,18 +66,12 @@ class Action(enum.IntEnum):
 
 def result_descriptor(max_workers: int):
     """What an egress port needs to address a result or a control reply (whose addresses
-    are the aggregator's `reply_to`)."""
+    its port's ingress holds)."""
     return data.StructLayout({
         "control": 1,
         "job": 4, "dests": max_workers, "slot": 12, "version": 1, "count": 6,
         "exponent": signed(8), "overflow": 1, "offset": 64, "length": 11, "psn": 24,
     })
-
-
-# Where a control reply goes: its request's addresses, which the egress port swaps.
-REPLY_TO = data.StructLayout({
-    "eth_src": 48, "eth_dst": 48, "ip_src": 32, "ip_dst": 32, "udp_src": 16, "udp_dst": 16,
-})
 
 
 def egress_beat(width: int, ports: int, max_workers: int):
@@ -100,8 +95,7 @@ class Aggregator(wiring.Component):
             "header": In(stream.Signature(ingress_header(ports))),
             "payload": In(FrameStream(width)).array(ports),
             "egress": Out(stream.Signature(egress_beat(width, ports, max_workers))),
-            "reply_to": Out(REPLY_TO),
-            "reply_sent": In(1),        # an egress port sent a control reply's header
+            "reply_dropped": Out(ports),  # a port's control request got no reply
             "port_events": Out(len(PORT_EVENTS)).array(ports),
             "job_events": Out(len(JOB_EVENTS)).array(jobs),
         })
@@ -138,8 +132,7 @@ class Aggregator(wiring.Component):
 
         # --- lookup --------------------------------------------------------------------
         barrier = Signal()          # a control request is between lookup and its end
-        replying = Signal()         # a control reply is on its way out
-        waiting = barrier | replying
+        waiting = barrier
         a_valid = Signal()
         a = Signal(self.header.payload.shape())
         m.d.comb += self.header.ready.eq(go & ~waiting)
@@ -148,7 +141,7 @@ class Aggregator(wiring.Component):
             m.d.sync += a.eq(self.header.payload)
 
         def is_control(header):
-            return (header.bth.opcode == H.OP_CONTROL) & (header.bth.dqpn == H.CONTROL_QPN)
+            return H.is_control(header.bth)
 
         with m.If(self.header.valid & self.header.ready & is_control(self.header.payload)):
             m.d.sync += barrier.eq(1)
@@ -325,20 +318,11 @@ class Aggregator(wiring.Component):
             state_wr.addr.eq(b_index), state_wr.data.eq(new_state),
             state_wr.en.eq(decided & update),
         ]
-        # A control request that was not served (a bad length) lifts its barrier here. One
-        # that is served keeps lookup waiting until its reply has left (`reply_sent`), so
-        # that `reply_to` holds its addresses until then.
+        # A control request that was not served (a bad length) lifts its barrier here, and
+        # its port's ingress may take the next one.
         with m.If(decided & is_control(b) & (b_look != Look.CONTROL)):
             m.d.sync += barrier.eq(0)
-        with m.If(decided & (b_look == Look.CONTROL)):
-            m.d.sync += [
-                replying.eq(1),
-                self.reply_to.eth_src.eq(b.eth.src), self.reply_to.eth_dst.eq(b.eth.dst),
-                self.reply_to.ip_src.eq(b.ip.src), self.reply_to.ip_dst.eq(b.ip.dst),
-                self.reply_to.udp_src.eq(b.udp.src_port), self.reply_to.udp_dst.eq(b.udp.dst_port),
-            ]
-        with m.If(self.reply_sent):
-            m.d.sync += replying.eq(0)
+            m.d.comb += self.reply_dropped.eq(Const(1, P) << b.port)
         for p in range(P):
             with m.If(decided & (b.port == p)):
                 m.d.comb += self.port_events[p].eq(port_event)

@@ -7,9 +7,9 @@ destination: for a result, each worker of the descriptor's `dests` whose job-tab
 names this port, in rank order, from the same stored payload; for a control reply, the one
 requester. Each packet's header entry is built from the job table (worker MAC, IP, UDP port,
 QPN, R_Key, base address + offset; the PSN is the job's credit limit, from the descriptor)
-or, for a reply, from the request's addresses swapped (`reply_to`, which the aggregator holds
-until `reply_sent`), and goes with the payload (through a `Narrow` gearbox) to the `Deparser`,
-which computes lengths, checksum and ICRC.
+or, for a reply, from the request's addresses swapped (`reply_to`, which this port's
+ingress holds until `reply_sent`), and goes with the payload (through a `Narrow` gearbox)
+to the `Deparser`, which computes lengths, checksum and ICRC.
 
 Throughput: the deparser's, one beat per cycle, no gap between packets when the payload is
 stored. Latency: the first beat of a packet leaves 3 cycles after its payload's last beat
@@ -23,10 +23,11 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from . import headers as H
-from .aggregator import REPLY_TO, egress_beat, result_descriptor
+from .aggregator import egress_beat, result_descriptor
 from .beat import BeatLayout, FrameStream
 from .deparser import Deparser
 from .gearbox import Narrow
+from .ingress import REPLY_TO
 
 
 class Egress(wiring.Component):

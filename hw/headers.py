@@ -211,6 +211,13 @@ OP_CONTRIBUTION = 0x2B      # UC RDMA WRITE Only with Immediate: worker -> switc
 OP_RESULT = 0x2B            # the same opcode: switch -> worker
 OP_CONTROL = 0x24           # UC SEND Only to CONTROL_QPN: control request and reply
 CONTROL_QPN = 0x000001
+
+
+def is_control(bth):
+    """Whether a packet with this BTH is a control request."""
+    return (bth.opcode == OP_CONTROL) & (bth.dqpn == CONTROL_QPN)
+
+
 RESULT_TTL = 64
 IP_FLAGS_DF = 0b010
 

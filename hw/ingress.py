@@ -12,13 +12,18 @@ Priority drop: a good contribution marked droppable (ImmDt) whose queue holds at
 queued as a header alone, marked `null` (`nulled` pulses); the aggregator counts it as a
 contribution of zeros, so its slot still completes. Nothing else is dropped by priority.
 
+A control request's addresses (Ethernet, IPv4 destination, UDP ports) do not travel in its
+header entry: they wait in `reply_to` until the request's reply has left this port's egress
+or the aggregator has dropped the request (`reply_sent`), and a second control request waits
+at the parser meanwhile.
+
 Latency: a header entry is committed two cycles after the frame's last beat at the earliest
 (one in the parser, one waiting for the gearbox to hand over the frame's last wide beat).
 Drops: every frame the parser does not judge OK, frames larger than the queue, and the
 payload of droppable contributions under congestion.
 """
 
-from amaranth import Array, Module, unsigned
+from amaranth import Array, Module, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -35,13 +40,11 @@ TIME_WIDTH = 32
 def ingress_header(ports: int) -> data.StructLayout:
     """A committed header entry: the parser's fields that the aggregator reads (under the
     same names as in `hw.headers.PACKET_HEADER`), the verdict and payload length the packet
-    queue reads, the ingress port and the commit time: 461 bits at 2 ports, where all of
+    queue reads, the ingress port and the commit time: 301 bits at 2 ports, where all of
     PACKET_HEADER's would make 693. The entries fill LUT RAM, the arbiter's mux and two
     aggregator stages."""
     return data.StructLayout({
-        "eth": data.StructLayout({"dst": 48, "src": 48}),
-        "ip": data.StructLayout({"src": 32, "dst": 32}),
-        "udp": data.StructLayout({"src_port": 16, "dst_port": 16}),
+        "ip": data.StructLayout({"src": 32}),
         "bth": data.StructLayout({"opcode": 8, "dqpn": 24, "psn": 24}),
         "reth": H.RETH,
         "immdt": H.IMMDT,
@@ -51,6 +54,12 @@ def ingress_header(ports: int) -> data.StructLayout:
         "time": unsigned(TIME_WIDTH),
         "null": 1,                 # payload dropped by priority
     })
+
+
+# Where a control reply goes: its request's addresses, which the egress port swaps.
+REPLY_TO = data.StructLayout({
+    "eth_src": 48, "eth_dst": 48, "ip_src": 32, "ip_dst": 32, "udp_src": 16, "udp_dst": 16,
+})
 
 
 def _copy(m, to, source):
@@ -81,6 +90,8 @@ class Ingress(wiring.Component):
             "dropped": Out(len(H.Verdict)),       # a frame dropped, by verdict (a pulse)
             "committed": Out(1),
             "nulled": Out(1),
+            "reply_to": Out(REPLY_TO),     # the control request in flight from this port
+            "reply_sent": In(1),           # its reply has left, or it was dropped
         })
 
     def elaborate(self, platform):
@@ -104,14 +115,27 @@ class Ingress(wiring.Component):
         droppable = ((header.bth.opcode == H.OP_CONTRIBUTION)
                      & H.REQUEST_IMM(header.immdt.data).droppable)
         congested = queue.level >= Array(self.thresholds)[header.ip.dscp[3:]]
+        control = H.is_control(header.bth)
+        replying = Signal()             # `reply_to` holds a request in flight
+        go = widen.idle & ~(control & replying)
         m.d.comb += [
             entry.port.eq(self.port),
             entry.time.eq(self.time),
             entry.null.eq(droppable & congested),
             queue.i_null.eq(entry.null),
-            queue.i_header.valid.eq(parser.header.valid & widen.idle),
-            parser.header.ready.eq(queue.i_header.ready & widen.idle),
+            queue.i_header.valid.eq(parser.header.valid & go),
+            parser.header.ready.eq(queue.i_header.ready & go),
         ]
+        with m.If(self.reply_sent):
+            m.d.sync += replying.eq(0)
+        with m.If(queue.committed & control):
+            reply_to = self.reply_to
+            m.d.sync += [
+                replying.eq(1),
+                reply_to.eth_src.eq(header.eth.src), reply_to.eth_dst.eq(header.eth.dst),
+                reply_to.ip_src.eq(header.ip.src), reply_to.ip_dst.eq(header.ip.dst),
+                reply_to.udp_src.eq(header.udp.src_port), reply_to.udp_dst.eq(header.udp.dst_port),
+            ]
         with m.If(parser.header.valid):
             m.d.comb += [widen.i.valid.eq(0), parser.payload.ready.eq(0)]
 

@@ -132,9 +132,9 @@ class Switch(wiring.Component):
                           icrc=self.icrc)
             m.submodules[f"egress{p}"] = port
             wiring.connect(m, port.o, wiring.flipped(self.tx[p]))
-            m.d.comb += port.reply_to.eq(aggregator.reply_to)
+            m.d.comb += [port.reply_to.eq(ingress[p].reply_to),
+                         ingress[p].reply_sent.eq(port.reply_sent | aggregator.reply_dropped[p])]
             egress.append(port)
-        m.d.comb += aggregator.reply_sent.eq(Cat(*(port.reply_sent for port in egress)).any())
         # A result beat leaves the aggregator when every port it goes to can take it, and
         # only then is it offered to them (an egress port's ready never depends on valid).
         targets = aggregator.egress.payload.ports

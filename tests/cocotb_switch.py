@@ -22,7 +22,15 @@ from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 
 from host import wire as W
 from sim import golden as G
-from tests.switch_traffic import check_results, control_frame, job_config_records, scenario
+from tests.frames import scapy_frame
+from tests.switch_traffic import (
+    HOST_IP,
+    SWITCH,
+    check_results,
+    control_frame,
+    job_config_records,
+    scenario,
+)
 
 PARAMS = json.loads(os.environ.get("NETAGG_SWITCH", "{}"))
 PORTS = PARAMS.get("ports", 4)
@@ -273,9 +281,17 @@ async def control_path(dut):
         port = n % PORTS
         tb.send(port, control_frame([(a, 0) for a in (addresses * 2)[:count]], psn=n,
                                     sport=0xD000 + port))
+    # A request the switch does not serve (12 bytes: not whole records) gets no reply, and
+    # the port's next request is answered all the same.
+    tb.send(1, scapy_frame(W.OP_CONTROL, W.CONTROL_QPN, 9, bytes(12),
+                           W.Endpoint(HOST_IP, 0xD001, 0x02BB00000009), SWITCH))
+    tb.send(1, control_frame([(W.port_counter(1, "drop_bad_payload"), 0)], psn=10,
+                             sport=0xD001))
     await tb.drain()
     model.catch_up(tb)
     assert_same(dut, tb, model)
+    # The model answers what the switch committed; the last request must have been too.
+    assert [W.parse_frame(f).psn for f in tb.received[1]] == [1, 10]
 
 
 @cocotb.test()
