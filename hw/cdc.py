@@ -78,11 +78,12 @@ class AsyncFifo(wiring.Component):
         # entry at the read pointer when it has been written and the output is free.
         w_gray_r, w_ptr_r = Signal(bits), Signal(bits)
         m.submodules.w_sync = FFSynchronizer(w_gray, w_gray_r, o_domain=self.r_domain)
-        load = (r_ptr != w_ptr_r) & (~self.r_rdy | self.r_en)
+        # The output register takes whatever the storage holds at the read pointer whenever
+        # it is free, so that its enable does not wait for the emptiness compare.
+        free = ~self.r_rdy | self.r_en
+        filled = r_ptr != w_ptr_r
         m.d.comb += read.addr.eq(r_ptr[:-1])
         r += [w_ptr_r.eq(_binary(w_gray_r, bits)), r_gray.eq(_gray(r_ptr))]
-        with m.If(load):
-            r += [self.r_data.eq(read.data), self.r_rdy.eq(1), r_ptr.eq(r_ptr + 1)]
-        with m.Elif(self.r_en):
-            r += self.r_rdy.eq(0)
+        with m.If(free):
+            r += [self.r_data.eq(read.data), self.r_rdy.eq(filled), r_ptr.eq(r_ptr + filled)]
         return m
