@@ -177,7 +177,7 @@ class SwitchBoard(Elaboratable):
             ]
             received.append(mac.rx.valid & rx.ready & mac.rx.payload.last)
             sent.append(mux.o.valid & mux.o.ready & mux.o.payload.last)
-            bad.append(mac.rx_crc_errors != 0)   # rx domain; a status light, not a counter
+            bad.append(mac.rx_crc_errors != 0)
             replies = replies | (arp.replies != 0)
 
         self._leds(m, platform, t, pll.locked, received, sent, bad, replies)

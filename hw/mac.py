@@ -1,29 +1,32 @@
 """Gigabit Ethernet MAC: GMII on one side, the switch's frame beats on the other.
 
-    GMII rx (rx clock) -> GmiiRx: strip preamble/SFD, check and strip the FCS
-        -> FrameBuffer (2 KB, commits good frames, rolls back bad ones) -> Skid
-        -> [IcrcCheck] -> Widen8 (8 -> width) -> AsyncFifo -> rx beats (core clock)
-    tx beats (core clock) -> AsyncFifo -> FrameBuffer (2 KB of beats, a frame leaves
-        once it is whole) -> Skid -> Narrow8 (width -> 8) -> Skid -> GmiiTx: preamble/SFD,
-           padding to 60 bytes, FCS, 12 idle bytes between frames -> GMII tx (tx clock)
+    rx clock:   GMII rx -> GmiiRx: strip preamble/SFD, check and strip the FCS
+                -> [IcrcCheck] -> Widen8 (8 -> width) -> AsyncFifo
+    core clock: -> FrameBuffer (2 KB of beats: commits good frames, rolls back bad ones)
+                -> rx beats
+    core clock: tx beats -> FrameBuffer (2 KB of beats: a frame leaves once it is whole)
+                -> AsyncFifo
+    tx clock:   -> Narrow8 (width -> 8) -> Skid -> [IcrcFill -> Skid] -> GmiiTx: preamble/SFD,
+                padding to 60 bytes, FCS, 12 idle bytes between frames -> GMII tx
 
-The `Skid` register slices are there for timing at 125 MHz on an ECP5: each cuts a
-combinational path (a block RAM's output into a ready that feeds that RAM's read address, a
-byte mux into the FCS XOR network) without losing a cycle of throughput.
+The 125 MHz sides hold no block RAM and little logic: the buffers are on the core side of
+the crossings, where the clock is 5 times slower, and every 125 MHz path starts and ends
+at a flip-flop close by (see `hw.cdc`; the `Skid` slices cut a byte's ready path in front
+of the FCS and ICRC networks).
 
 Frames toward the switch carry no FCS and keep their Ethernet padding; frames from the switch
 get padding and FCS here. A received frame is dropped, and counted, when its FCS is wrong or
 the PHY signalled an error (`rx_crc_errors`), or when it does not fit in the receive buffer
 because the core is not taking frames (`rx_overflows`); `rx_frames` counts frames passed on.
-The counters live in the rx clock domain. Latency: a received frame leaves a few core cycles
-after its last FCS byte (store and forward); a frame to send starts on the wire about 25 tx
-cycles after its last beat reached the tx buffer. Memory: one block RAM per direction
-(2048 x 9 bytes received; 256 x 68 beats to send, at width 64). Gigabit only (one byte
+The counters are in the core clock domain. Latency: a received frame leaves a few core
+cycles after its last FCS byte (store and forward); a frame to send starts on the wire about
+25 tx cycles after its last beat reached the tx buffer. Memory: two block RAMs per direction
+(256 beats of 69 bits received, 256 x 68 bits to send, at width 64). Gigabit only (one byte
 per tx/rx clock).
 
-With ``icrc=True`` (the boards), `IcrcCheck` after the receive buffer checks each frame's
-RoCEv2 ICRC and `IcrcFill` before GmiiTx writes the ICRC of each RoCEv2 frame sent, a byte at a
-time: a few hundred LUTs per port instead of the switch's 64-bit ICRC engines.
+With ``icrc=True`` (the boards), `IcrcCheck` checks each received frame's RoCEv2 ICRC and
+`IcrcFill` before GmiiTx writes the ICRC of each RoCEv2 frame sent, a byte at a time: a few
+hundred LUTs per port instead of the switch's 64-bit ICRC engines.
 
 `RgmiiPhy` (hw/mac_rgmii.py) turns the GMII side into RGMII on an ECP5; simulation drives GMII.
 """
@@ -34,7 +37,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from . import headers as H
-from .beat import BeatLayout, FrameStream, check_width
+from .beat import FrameStream, check_width
 from .cdc import AsyncFifo
 from .icrc import PREFIX_STATE, RESIDUE
 
@@ -49,6 +52,7 @@ COUNTER_WIDTH = 32
 BYTE = data.StructLayout({"data": 8, "last": 1})
 CHECKED_BYTE = data.StructLayout({"data": 8, "last": 1, "ok": 1})
 ICRC_BYTE = data.StructLayout({"data": 8, "last": 1, "icrc_ok": 1})
+ICRC_CHECKED_BYTE = data.StructLayout({"data": 8, "last": 1, "ok": 1, "icrc_ok": 1})
 # Bytes a RoCEv2 frame (IPv4 without options, UDP to port 4791) has at these offsets.
 ROCE_SIGNATURE = {12: H.ETHERTYPE_IPV4 >> 8, 13: H.ETHERTYPE_IPV4 & 0xFF, 14: 0x45,
                   23: H.IP_PROTO_UDP, 36: H.ROCEV2_PORT >> 8, 37: H.ROCEV2_PORT & 0xFF}
@@ -182,8 +186,8 @@ class IcrcCheck(wiring.Component):
     padding after the ICRC is not folded. Any frame gets a verdict; for one that is not
     RoCEv2 it means nothing, and the switch's parser does not read it."""
 
-    i: In(stream.Signature(BYTE))
-    o: Out(stream.Signature(ICRC_BYTE))
+    i: In(stream.Signature(CHECKED_BYTE))
+    o: Out(stream.Signature(ICRC_CHECKED_BYTE))
 
     def elaborate(self, platform):
         m = Module()
@@ -202,7 +206,8 @@ class IcrcCheck(wiring.Component):
         after = _flags_after(m, position, "after")
         with m.If(take):
             m.d.sync += [self.o.valid.eq(1), self.o.payload.data.eq(byte),
-                         self.o.payload.last.eq(self.i.payload.last)]
+                         self.o.payload.last.eq(self.i.payload.last),
+                         self.o.payload.ok.eq(self.i.payload.ok)]
             with m.If(covered):
                 m.d.sync += crc.eq(crc32_byte(Mux(at.start, PREFIX_STATE, crc),
                                               Mux(at.variant, 0xFF, byte)))
@@ -398,39 +403,50 @@ def packed_beat(width: int):
     return data.StructLayout({"data": width, "count": range(width // 8), "last": 1})
 
 
+def received_beat(width: int, checked: bool = False):
+    """A received beat as it crosses into the core clock: packed (`packed_beat`), with the
+    frame's FCS verdict ``ok`` (and, when `checked`, its ICRC verdict ``icrc_ok``), both read
+    on the last beat."""
+    fields = {"data": width, "count": range(width // 8), "last": 1, "ok": 1}
+    if checked:
+        fields["icrc_ok"] = 1
+    return data.StructLayout(fields)
+
+
 class Widen8(wiring.Component):
-    """Gathers bytes into beats of `width` bits (first byte in the lowest bits); a frame's
-    last byte ends its beat. One byte in per cycle; latency 1 cycle. With `checked`, the
-    last byte's ``icrc_ok`` goes with the last beat."""
+    """Gathers bytes into packed beats of `width` bits (`received_beat`: first byte in the
+    lowest bits, the byte count less one); a frame's last byte ends its beat and gives it
+    its ``ok`` (and, when `checked`, ``icrc_ok``). One byte in per cycle; latency 1 cycle."""
 
     def __init__(self, width: int, checked: bool = False):
         self.width, self.checked = width, checked
-        super().__init__({"i": In(stream.Signature(ICRC_BYTE if checked else BYTE)),
-                          "o": Out(FrameStream(width, checked))})
+        super().__init__({
+            "i": In(stream.Signature(ICRC_CHECKED_BYTE if checked else CHECKED_BYTE)),
+            "o": Out(stream.Signature(received_beat(width, checked))),
+        })
 
     def elaborate(self, platform):
         m = Module()
         n = self.width // 8
-        gathered = Signal(BeatLayout(self.width))
+        gathered = Signal(self.width, reset_less=True)
         lane = Signal(range(n))
         closes = self.i.payload.last | (lane == n - 1)
         m.d.comb += self.i.ready.eq(~self.o.valid | self.o.ready | ~closes)
         with m.If(self.o.valid & self.o.ready):
             m.d.sync += self.o.valid.eq(0)
         with m.If(self.i.valid & self.i.ready):
-            data = Cat(*(Mux(lane == k, self.i.payload.data, gathered.data[8 * k:8 * k + 8])
+            data = Cat(*(Mux(lane == k, self.i.payload.data, gathered[8 * k:8 * k + 8])
                          for k in range(n)))
-            keep = Cat(*((lane >= k) if k else Const(1) for k in range(n)))
             with m.If(closes):
                 m.d.sync += [
-                    self.o.payload.data.eq(data), self.o.payload.keep.eq(keep),
-                    self.o.payload.last.eq(self.i.payload.last), self.o.valid.eq(1),
-                    lane.eq(0),
+                    self.o.payload.data.eq(data), self.o.payload.count.eq(lane),
+                    self.o.payload.last.eq(self.i.payload.last),
+                    self.o.payload.ok.eq(self.i.payload.ok), self.o.valid.eq(1), lane.eq(0),
                 ]
                 if self.checked:
                     m.d.sync += self.o.payload.icrc_ok.eq(self.i.payload.icrc_ok)
             with m.Else():
-                m.d.sync += [gathered.data.eq(data), lane.eq(lane + 1)]
+                m.d.sync += [gathered.eq(data), lane.eq(lane + 1)]
         return m
 
 
@@ -563,70 +579,94 @@ class Mac(wiring.Component):
         m = Module()
         rx = DomainRenamer(self.rx_domain)
         tx = DomainRenamer(self.tx_domain)
-        beat_bits = BeatLayout(self.width, self.icrc).size
+        beats = self.buffer_bytes // (self.width // 8)
         # The crossings have no reset, so their core side runs on a reset-less copy of the
         # core clock: they start empty at configuration, and the switch sends nothing while
         # the core is in reset.
         m.domains.mac_core = core = ClockDomain("mac_core", local=True, reset_less=True)
         m.d.comb += core.clk.eq(ClockSignal("sync"))
 
+        # Receive, 125 MHz: bytes, checked, gathered into beats, across.
         m.submodules.gmii_rx = gmii_rx = rx(GmiiRx())
-        m.submodules.rx_buffer = rx_buffer = rx(FrameBuffer(BYTE, self.buffer_bytes))
         m.submodules.rx_widen = rx_widen = rx(Widen8(self.width, self.icrc))
+        received = received_beat(self.width, self.icrc)
         m.submodules.rx_cdc = rx_cdc = AsyncFifo(
-            beat_bits, 16, r_domain="mac_core", w_domain=self.rx_domain)
+            received.size, 16, r_domain="mac_core", w_domain=self.rx_domain)
         m.d.comb += [
             gmii_rx.rx_data.eq(self.gmii_rx_data), gmii_rx.rx_dv.eq(self.gmii_rx_dv),
             gmii_rx.rx_er.eq(self.gmii_rx_er),
+        ]
+        first = rx_widen.i
+        if self.icrc:
+            m.submodules.rx_icrc = rx_icrc = rx(IcrcCheck())
+            wiring.connect(m, rx_icrc.o, rx_widen.i)
+            first = rx_icrc.i
+        # GmiiRx cannot wait, and nothing after it does in practice: the crossing is read in
+        # every core cycle, faster than beats come (one per 8 rx cycles at most, two at a
+        # frame's end). Should a byte find no room all the same, the frame it belongs to is
+        # marked bad, so that the receive buffer drops it and counts it.
+        lost = Signal()
+        m.d.comb += [
+            first.valid.eq(gmii_rx.o.valid), first.payload.data.eq(gmii_rx.o.payload.data),
+            first.payload.last.eq(gmii_rx.o.payload.last),
+            first.payload.ok.eq(gmii_rx.o.payload.ok & ~lost),
+        ]
+        with m.If(gmii_rx.o.valid):
+            with m.If(~first.ready):
+                m.d[self.rx_domain] += lost.eq(1)
+            with m.Elif(gmii_rx.o.payload.last):
+                m.d[self.rx_domain] += lost.eq(0)
+        m.d.comb += [rx_cdc.w_data.eq(rx_widen.o.payload), rx_cdc.w_en.eq(rx_widen.o.valid),
+                     rx_widen.o.ready.eq(rx_cdc.w_rdy)]
+
+        # Receive, core clock: whole frames in the buffer, then out as the switch's beats.
+        crossed = received(rx_cdc.r_data)
+        stored = data.StructLayout({name: field.shape for name, field in received
+                                    if name != "ok"})
+        m.submodules.rx_buffer = rx_buffer = FrameBuffer(stored, beats)
+        m.d.comb += [getattr(rx_buffer.i.payload, name).eq(getattr(crossed, name))
+                     for name, _ in stored]
+        m.d.comb += [
+            rx_cdc.r_en.eq(1), rx_buffer.i.valid.eq(rx_cdc.r_rdy), rx_buffer.ok.eq(crossed.ok),
             self.rx_frames.eq(rx_buffer.frames), self.rx_crc_errors.eq(rx_buffer.crc_errors),
             self.rx_overflows.eq(rx_buffer.overflows),
         ]
-        received = gmii_rx.o
+        out = rx_buffer.o.payload
         m.d.comb += [
-            rx_buffer.i.payload.data.eq(received.payload.data),
-            rx_buffer.i.payload.last.eq(received.payload.last),
-            rx_buffer.i.valid.eq(received.valid), rx_buffer.ok.eq(received.payload.ok),
+            self.rx.payload.data.eq(out.data), self.rx.payload.last.eq(out.last),
+            self.rx.payload.keep.eq((Const(2, self.width // 8 + 1) << out.count) - 1),
+            self.rx.valid.eq(rx_buffer.o.valid), rx_buffer.o.ready.eq(self.rx.ready),
         ]
-        m.submodules.rx_skid = rx_skid = rx(Skid(BYTE))
-        wiring.connect(m, rx_buffer.o, rx_skid.i)
         if self.icrc:
-            # After the buffer, so that its words stay 9 bits: one block RAM.
-            m.submodules.rx_icrc = rx_icrc = rx(IcrcCheck())
-            wiring.connect(m, rx_skid.o, rx_icrc.i)
-            wiring.connect(m, rx_icrc.o, rx_widen.i)
-        else:
-            wiring.connect(m, rx_skid.o, rx_widen.i)
-        m.d.comb += [
-            rx_cdc.w_data.eq(rx_widen.o.payload), rx_cdc.w_en.eq(rx_widen.o.valid),
-            rx_widen.o.ready.eq(rx_cdc.w_rdy),
-            self.rx.payload.eq(rx_cdc.r_data), self.rx.valid.eq(rx_cdc.r_rdy),
-            rx_cdc.r_en.eq(self.rx.ready),
-        ]
+            m.d.comb += self.rx.payload.icrc_ok.eq(out.icrc_ok)
 
-        # Transmit: whole frames are gathered as beats (8 bytes per tx cycle), so the next
-        # frame is ready when the one on the wire ends.
+        # Transmit, core clock: whole frames are gathered as packed beats, so that once a
+        # frame starts on the wire its beats come faster than it is sent (8 bytes a core
+        # cycle against 8 bytes per 8 tx cycles).
         packed = packed_beat(self.width)
         tx_beat = Signal(packed)
         m.d.comb += [
             tx_beat.data.eq(self.tx.payload.data), tx_beat.last.eq(self.tx.payload.last),
             tx_beat.count.eq(sum(self.tx.payload.keep[1:])),
         ]
+        m.submodules.tx_buffer = tx_buffer = FrameBuffer(packed, beats, backpressure=True)
         m.submodules.tx_cdc = tx_cdc = AsyncFifo(
             packed.size, 16, r_domain=self.tx_domain, w_domain="mac_core")
-        m.submodules.tx_buffer = tx_buffer = tx(FrameBuffer(
-            packed, self.buffer_bytes // (self.width // 8), backpressure=True))
+        m.d.comb += [
+            tx_buffer.i.payload.eq(tx_beat), tx_buffer.i.valid.eq(self.tx.valid),
+            self.tx.ready.eq(tx_buffer.i.ready),
+            tx_cdc.w_data.eq(tx_buffer.o.payload), tx_cdc.w_en.eq(tx_buffer.o.valid),
+            tx_buffer.o.ready.eq(tx_cdc.w_rdy),
+        ]
+
+        # Transmit, 125 MHz: across, bytes, the ICRC, the wire.
         m.submodules.tx_narrow = tx_narrow = tx(Narrow8(self.width))
         m.submodules.gmii_tx = gmii_tx = tx(GmiiTx())
-        m.submodules.tx_skid_out = skid_out = tx(Skid(packed))
         m.submodules.tx_skid_byte = skid_byte = tx(Skid(BYTE))
         m.d.comb += [
-            tx_cdc.w_data.eq(tx_beat), tx_cdc.w_en.eq(self.tx.valid),
-            self.tx.ready.eq(tx_cdc.w_rdy),
-            tx_buffer.i.payload.eq(tx_cdc.r_data), tx_buffer.i.valid.eq(tx_cdc.r_rdy),
-            tx_cdc.r_en.eq(tx_buffer.i.ready),
+            tx_narrow.i.payload.eq(tx_cdc.r_data), tx_narrow.i.valid.eq(tx_cdc.r_rdy),
+            tx_cdc.r_en.eq(tx_narrow.i.ready),
         ]
-        wiring.connect(m, tx_buffer.o, skid_out.i)
-        wiring.connect(m, skid_out.o, tx_narrow.i)
         wiring.connect(m, tx_narrow.o, skid_byte.i)
         if self.icrc:
             m.submodules.tx_icrc = tx_icrc = tx(IcrcFill())

@@ -231,7 +231,7 @@ class MacTop(Elaboratable):
     """The MAC of one port (`hw.mac.Mac`): GMII receive (``gmii_rx_*``, clock ``rx_clk``) and
     transmit (``gmii_tx_*``, clock ``tx_clk``), the switch side as AXI-Stream style frame
     ports in the core clock (``clk``): ``rx_*`` out (``rx_tuser``: the ICRC verdict, read on
-    a frame's last beat), ``tx_*`` in; and the receive counters (rx clock domain). ``rst``
+    a frame's last beat), ``tx_*`` in; and the receive counters (core clock). ``rst``
     resets all three domains. The MAC is the boards' (``icrc=True``)."""
 
     def __init__(self, width: int = 64):
