@@ -9,13 +9,13 @@ both ports (250 MB/s at 16 bytes a cycle); 25 MHz leaves 60 % for partly filled 
 and per-packet cycles.
 
 Size: one job of two workers, 16 slots, 16 header entries per ingress queue, with the ICRC in
-the MACs (``Switch(icrc="mac")``): 20,673 LUT4 positions of 24,288 (85 %), 13,231 flip-flops
-and 43 of 56 block RAMs (28,832 LUT4, 119 %, before the ICRC moved into the MACs; 22,771
-before the counters moved into a block RAM and the workers' entries into LUT RAM). It fits,
-but so full that placement leaves the 125 MHz clocks short on this speed grade 6 part:
-eth_tx 96.5, eth0_rx 114.9, eth1_rx 81.8 MHz after placement (the core, 33.5 against 25, is
-fine), and router2 stalls near 3,000 overused wires. The same MAC meets 125 MHz with room on
-the Versa (131.6-187.1 MHz routed), so what is missing here is room: a smaller core.
+the MACs (``Switch(icrc="mac")``): 19,797 LUT4 positions of 24,288 (81 %), 12,162
+flip-flops and 43 of 56 block RAMs. Every clock meets its constraint after placement (core
+29.4 MHz against 25; eth_tx 159.4, eth0_rx 155.1, eth1_rx 151.3 against 125), since the
+MACs' 125 MHz sides hold no block RAM and every path there starts and ends at a flip-flop
+close by. It does not route yet: router2's overused wires fall to about 4,200 and then rise
+again (about 2,800-3,000, oscillating, with ``--router2-alt-weights``), so at 81 % of this
+device the core is still too dense.
 """
 
 from amaranth.build import Resource
