@@ -20,71 +20,10 @@ def _roce_frames(rng):
     return frames
 
 
-def _check(frames):
-    """Feeds `frames` into IcrcCheck with idle bytes between some, and a reader that
-    stalls; returns each frame's (bytes out, icrc_ok on its last byte)."""
-    dut = IcrcCheck()
-    results = []
-    feed = [(b, i == len(f) - 1) for f in frames for i, b in enumerate(f)]
-
-    async def source(ctx):
-        rng = random.Random(3)
-        for byte, last in feed:
-            while rng.random() < 0.2:
-                ctx.set(dut.i.valid, 0)
-                await ctx.tick()
-            ctx.set(dut.i.valid, 1)
-            ctx.set(dut.i.payload, {"data": byte, "last": last})
-            await ctx.tick().until(dut.i.ready)
-        ctx.set(dut.i.valid, 0)
-
-    async def sink(ctx):
-        rng = random.Random(4)
-        got = bytearray()
-        while len(results) < len(frames):
-            ready = rng.random() < 0.7
-            ctx.set(dut.o.ready, ready)
-            taken = ready and ctx.get(dut.o.valid)
-            out = ctx.get(dut.o.payload)
-            await ctx.tick()
-            if taken:
-                got.append(out.data)
-                if out.last:
-                    results.append((bytes(got), bool(out.icrc_ok)))
-                    got = bytearray()
-
-    sim = Simulator(dut)
-    sim.add_clock(8e-9)
-    sim.add_testbench(source)
-    sim.add_testbench(sink)
-    sim.run()
-    return results
-
-
-def test_icrc_check_against_scapy():
-    rng = random.Random(1)
-    good = _roce_frames(rng)
-    bad = []
-    for frame in good[:6]:
-        flipped = bytearray(frame)
-        at = rng.randrange(H.IPV4_OFFSET, len(frame) - 4)
-        while at in H.ICRC_MASKED_BYTES:
-            at += 1
-        flipped[at] ^= 1 << rng.randrange(8)
-        bad.append(bytes(flipped))
-    variant = bytearray(good[2])            # a new TTL and TOS leave the ICRC right
-    variant[H.IPV4_OFFSET + 8] -= 1
-    variant[H.IPV4_OFFSET + 1] ^= 0x20
-    runt = good[0][:12]
-    frames = good + bad + [bytes(variant), runt]
-    results = _check(frames)
-    assert [data for data, _ in results] == frames
-    assert [ok for _, ok in results] == ([True] * len(good) + [False] * len(bad)
-                                         + [True, False])
-
-
-def _fill(frames, seed=5):
-    dut = IcrcFill()
+def _through(dut, frames, seed):
+    """Feeds `frames` into a byte stage `dut` a byte at a time, with idle cycles between
+    some, and reads its output with a reader that stalls; returns each frame out with its
+    last byte's payload."""
     out_frames = []
 
     async def source(ctx):
@@ -111,7 +50,7 @@ def _fill(frames, seed=5):
             if taken:
                 got.append(out.data)
                 if out.last:
-                    out_frames.append(bytes(got))
+                    out_frames.append((bytes(got), out))
                     got = bytearray()
 
     sim = Simulator(dut)
@@ -120,6 +59,37 @@ def _fill(frames, seed=5):
     sim.add_testbench(sink)
     sim.run()
     return out_frames
+
+
+def _check(frames):
+    """Each frame out of IcrcCheck, with the icrc_ok of its last byte."""
+    return [(data, bool(last.icrc_ok)) for data, last in _through(IcrcCheck(), frames, 3)]
+
+
+def test_icrc_check_against_scapy():
+    rng = random.Random(1)
+    good = _roce_frames(rng)
+    bad = []
+    for frame in good[:6]:
+        flipped = bytearray(frame)
+        at = rng.randrange(H.IPV4_OFFSET, len(frame) - 4)
+        while at in H.ICRC_MASKED_BYTES:
+            at += 1
+        flipped[at] ^= 1 << rng.randrange(8)
+        bad.append(bytes(flipped))
+    variant = bytearray(good[2])            # a new TTL and TOS leave the ICRC right
+    variant[H.IPV4_OFFSET + 8] -= 1
+    variant[H.IPV4_OFFSET + 1] ^= 0x20
+    runt = good[0][:12]
+    frames = good + bad + [bytes(variant), runt]
+    results = _check(frames)
+    assert [data for data, _ in results] == frames
+    assert [ok for _, ok in results] == ([True] * len(good) + [False] * len(bad)
+                                         + [True, False])
+
+
+def _fill(frames, seed=5):
+    return [data for data, _ in _through(IcrcFill(), frames, seed)]
 
 
 def test_icrc_fill_against_scapy():
