@@ -132,12 +132,11 @@ class Aggregator(wiring.Component):
 
         # --- lookup --------------------------------------------------------------------
         barrier = Signal()          # a control request is between lookup and its end
-        waiting = barrier
         a_valid = Signal()
         a = Signal(self.header.payload.shape())
-        m.d.comb += self.header.ready.eq(go & ~waiting)
+        m.d.comb += self.header.ready.eq(go & ~barrier)
         with m.If(go):
-            m.d.sync += a_valid.eq(self.header.valid & ~waiting)
+            m.d.sync += a_valid.eq(self.header.valid & ~barrier)
             m.d.sync += a.eq(self.header.payload)
 
         def is_control(header):
