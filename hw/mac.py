@@ -299,9 +299,9 @@ class FrameBuffer(wiring.Component):
     comes once it fills the ring. Output: one entry per cycle, one cycle after a frame is
     committed.
 
-    For timing at 125 MHz, `full` is a register computed from the previous cycle's pointers,
-    and conservative: it is set when at most one entry is free, so the ring holds
-    `depth` - 1 entries. The read side computes the pointer after this one a cycle ahead.
+    `full` is a register computed from the previous cycle's pointers, and conservative: it is
+    set when at most one entry is free, so the ring holds `depth` - 1 entries. The read side
+    computes the pointer after this one a cycle ahead.
     """
 
     def __init__(self, shape, depth: int, backpressure: bool = False):
