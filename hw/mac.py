@@ -51,7 +51,6 @@ COUNTER_WIDTH = 32
 
 BYTE = data.StructLayout({"data": 8, "last": 1})
 CHECKED_BYTE = data.StructLayout({"data": 8, "last": 1, "ok": 1})
-ICRC_BYTE = data.StructLayout({"data": 8, "last": 1, "icrc_ok": 1})
 ICRC_CHECKED_BYTE = data.StructLayout({"data": 8, "last": 1, "ok": 1, "icrc_ok": 1})
 # Bytes a RoCEv2 frame (IPv4 without options, UDP to port 4791) has at these offsets.
 ROCE_SIGNATURE = {12: H.ETHERTYPE_IPV4 >> 8, 13: H.ETHERTYPE_IPV4 & 0xFF, 14: 0x45,
@@ -173,6 +172,12 @@ def _flags_after(m, position, name):
     return flags
 
 
+def _icrc_fold(crc, at, byte):
+    """The ICRC register after `byte`, at a frame offset whose OFFSET_FLAGS are `at`: the
+    first covered byte starts from the prefix's state, a variant field folds in as 0xFF."""
+    return crc32_byte(Mux(at.start, PREFIX_STATE, crc), Mux(at.variant, 0xFF, byte))
+
+
 # The flags of offset 0, where each frame starts.
 FIRST_BYTE = OFFSET_FLAGS.const({"header": 1})
 
@@ -209,8 +214,7 @@ class IcrcCheck(wiring.Component):
                          self.o.payload.last.eq(self.i.payload.last),
                          self.o.payload.ok.eq(self.i.payload.ok)]
             with m.If(covered):
-                m.d.sync += crc.eq(crc32_byte(Mux(at.start, PREFIX_STATE, crc),
-                                              Mux(at.variant, 0xFF, byte)))
+                m.d.sync += crc.eq(_icrc_fold(crc, at, byte))
             with m.If(at.header):
                 m.d.sync += crc.eq(0)       # a runt never shows a stale residue
             with m.If(at.total_high):
@@ -269,8 +273,7 @@ class IcrcFill(wiring.Component):
             with m.If(filling):         # the ICRC's bytes go out, least significant first
                 m.d.sync += crc.eq(crc >> 8)
             with m.Elif(~at.header):
-                m.d.sync += crc.eq(crc32_byte(Mux(at.start, PREFIX_STATE, crc),
-                                              Mux(at.variant, 0xFF, byte)))
+                m.d.sync += crc.eq(_icrc_fold(crc, at, byte))
             with m.If(at.total_high):
                 m.d.sync += total_high.eq(byte)
             with m.If(at.total_low):
