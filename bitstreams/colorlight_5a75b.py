@@ -14,7 +14,7 @@ flip-flops and 43 of 56 block RAMs. Every clock meets its constraint after place
 29.4 MHz against 25; eth_tx 159.4, eth0_rx 155.1, eth1_rx 151.3 against 125), since the
 MACs' 125 MHz sides hold no block RAM and every path there starts and ends at a flip-flop
 close by. It does not route yet: router2's overused wires fall to about 4,200 and then rise
-again (about 2,800-3,100, oscillating, with ``--router2-alt-weights``). Its congestion map
+again (about 2,750-3,200, oscillating, with ``--router2-alt-weights``). Its congestion map
 puts the overuse just above the block-RAM row where the aggregator's sums, the egress rings
 and the counter bank sit, on wide selects and enables (each egress port's worker-entry
 select, the worker table's wipe, the aggregator's control read-back, the ARP request
