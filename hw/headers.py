@@ -197,12 +197,16 @@ def opclass_rom():
     ]
 
 
+def ones_complement_fold(total):
+    """A sum of 16-bit words folded to their 16-bit one's complement sum."""
+    folded = total[:16] + total[16:]
+    return (folded[:16] + folded[16:])[:16]
+
+
 def ipv4_checksum_sum(wire_bytes):
     """One's complement sum of the 16-bit words of an IPv4 header, folded to 16 bits."""
     words = [Cat(wire_bytes[2 * i + 1], wire_bytes[2 * i]) for i in range(len(wire_bytes) // 2)]
-    total = sum(words)
-    folded = total[:16] + total[16:]
-    return (folded[:16] + folded[16:])[:16]
+    return ones_complement_fold(sum(words))
 
 
 # --- netagg's packets (host/wire.py is the software side of the same format) -------------

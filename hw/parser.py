@@ -120,6 +120,22 @@ class Parser(wiring.Component):
                 m.d.sync += icrc_seen_ok.eq(icrc.ok)
             icrc_good = Mux(icrc.in_region_end, icrc.ok, icrc_seen_ok)
 
+        # The IPv4 header's one's complement sum, gathered as its words pass (one 16-bit word
+        # per lane pair, those of the header's bytes in this beat), rather than summed from the
+        # registered bytes in the judging cycle: a few narrow adders instead of one ten-word
+        # adder tree. In the judging cycle it holds the whole header's sum.
+        ip_sum = Signal(unsigned(20))           # ten words: at most 10 x 0xFFFF < 2 ** 20
+        ip_words = []
+        for lane in range(nb // 2):
+            beats = [k for k in range(-(-H.UDP_OFFSET // nb))
+                     if H.IPV4_OFFSET <= k * nb + 2 * lane < H.UDP_OFFSET]
+            if beats:
+                word = Cat(beat.data.word_select(2 * lane + 1, 8),
+                           beat.data.word_select(2 * lane, 8))
+                ip_words.append(Mux(Cat(*(index == k for k in beats)).any(), word, 0))
+        with m.If(fire):
+            m.d.sync += ip_sum.eq(Mux(index == 0, 0, ip_sum) + sum(ip_words))
+
         # What the last beat tells, kept for the judging cycle.
         judging = Signal()
         frame_length = Signal(unsigned(17))
@@ -138,7 +154,7 @@ class Parser(wiring.Component):
         padded, judged_length, ext_length, _, _ = lengths(udp, bth, opclass, "judged")
 
         verdict = Signal(H.Verdict)
-        checksum_ok = H.ipv4_checksum_sum(held[H.IPV4_OFFSET : H.UDP_OFFSET]) == 0xFFFF
+        checksum_ok = H.ones_complement_fold(ip_sum) == 0xFFFF
         fragmented = ip.flags[0] | (ip.fragment_offset != 0)   # MF bit, or an offset
         ip_end = Signal(unsigned(17))
         m.d.comb += ip_end.eq(H.IPV4_OFFSET + ip.total_length)
