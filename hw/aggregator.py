@@ -133,7 +133,7 @@ class Aggregator(wiring.Component):
         # --- lookup --------------------------------------------------------------------
         barrier = Signal()          # a control request is between lookup and its end
         a_valid = Signal()
-        a = Signal(self.header.payload.shape())
+        a = Signal(self.header.payload.shape(), reset_less=True)
         m.d.comb += self.header.ready.eq(go & ~barrier)
         with m.If(go):
             m.d.sync += a_valid.eq(self.header.valid & ~barrier)
@@ -204,11 +204,12 @@ class Aggregator(wiring.Component):
             m.d.comb += look.eq(Look.UNHANDLED)
 
         m.d.comb += [state_rd.addr.eq(index), state_rd.en.eq(go)]
-        b_valid, b = Signal(), Signal(a.shape())
-        b_look, b_imm = Signal(Look), Signal(H.REQUEST_IMM)
-        b_index = Signal(range(self.slots))
-        b_workers, b_quorum = Signal(6), Signal(6)
-        b_completion_ports, b_worker_port = Signal(P), Signal(P)
+        b_valid, b = Signal(), Signal(a.shape(), reset_less=True)
+        b_look, b_imm = Signal(Look), Signal(H.REQUEST_IMM, reset_less=True)
+        b_index = Signal(range(self.slots), reset_less=True)
+        b_workers, b_quorum = Signal(6, reset_less=True), Signal(6, reset_less=True)
+        b_completion_ports = Signal(P, reset_less=True)
+        b_worker_port = Signal(P, reset_less=True)
         with m.If(go):
             m.d.sync += [
                 b_valid.eq(a_valid), b.eq(a), b_look.eq(look), b_imm.eq(imm),
@@ -362,10 +363,10 @@ class Aggregator(wiring.Component):
         # Second payload stage: the row read, the sums written, the result beat sent.
         d_valid, d_emit = Signal(), Signal()
         d_action = Signal(Action)
-        d_beat = Signal(BeatLayout(self.width))
-        d_ports = Signal(P)
-        d_desc = Signal(result_descriptor(MW))
-        d_row_addr = Signal(range(self.slots * 2 * self.rows))
+        d_beat = Signal(BeatLayout(self.width), reset_less=True)
+        d_ports = Signal(P, reset_less=True)
+        d_desc = Signal(result_descriptor(MW), reset_less=True)
+        d_row_addr = Signal(range(self.slots * 2 * self.rows), reset_less=True)
         d_overflow = Signal()       # a lane of an earlier row of this packet saturated
         d_direct = d_action == Action.CONTROL    # d_beat is a control reply, not a row
         advance = ~d_valid | ~d_emit | self.egress.ready
@@ -448,7 +449,7 @@ class Aggregator(wiring.Component):
         # Control requests: each beat's records applied one by one (write, then read back),
         # then the beat, values replaced, goes out as the reply's payload.
         records = self.width // 64
-        held = Signal(BeatLayout(self.width))
+        held = Signal(BeatLayout(self.width), reset_less=True)
         holding = Signal()
         record = Signal(range(records + 1))
         readback = Signal()

@@ -37,7 +37,7 @@ class Deparser(wiring.Component):
         m = Module()
         nb = self.width // 8
         active = Signal()
-        entry = Signal(H.PACKET_HEADER)
+        entry = Signal(H.PACKET_HEADER, reset_less=True)
         fire = self.o.valid & self.o.ready
         last = Signal()
         index = beat_index(m, fire, last)       # output beat within the frame
@@ -94,7 +94,7 @@ class Deparser(wiring.Component):
         wanted = index - header_beats
         needs_payload = Signal()
         m.d.comb += needs_payload.eq((index >= header_beats) & (wanted < payload_beats))
-        previous = Signal(unsigned(self.width))
+        previous = Signal(unsigned(self.width), reset_less=True)
         both = Cat(previous, self.payload.payload.data)
         realigned = Signal(unsigned(self.width))
         with m.Switch(shift):

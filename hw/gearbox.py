@@ -28,9 +28,10 @@ class Widen(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         w, nb, k = self.width, self.width // 8, self.factor
-        gathered = Signal(BeatLayout(w * k))      # the lanes before `lane`
+        gathered = Signal(BeatLayout(w * k), reset_less=True)      # the lanes before `lane`
+        out = Signal(BeatLayout(w * k), reset_less=True)
         lane = Signal(range(k))
-        m.d.comb += self.idle.eq(~self.o.valid & (lane == 0))
+        m.d.comb += [self.idle.eq(~self.o.valid & (lane == 0)), self.o.payload.eq(out)]
         beat = self.i.payload
         closes = beat.last | (lane == k - 1)
         m.d.comb += self.i.ready.eq(~self.o.valid | self.o.ready | ~closes)
@@ -45,8 +46,8 @@ class Widen(wiring.Component):
                          for n in range(k)))
             with m.If(closes):
                 m.d.sync += [
-                    self.o.payload.data.eq(data), self.o.payload.keep.eq(keep),
-                    self.o.payload.last.eq(beat.last), self.o.valid.eq(1), lane.eq(0),
+                    out.data.eq(data), out.keep.eq(keep), out.last.eq(beat.last),
+                    self.o.valid.eq(1), lane.eq(0),
                 ]
             with m.Else():
                 m.d.sync += [gathered.data.eq(data), gathered.keep.eq(keep), lane.eq(lane + 1)]
@@ -63,7 +64,7 @@ class Narrow(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         w, nb, k = self.width, self.width // 8, self.factor
-        held = Signal(BeatLayout(w * k))
+        held = Signal(BeatLayout(w * k), reset_less=True)
         full = Signal()
         lane = Signal(range(k))
         lane_keep = held.keep.word_select(lane, nb)

@@ -128,8 +128,9 @@ class Ingress(wiring.Component):
         ]
         with m.If(self.reply_sent):
             m.d.sync += replying.eq(0)
+        reply_to = Signal(REPLY_TO, reset_less=True)
+        m.d.comb += self.reply_to.eq(reply_to)
         with m.If(queue.committed & control):
-            reply_to = self.reply_to
             m.d.sync += [
                 replying.eq(1),
                 reply_to.eth_src.eq(header.eth.src), reply_to.eth_dst.eq(header.eth.dst),

@@ -38,7 +38,7 @@ class ArpResponder(wiring.Component):
         m = Module()
         nb = self.width // 8
         beats = (ARP_BYTES + nb - 1) // nb
-        head = [Signal(8, name=f"head{i}") for i in range(ARP_BYTES)]
+        head = [Signal(8, name=f"head{i}", reset_less=True) for i in range(ARP_BYTES)]
         index = Signal(range(beats + 1))
         covered = Signal()            # byte 41 was received
         check = Signal()
@@ -59,8 +59,8 @@ class ArpResponder(wiring.Component):
         request = (covered & (field(12, 2) == 0x0806) & (field(14, 2) == 1)
                    & (field(16, 2) == 0x0800) & (field(18, 1) == 6) & (field(19, 1) == 4)
                    & (field(20, 2) == 1) & (field(38, 4) == self.ip))
-        sha = [Signal(8, name=f"sha{i}") for i in range(6)]
-        spa = [Signal(8, name=f"spa{i}") for i in range(4)]
+        sha = [Signal(8, name=f"sha{i}", reset_less=True) for i in range(6)]
+        spa = [Signal(8, name=f"spa{i}", reset_less=True) for i in range(4)]
         pending = Signal()
         with m.If(check):
             m.d.sync += covered.eq(0)

@@ -60,7 +60,7 @@ class Parser(wiring.Component):
         # (`judging`), when all of them are in. The payload's placement needs a few of them
         # earlier (`live`: from the beat that brings them, else from the registers).
         cap_beats = -(-H.MAX_HEADER_LENGTH // nb)
-        captured = Signal(unsigned(cap_beats * nb * 8))
+        captured = Signal(unsigned(cap_beats * nb * 8), reset_less=True)
         for k in range(cap_beats):
             with m.If(fire & (index == k)):
                 m.d.sync += captured[k * self.width : (k + 1) * self.width].eq(beat.data)
@@ -216,7 +216,7 @@ class Parser(wiring.Component):
         # frame beats first+j (from lane `shift`) and first+j+1 (below `shift`), sent with
         # frame beat first+j+1, or with the last frame beat for the final one (first is
         # `start_first`, from `H.payload_start` above).
-        previous = Signal(unsigned(self.width))
+        previous = Signal(unsigned(self.width), reset_less=True)
         with m.If(fire):
             m.d.sync += previous.eq(beat.data)
 
@@ -247,7 +247,7 @@ class Parser(wiring.Component):
         m.d.comb += remaining_tail.eq(payload_length - j_tail * nb)
 
         pending = Signal()                   # a tail payload beat waits in `pending_beat`
-        pending_beat = Signal(BeatLayout(self.width))
+        pending_beat = Signal(BeatLayout(self.width), reset_less=True)
         header_pending = Signal()
 
         # What this frame beat sends now: the normal beat, or the tail when it is alone.
@@ -289,9 +289,11 @@ class Parser(wiring.Component):
         with m.If(fire & beat.last & defer_tail):
             m.d.sync += [pending.eq(1), pending_beat.eq(tail_beat)]
 
-        m.d.comb += self.header.valid.eq(header_pending & ~pending)
+        judged = Signal(H.PACKET_HEADER, reset_less=True)
+        m.d.comb += [self.header.valid.eq(header_pending & ~pending),
+                     self.header.payload.eq(judged)]
         with m.If(self.header.valid & self.header.ready):
             m.d.sync += header_pending.eq(0)
         with m.If(judging):
-            m.d.sync += [header_pending.eq(1), self.header.payload.eq(entry)]
+            m.d.sync += [header_pending.eq(1), judged.eq(entry)]
         return m

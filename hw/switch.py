@@ -18,6 +18,11 @@ deparser ("engine"), or by the MACs in front of the ports ("mac": `hw.mac.Mac` w
 bytes for the MAC to fill), which saves about 1,500 LUTs per engine on an ECP5.
 The packet format is `host.wire`'s; the behaviour is
 `sim.golden`'s, frame for frame, when frames are applied in commit order (`committed`).
+
+Reset reaches control state only (valid bits, pointers, counts, the job table): the registers
+that hold a header, a beat or an address behind a valid bit are ``reset_less``, as in the MAC.
+On the boards that takes the core reset from about 7,000 flip-flops to about 1,500, and
+with it a net that reached every slice of the die.
 """
 
 from amaranth import Array, Cat, Module, Mux, Signal
