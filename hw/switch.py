@@ -21,8 +21,8 @@ The packet format is `host.wire`'s; the behaviour is
 
 Reset reaches control state only (valid bits, pointers, counts, the job table): the registers
 that hold a header, a beat or an address behind a valid bit are ``reset_less``, as in the MAC.
-On the boards that takes the core reset from about 7,000 flip-flops to about 1,500, and
-with it a net that reached every slice of the die.
+On the Colorlight's build that takes the core reset from 7,000 flip-flops to 1,377, and
+with it a net that reached most slices of the die.
 """
 
 from amaranth import Array, Cat, Module, Mux, Signal
