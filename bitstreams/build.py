@@ -50,7 +50,7 @@ RESOURCES = {"luts": "TRELLIS_COMB", "ffs": "TRELLIS_FF", "brams": "DP16KD",
              "dsps": "MULT18X18D"}
 PHASES = (("top.bit", "done"), ("top.config", "ecppack"), ("top.json", "nextpnr"),
           ("top.il", "yosys"))
-NEXTPNR_LIMIT = 1800        # seconds of placement and routing per board before it is stopped
+NEXTPNR_LIMIT = 3600        # seconds of placement and routing per board before it is stopped
 # synth_ecp5 up to its LUT mapping, abc9 with a lighter ABC script, then synth_ecp5's end.
 FAST_LUT_MAPPING = {
     "synth_opts": "-nowidelut -run begin:map_luts",

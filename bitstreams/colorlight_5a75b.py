@@ -8,18 +8,15 @@ Core clock: 625 MHz / 25 = 25 MHz, chosen from line rate, not more: a 64-bit por
 both ports (250 MB/s at 16 bytes a cycle); 25 MHz leaves 60 % for partly filled last beats
 and per-packet cycles.
 
-Size: one job of two workers, 16 slots, 16 header entries per ingress queue, with the ICRC in
-the MACs (``Switch(icrc="mac")``): 19,797 LUT4 positions of 24,288 (81 %), 12,162
-flip-flops and 43 of 56 block RAMs. Every clock meets its constraint after placement (core
-29.4 MHz against 25; eth_tx 159.4, eth0_rx 155.1, eth1_rx 151.3 against 125), since the
-MACs' 125 MHz sides hold no block RAM and every path there starts and ends at a flip-flop
-close by. It does not route yet: router2's overused wires fall to about 4,200 and then rise
-again (about 2,750-3,200, oscillating, with ``--router2-alt-weights``). Its congestion map
-puts the overuse just above the block-RAM row where the aggregator's sums, the egress rings
-and the counter bank sit, on wide selects and enables (each egress port's worker-entry
-select, the worker table's wipe, the aggregator's control read-back, the ARP request
-checks, the core reset); with 8 slots of 512 bytes (31 block RAMs) it settles at about
-2,000. See the README's Boards section.
+Size: one job of two workers, 8 slots of 512-byte payloads, 16 header entries per ingress
+queue, with the ICRC in the MACs (``Switch(icrc="mac")``): 18,597 LUT4 positions of 24,288
+(76 %), 12,103 flip-flops and 31 of 56 block RAMs. The block RAM would hold 16 slots of
+1 KB (43 block RAMs), but routing gets furthest with fewer: the aggregator's sums sit in the
+block-RAM row where router2's overuse is. Every clock meets its constraint after placement
+(core 28.3 MHz against 25; eth_tx 167.3, eth0_rx 147.7, eth1_rx 131.1 against 125). It does
+not route yet: with ``--router2-alt-weights`` the overused wires fall to about 500 by pass
+100 and stay between 380 and 480 (16 slots of 1 KB, before the core's data registers lost
+their reset: 2,750-3,200). See the README's Boards section.
 """
 
 from amaranth.build import Resource
@@ -45,9 +42,10 @@ TARGET = Target(
     platform=Platform,
     clock="clk25", clock_hz=25e6,
     core_hz=625e6 / 25,
-    switch={"jobs": 1, "max_workers": 2, "slots": 16, "max_payload": 1024,
+    switch={"jobs": 1, "max_workers": 2, "slots": 8, "max_payload": 512,
             "queue_capacity": 4096, "egress_capacity": 4096, "header_entries": 16},
     mac=0x02_4E_41_47_47_01, ip="192.168.1.50",
     rx_delay=2e-9, tx_delay=0.0,
     leds=1,
+    nextpnr_opts=("--router2-alt-weights",),
 )
