@@ -15,8 +15,9 @@ queue, with the ICRC in the MACs (``Switch(icrc="mac")``): 18,597 LUT4 positions
 block-RAM row where router2's overuse is. Every clock meets its constraint after placement
 (core 28.3 MHz against 25; eth_tx 167.3, eth0_rx 147.7, eth1_rx 131.1 against 125). It does
 not route yet: with ``--router2-alt-weights`` the overused wires fall to about 500 by pass
-100 and stay between 380 and 480 (16 slots of 1 KB, before the core's data registers lost
-their reset: 2,750-3,200). See the README's Boards section.
+100, reach 12 at pass 1,049 and then oscillate between about 20 and 400 (16 slots of 1 KB,
+before the core's data registers lost their reset: 2,750-3,200). See the README's Boards
+section.
 """
 
 from amaranth.build import Resource
