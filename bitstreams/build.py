@@ -19,7 +19,8 @@ networks of the ICRC) and lets synth_ecp5 finish; ``--abc9`` keeps the default. 
 routes with router2 (router1 took over 20 minutes on the Versa) and is stopped, with a
 report that says so, after ``--nextpnr-limit`` seconds, or as soon as its estimate after
 placement shows a clock missing its constraint (routing only adds delay; ``--route-anyway``
-routes all the same).
+routes all the same). A target's ``nextpnr_settings``, settings with no command-line option
+such as router2's congestion weights, reach nextpnr in the netlist (`bitstreams/nextpnr.py`).
 
 The tools come from PyPI (YoWASP): the first call of each compiles its WebAssembly, which
 takes a minute or more and is cached (under ~/.cache/yowasp); later builds start at once.
@@ -30,6 +31,7 @@ import importlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -64,6 +66,17 @@ def _tool(name: str) -> str:
     """A YoWASP tool on PATH, or else beside this Python (a venv that is not activated)."""
     beside = Path(sys.executable).parent / name
     return name if shutil.which(name) or not beside.exists() else str(beside)
+
+
+def _nextpnr_with_settings(directory: Path, tool: str, settings: dict) -> dict:
+    """The environment that has the build script run nextpnr through `bitstreams/nextpnr.py`,
+    which writes `settings` (those with no command-line option) into the netlist first."""
+    shim = directory / "nextpnr-ecp5"
+    shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} '
+                    f'{shlex.quote(str(Path(__file__).with_name("nextpnr.py")))} "$@"\n')
+    shim.chmod(0o755)
+    return {"NEXTPNR_ECP5": str(shim), "NETAGG_NEXTPNR": tool,
+            "NETAGG_NEXTPNR_SETTINGS": json.dumps(settings)}
 
 
 def _phase(directory: Path) -> str:
@@ -174,6 +187,8 @@ def build(name: str, console: Console, *, abc9: bool = False,
             **({} if abc9 else FAST_LUT_MAPPING))
         plan.extract(str(directory))
         env = {**os.environ, **{k: os.environ.get(k, _tool(v)) for k, v in TOOLS.items()}}
+        env.update(_nextpnr_with_settings(directory, env["NEXTPNR_ECP5"],
+                                          target.nextpnr_settings))
         log = open(directory / "build.log", "w")
         # A session of its own, so that the limit stops the whole tool, not just sh.
         process = subprocess.Popen(["sh", "build_top.sh"], cwd=directory, env=env,

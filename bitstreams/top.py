@@ -44,6 +44,7 @@ class Target:
     leds: int = 1
     ports: tuple = (0, 1)           # eth_rgmii resource numbers
     nextpnr_opts: tuple = ()        # options added to nextpnr's command line
+    nextpnr_settings: dict = field(default_factory=dict)   # settings with no option
     notes: list = field(default_factory=list)
 
     @property

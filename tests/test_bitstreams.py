@@ -1,13 +1,21 @@
 """The bitstream flow's reading of nextpnr's log (bitstreams/build.py): when it stops nextpnr,
-and what it reports, from log lines in nextpnr's own format; and each board's top level,
-elaborated without the tools."""
+and what it reports, from log lines in nextpnr's own format; the settings it hands nextpnr in
+the netlist; and each board's top level, elaborated without the tools."""
 
 import importlib
+import json
+import os
 import re
+import subprocess
 
 import pytest
 
-from bitstreams.build import _reason_to_stop, fmax_from_log, utilisation_from_log
+from bitstreams.build import (
+    _nextpnr_with_settings,
+    _reason_to_stop,
+    fmax_from_log,
+    utilisation_from_log,
+)
 
 UTILISATION = """Info: Device utilisation:
 Info: \t          TRELLIS_IO:      35/    197    17%
@@ -45,6 +53,32 @@ def test_routes_when_placement_meets_every_clock(tmp_path):
     d = _log(tmp_path, UTILISATION.format(comb=24152) + PLACED.format(tx="179.60", verdict="PASS"))
     assert _reason_to_stop(d, "nextpnr", 10, 1800, True) is None
     assert "time limit" in _reason_to_stop(d, "nextpnr", 1801, 1800, True)
+
+
+def test_nextpnr_finds_its_settings_in_the_netlist(tmp_path):
+    """The build script's nextpnr (a shim) writes the target's settings into the top module of
+    the netlist named by --json, as strings like nextpnr's own, then runs the tool with the
+    same arguments; a netlist with no top module is an error, not a silent run."""
+    netlist = {"modules": {
+        "top": {"attributes": {"top": "00000000000000000000000000000001"}, "cells": {}},
+        "leaf": {"attributes": {}, "cells": {}}}}
+    (tmp_path / "top.json").write_text(json.dumps(netlist))
+    tool = tmp_path / "tool"
+    tool.write_text('#!/bin/sh\necho "$@" > arguments\n')
+    tool.chmod(0o755)
+    env = {**os.environ, **_nextpnr_with_settings(
+        tmp_path, str(tool), {"router2/currCongWeightMult": 0.05})}
+    run = [env["NEXTPNR_ECP5"], "--quiet", "--json", "top.json", "--25k"]
+    subprocess.run(run, cwd=tmp_path, env=env, check=True)
+    written = json.loads((tmp_path / "top.json").read_text())["modules"]
+    assert written["top"]["settings"] == {"router2/currCongWeightMult": "0.05"}
+    assert "settings" not in written["leaf"]
+    assert (tmp_path / "arguments").read_text() == "--quiet --json top.json --25k\n"
+
+    del netlist["modules"]["top"]
+    (tmp_path / "top.json").write_text(json.dumps(netlist))
+    failed = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert failed.returncode != 0 and "has no top module" in failed.stderr
 
 
 @pytest.mark.parametrize("board", ["colorlight_5a75b", "versa_ecp5_5g"])
