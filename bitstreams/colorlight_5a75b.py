@@ -16,7 +16,9 @@ router2 converges in 356 passes with its alternative weights and a present-conge
 weight that grows by 0.05 a pass (``router2/currCongWeightMult``, a setting
 `bitstreams.build` writes into the netlist). With the alternative weights alone that weight
 stays fixed: the overused wires reached 12 at pass 1,049 and then oscillated between about
-20 and 400 until stopped at pass 2,494. See the README's Boards section.
+20 and 400 until stopped at pass 2,494. The block RAM would hold 16 slots of 1 KB (43 block
+RAMs), but that netlist does not route, with a weight growing by 0.05 or by 0.2 a pass. See
+the README's Boards section.
 """
 
 from amaranth.build import Resource
