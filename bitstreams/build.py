@@ -19,8 +19,11 @@ networks of the ICRC) and lets synth_ecp5 finish; ``--abc9`` keeps the default. 
 routes with router2 (router1 took over 20 minutes on the Versa) and is stopped, with a
 report that says so, after ``--nextpnr-limit`` seconds, or as soon as its estimate after
 placement shows a clock missing its constraint (routing only adds delay; ``--route-anyway``
-routes all the same). A target's ``nextpnr_settings``, settings with no command-line option
-such as router2's congestion weights, reach nextpnr in the netlist (`bitstreams/nextpnr.py`).
+routes all the same). router2 runs with its alternative weights and a present-congestion
+weight that grows by 0.05 a pass (`ROUTER2_OPTS`, `ROUTER2_SETTINGS`): the alternative
+weights alone keep that weight fixed, and router2 then oscillated on both boards. Settings
+with no command-line option, such as that growth (and a target's ``nextpnr_settings``),
+reach nextpnr in the netlist (`bitstreams/nextpnr.py`).
 
 The tools come from PyPI (YoWASP): the first call of each compiles its WebAssembly, which
 takes a minute or more and is cached (under ~/.cache/yowasp); later builds start at once.
@@ -53,6 +56,9 @@ RESOURCES = {"luts": "TRELLIS_COMB", "ffs": "TRELLIS_FF", "brams": "DP16KD",
 PHASES = (("top.bit", "done"), ("top.config", "ecppack"), ("top.json", "nextpnr"),
           ("top.il", "yosys"))
 NEXTPNR_LIMIT = 3600        # seconds of placement and routing per board before it is stopped
+# router2 for every board (a target's nextpnr_opts and nextpnr_settings add to these)
+ROUTER2_OPTS = ("--router", "router2", "--router2-alt-weights")
+ROUTER2_SETTINGS = {"router2/currCongWeightMult": 0.05}     # no command-line option
 # synth_ecp5 up to its LUT mapping, abc9 with a lighter ABC script, then synth_ecp5's end.
 FAST_LUT_MAPPING = {
     "synth_opts": "-nowidelut -run begin:map_luts",
@@ -182,13 +188,13 @@ def build(name: str, console: Console, *, abc9: bool = False,
         platform = target.platform()
         plan = platform.prepare(
             SwitchBoard(target), name="top",
-            nextpnr_opts=["--timing-allow-fail", "--router", "router2",
-                          "--report", "report.json", *target.nextpnr_opts],
+            nextpnr_opts=["--timing-allow-fail", *ROUTER2_OPTS, "--report", "report.json",
+                          *target.nextpnr_opts],
             **({} if abc9 else FAST_LUT_MAPPING))
         plan.extract(str(directory))
         env = {**os.environ, **{k: os.environ.get(k, _tool(v)) for k, v in TOOLS.items()}}
         env.update(_nextpnr_with_settings(directory, env["NEXTPNR_ECP5"],
-                                          target.nextpnr_settings))
+                                          {**ROUTER2_SETTINGS, **target.nextpnr_settings}))
         log = open(directory / "build.log", "w")
         # A session of its own, so that the limit stops the whole tool, not just sh.
         process = subprocess.Popen(["sh", "build_top.sh"], cwd=directory, env=env,

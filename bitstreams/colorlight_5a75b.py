@@ -49,6 +49,4 @@ TARGET = Target(
     mac=0x02_4E_41_47_47_01, ip="192.168.1.50",
     rx_delay=2e-9, tx_delay=0.0,
     leds=1,
-    nextpnr_opts=("--router2-alt-weights",),
-    nextpnr_settings={"router2/currCongWeightMult": 0.05},
 )

@@ -34,6 +34,4 @@ TARGET = Target(
     mac=0x02_4E_41_47_47_02, ip="192.168.1.51",
     rx_delay=2e-9, tx_delay=2e-9,
     leds=8,
-    nextpnr_opts=("--router2-alt-weights",),
-    nextpnr_settings={"router2/currCongWeightMult": 0.05},
 )
