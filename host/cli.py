@@ -141,8 +141,9 @@ def main(argv=None) -> int:
     simsub = sim.add_subparsers(dest="sim_command", required=True)
     serve = simsub.add_parser("serve", help="serve a simulated switch on UDP")
     serve.add_argument("--backend", choices=["golden", "rtl"], default="rtl")
-    serve.add_argument("--host", default="0.0.0.0")
-    serve.add_argument("--port", type=int, default=4791, help="UDP port (0: any free port)")
+    serve.add_argument("--host", default=None,
+                       help="the switch's IPv4 address, UDP port 4791 (default: a free "
+                            "127.x.y.z)")
     serve.add_argument("--pcap", default=None, help="write every frame in and out to this file")
     serve.add_argument("--ports", type=int, default=4, help="switch ports")
     serve.add_argument("--jobs", type=int, default=4)
@@ -160,7 +161,7 @@ def main(argv=None) -> int:
         return 0 if report["verified"] else 1
     if args.command == "sim":
         from host.serve import serve_main
-        return serve_main(args.backend, args.host, args.port, args.pcap, ports=args.ports,
+        return serve_main(args.backend, args.host, args.pcap, ports=args.ports,
                           jobs=args.jobs, slots=args.slots, max_workers=args.max_workers)
     if args.command == "bench" and args.what == "allreduce":
         from host.demo import bench_allreduce

@@ -115,7 +115,7 @@ def bench_congestion(backend: str = "golden", paths_list=(1, 2, 4), workers: int
         return report
     with console.status(f"starting the {backend} switch"):
         switch = make_backend(backend)
-    with SimServer(switch, "127.0.0.1", 0).start() as server:
+    with SimServer(switch).start() as server:
         report["switch_ports"] = server.ports
         report["spraying"] = bench_spraying(server, paths_list, workers, max(1, size // 4),
                                             spray, repeat, console)
@@ -172,7 +172,7 @@ def _priority_run(workers, values, steps, loss_budget, credits, chosen, link_par
     from sim.golden import GoldenSwitch
 
     link = Bottleneck(GoldenSwitch(), **link_params)
-    with SimServer(link, "127.0.0.1", 0).start() as server:
+    with SimServer(link).start() as server:
         ctl = SwitchControl(server.url)
         ctl.write([(W.drop_threshold(c), chosen.get(c, W.NEVER_DROP))
                    for c in range(W.PRIORITY_CLASSES)])

@@ -174,7 +174,7 @@ def demo(workers: int = 4, nodes: int = 2, values: int = 2_000_000, backend: str
             " (the first run builds its Verilator model: a few minutes, then cached)"
             if backend == "rtl" else "")):
         switch = make_backend(backend)
-    server = SimServer(switch, "127.0.0.1", 0, pcap=pcap).start()
+    server = SimServer(switch, pcap=pcap).start()
     try:
         console.print(f"netagg demo: {backend} switch on {server.url}, {workers} workers in "
                       f"{nodes} nodes, {values:,} float32 values each"
@@ -250,7 +250,7 @@ def bench_allreduce(sizes, workers: int = 4, backend: str = "golden", transports
                                         "packets": packets}
             console.print(f"in-process {size:>10,} B: {size / dt / 1e6:8.3f} MB/s ({dt:.3f} s)")
         if "udp" in transports:
-            with SimServer(make_backend(backend), "127.0.0.1", 0).start() as server:
+            with SimServer(make_backend(backend)).start() as server:
                 r = run_workers(server.url, workers=workers, nodes=workers, values=values, steps=1,
                                 seed=1, verify=False)
             if r["errors"]:

@@ -2,9 +2,10 @@
 
 What it does, for one worker of one switch job (`job`, `rank`, `workers`):
 
-- **Messages.** Every tensor submitted becomes messages, each one packet of
-  `numerics.LANES + 1` int32 lanes (always 1024 bytes: every use of a slot has the same
-  length, so a stray packet can never make a slot refuse the others as `drop_bad_length`).
+- **Messages.** Every tensor submitted becomes messages, each one packet of `Work.lanes + 1`
+  int32 lanes (the switch's largest payload, at most 1024 bytes, the same for every message
+  of the job: every use of a slot has the same length, so a stray packet can never make a
+  slot refuse the others as `drop_bad_length`).
   A fixed-point tensor starts with `D = ceil(slots / block)` exponent messages (the proposals
   for its first D blocks); each data chunk of block b carries the proposal for block b + D in
   its exponent field, and the switch's maximum comes back in the result just as block b + D
@@ -97,7 +98,6 @@ from host import numerics as N
 from host import transport as T
 from host import wire as W
 
-PAYLOAD_LANES = N.LANES + 1
 WIRE_OVERHEAD = W.BTH_LEN + W.RETH_LEN + W.IMM_LEN + W.ICRC_LEN    # UDP payload beyond lanes
 DEFAULT_PRIORITY = 4
 EXPONENT_CLASS = W.PRIORITY_CLASSES - 1
@@ -130,6 +130,7 @@ class Work:
     mean: bool = False
     frac: int = 0
     block: int = N.DEFAULT_BLOCK
+    lanes: int = N.LANES            # data lanes per packet (the check lane not included)
     proposals: np.ndarray | None = None      # this worker's proposal per block
     exponents: dict = dataclasses.field(default_factory=dict)   # block -> shared E
     remaining: int = 0
@@ -146,7 +147,7 @@ class Work:
 
     @property
     def chunks(self) -> int:
-        return max(1, -(-self.n // N.LANES))
+        return max(1, -(-self.n // self.lanes))
 
     def stats(self) -> dict:
         return {"values": self.n, "chunks": self.chunks, "droppable": len(self.droppable),
@@ -201,9 +202,9 @@ def chunk_norms(work: Work) -> np.ndarray:
     total = np.zeros(work.n)
     for src in work.sources:
         total += N.to_float64(src, work.fmt)
-    padded = np.zeros(work.chunks * N.LANES)
+    padded = np.zeros(work.chunks * work.lanes)
     padded[:work.n] = total
-    return np.sqrt(np.square(padded.reshape(work.chunks, N.LANES)).sum(axis=1))
+    return np.sqrt(np.square(padded.reshape(work.chunks, work.lanes)).sum(axis=1))
 
 
 def plan_droppable(norms: np.ndarray, loss_budget: float, priority: int) -> dict:
@@ -220,6 +221,7 @@ def plan_droppable(norms: np.ndarray, loss_budget: float, priority: int) -> dict
 class Engine:
     def __init__(self, transport, *, job: int, rank: int, workers: int, slots: int | None,
                  qpn: int = 0x100, session_tag: int = 0, timeout: float = 20.0,
+                 lanes: int = N.LANES,
                  fraction_bits: int | None = None, block: int = N.DEFAULT_BLOCK,
                  rto_initial: float = 0.2, rto_min: float = 0.05, rto_max: float = 1.0,
                  spray: str = "round_robin", stale_guard: float = 0.0, credits: int = 0,
@@ -232,6 +234,7 @@ class Engine:
         self.sprayer = T.Sprayer(getattr(transport, "paths", 1), spray)
         self.job, self.rank, self.workers, self.nslots = job, rank, workers, slots
         self.qpn, self.session_tag, self.timeout = qpn, session_tag, timeout
+        self.lanes = lanes              # data lanes of every packet of the job
         self.fraction_bits, self.block = fraction_bits, block
         self.rto_min, self.rto_max = rto_min, rto_max
         self.srtt, self.rttvar, self.rto = None, 0.0, rto_initial
@@ -424,12 +427,12 @@ class Engine:
 
     def _packet(self, m: Message) -> W.Packet:
         w = m.work
-        lanes = np.zeros(PAYLOAD_LANES, np.int64)
+        lanes = np.zeros(w.lanes + 1, np.int64)
         exponent = N.EXP_NONE
         va = 0
         if m.kind == "data":
-            lo = m.index * N.LANES
-            hi = min(lo + N.LANES, w.n)
+            lo = m.index * w.lanes
+            hi = min(lo + w.lanes, w.n)
             va = lo * 4
         if m.send == "data":
             if m.kind == "exp":
@@ -529,13 +532,16 @@ class Engine:
         if pkt.opcode != W.OP_RESULT or pkt.imm is None or pkt.dqpn != self.qpn:
             self.stats["ignored"] += 1
             return
+        if pkt.rkey != self.session_tag:    # the R_Key the session wrote in the job table
+            self.stats["foreign_results"] += 1
+            return
         r = W.unpack_imm(W.RESULT_IMM, pkt.imm)
         if r["job"] != self.job or not self.nslots:
             self.stats["ignored"] += 1
             return
         limit = W.unwrap(pkt.psn, self.limit)
         self.limit = max(self.limit, limit)
-        if r["slot"] >= self.nslots or len(pkt.payload) != 4 * PAYLOAD_LANES:
+        if r["slot"] >= self.nslots or len(pkt.payload) != 4 * (self.lanes + 1):
             self.stats["ignored"] += 1
             return
         st = self.slots[r["slot"]]
@@ -595,8 +601,8 @@ class Engine:
                 return
             if w.error is None:
                 w.error = OverflowError(
-                    f"the int32 sum saturated in chunk {m.index} (values {m.index * N.LANES}.."
-                    f"{min((m.index + 1) * N.LANES, w.n) - 1}): the exact sum does not fit")
+                    f"the int32 sum saturated in chunk {m.index} (values {m.index * w.lanes}.."
+                    f"{min((m.index + 1) * w.lanes, w.n) - 1}): the exact sum does not fit")
             self._finish_chunk(w)
             return
         sums = lanes[:-1].astype(np.int64)
@@ -667,8 +673,8 @@ class Engine:
 
     def _deliver(self, m: Message, have: int):
         w = m.work
-        lo = m.index * N.LANES
-        hi = min(lo + N.LANES, w.n)
+        lo = m.index * w.lanes
+        hi = min(lo + w.lanes, w.n)
         part = m.acc[:hi - lo]
         lost = self.workers - have
         w.lost_contributions += lost

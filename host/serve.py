@@ -1,27 +1,32 @@
-"""`netagg sim serve`: a simulated switch on a UDP socket, reached exactly as a board is.
+"""`netagg sim serve`: a simulated switch on a UDP socket, as strict on the wire as a board.
 
-Each datagram that arrives (BTH .. ICRC) becomes an Ethernet frame (`wire.wrap_datagram`:
-canonical IPv4/UDP headers, source = the sender's address, destination = the address the
-datagram was sent to with UDP port 4791, whatever port the server listens on) and goes into
-the backend on switch port
+The server listens on UDP port 4791 of one IPv4 address (`--host`; a free 127.x.y.z when
+none is given, so that several servers can run on one machine), as a board does. Each
+datagram that arrives becomes an Ethernet frame for the backend:
 
-    switch_port_for(sender IPv4, sender UDP port, ports) = (IPv4 as an integer + UDP port) % ports
+- with CAP_NET_RAW (root), from the IPv4 and UDP headers exactly as received (a raw socket
+  sees them): the switch checks the ICRC over the identification, flags and addresses the
+  sender's kernel really sent, as a board does;
+- without it, from the canonical headers (`wire.wrap_datagram`: identification 0, DF) with
+  the sender's and the server's addresses, and the DSCP read with `IP_RECVTOS`.
 
-(`host.transport.switch_port_for`; a worker writes that port into its job-table entry, so
-results leave the switch on the port its requests came in by). Then the backend runs, and
-each frame it sends goes out as a datagram to the frame's destination IPv4 address and UDP
-port. `--pcap FILE` writes every frame in and out; Wireshark dissects them as RoCEv2 (UDP port
-4791; for results, sent to the worker's own UDP port, use "Decode As... RoCE").
+The frame enters switch port `switch_port_for(sender IPv4, sender UDP port, ports)`
+(`host.transport.switch_port_for`: the cabling of the simulation; the switch reports it to
+the sender as REG_PORT). Then the backend runs, and each frame it sends leaves as a datagram
+from the address and UDP port the frame names as its source (control answers from the
+server's port 4791, results from the switch's REG_IP and REG_UDP_SPORT) to the address and
+port it names as destination, as from a board; a frame whose source this machine cannot
+send from is counted as undeliverable. `--pcap FILE` writes every frame in and out;
+Wireshark dissects them as RoCEv2 (results, which go from UDP port 49152 to the worker's own
+port, with Decode As: `-d udp.port==49152,rroce` for tshark).
 
-The datagram's IPv4 TOS byte (read with `IP_RECVTOS`) gives the frame its DSCP, so a worker's
-priority classes reach the switch's priority drop as over a real network.
-
-Backends: `golden` (sim.golden.GoldenSwitch) and `rtl` (sim.model, the Verilator model, when
-it exists).
+Backends: `golden` (sim.golden.GoldenSwitch) and `rtl` (sim.model, the Verilator model).
 """
 
 from __future__ import annotations
 
+import errno
+import random
 import select
 import signal
 import socket
@@ -33,7 +38,6 @@ import time
 from host import transport as T
 from host import wire as W
 
-IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8 if sys.platform.startswith("linux") else None)
 IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13 if sys.platform.startswith("linux") else None)
 BACKENDS = ("golden", "rtl")
 
@@ -44,84 +48,118 @@ def make_backend(name: str = "golden", **params):
         from sim.golden import GoldenSwitch
         return GoldenSwitch(**params)
     if name == "rtl":
-        try:
-            from sim import model
-        except ImportError as e:
-            raise SystemExit("the RTL backend (sim/model.py, the Verilator model with its C++ "
-                             f"cycle loop) is not available yet ({e}); use --backend golden") \
-                from None
-        return model.make_switch(**params)      # hook: sim.model provides make_switch
+        from sim import model
+        return model.make_switch(**params)
     raise ValueError(f"unknown backend {name!r}: {', '.join(BACKENDS)}")
 
 
-class SimServer:
-    """A backend behind a UDP socket. `serve()` runs until `stop()`; `start()` runs it in a
-    thread. `address` is the (host, port) it listens on (port 0 picks a free one)."""
+def _sender_mac(ip: str, port: int) -> int:
+    """A locally administered MAC standing for a UDP sender in the frames the backend sees."""
+    return 0x020000000000 | (W.ip_to_int(ip) & 0xFFFF) << 16 | port
 
-    def __init__(self, backend, host: str = "127.0.0.1", port: int = W.ROCEV2_PORT,
-                 pcap: str | None = None, ports: int | None = None):
+
+def _bind_loopback(host: str | None) -> socket.socket:
+    """A UDP socket on port 4791 of `host`, or of a free 127.x.y.z when `host` is None."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    if host is not None:
+        sock.bind((host, W.ROCEV2_PORT))
+        return sock
+    rng = random.Random()
+    for _ in range(64):
+        ip = f"127.{rng.randrange(1, 255)}.{rng.randrange(0, 256)}.{rng.randrange(1, 255)}"
+        try:
+            sock.bind((ip, W.ROCEV2_PORT))
+            return sock
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                raise
+    raise OSError("no free loopback address with UDP port 4791 after 64 tries")
+
+
+class SimServer:
+    """A backend behind UDP port 4791 of `host`. `serve()` runs until `stop()`; `start()`
+    runs it in a thread. `address` is the (ip, 4791) it listens on."""
+
+    def __init__(self, backend, host: str | None = None, pcap: str | None = None,
+                 ports: int | None = None):
         self.backend = backend
         self.ports = ports or getattr(backend, "ports", 4)
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock = _bind_loopback(host)
         for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-            try:
-                self.sock.setsockopt(socket.SOL_SOCKET, opt, 8 << 20)
-            except OSError:
-                pass
-        self.sock.bind((host, port))
+            self.sock.setsockopt(socket.SOL_SOCKET, opt, 8 << 20)
         self.address = self.sock.getsockname()
         self.bound_ip = self.address[0]
-        self.pktinfo = False
-        if IP_PKTINFO is not None and self.bound_ip == "0.0.0.0":
-            try:
-                self.sock.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
-                self.pktinfo = True
-            except OSError:
-                pass
-        self.recvtos = False
         if IP_RECVTOS is not None:
-            try:
-                self.sock.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
-                self.recvtos = True
-            except OSError:
-                pass
+            self.sock.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
         self.sock.setblocking(False)
+        self.raw = None             # sees the IPv4 headers as received (CAP_NET_RAW)
+        try:
+            self.raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
+            self.raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+            self.raw.setblocking(False)
+        except PermissionError:
+            pass
+        self.senders: dict[tuple[str, int], socket.socket | None] = {
+            tuple(self.address): self.sock}
         self.pcap = None
         if pcap:
             from scapy.utils import PcapWriter
             self.pcap = PcapWriter(pcap, linktype=1, sync=False)
         self.stats = {"datagrams_in": 0, "datagrams_out": 0, "undeliverable": 0}
+        self.unsendable: set[tuple[str, int]] = set()
         self._stop = threading.Event()
         self._thread = None
         self.lock = threading.Lock()
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self.address[0] == "0.0.0.0" else self.address[0]
-        return f"udp://{host}:{self.address[1]}"
+        return f"udp://{self.bound_ip}:{self.address[1]}"
 
-    def _recv(self):
-        """(datagram, sender, destination IPv4, DSCP)."""
-        if self.pktinfo or self.recvtos:
-            data, anc, _, addr = self.sock.recvmsg(
-                4096, socket.CMSG_SPACE(12) + socket.CMSG_SPACE(4))
-            dst, tos = self.bound_ip, 0
-            for level, kind, payload in anc:
-                if level != socket.IPPROTO_IP:
+    @property
+    def headers_as_received(self) -> bool:
+        """Whether frames carry the IPv4 headers as received (else the canonical ones)."""
+        return self.raw is not None
+
+    def _frames_in(self):
+        """(frame, sender IPv4, sender UDP port) of each datagram waiting."""
+        if self.raw is not None:
+            while True:                 # the UDP socket's copies: the raw socket has them
+                try:
+                    self.sock.recv(4096)
+                except (BlockingIOError, InterruptedError):
+                    break
+            for _ in range(512):
+                try:
+                    packet = self.raw.recv(65536)
+                except (BlockingIOError, InterruptedError):
+                    return
+                ihl = (packet[0] & 0x0F) * 4
+                if len(packet) < ihl + W.UDP_LEN or packet[16:20] != W.ip_packed(self.bound_ip):
                     continue
-                if kind == IP_PKTINFO and len(payload) >= 12:
-                    dst = socket.inet_ntoa(payload[8:12])
-                elif kind == socket.IP_TOS and payload:
-                    tos = payload[0]
-            return data, addr, dst, tos >> 2
-        data, addr = self.sock.recvfrom(4096)
-        return data, addr, self.bound_ip, 0
+                sport, dport = struct.unpack_from("!HH", packet, ihl)
+                if dport != W.ROCEV2_PORT:
+                    continue
+                ip = W.ip_text(packet[12:16])
+                eth = (0).to_bytes(6, "big") + _sender_mac(ip, sport).to_bytes(6, "big")
+                yield eth + b"\x08\x00" + packet, ip, sport
+            return
+        for _ in range(512):
+            try:
+                data, anc, _, (ip, port) = self.sock.recvmsg(4096, socket.CMSG_SPACE(4))
+            except (BlockingIOError, InterruptedError):
+                return
+            tos = next((p[0] for level, kind, p in anc
+                        if level == socket.IPPROTO_IP and kind == socket.IP_TOS and p), 0)
+            src = W.Endpoint(ip, port, _sender_mac(ip, port))
+            dst = W.Endpoint(self.bound_ip, W.ROCEV2_PORT, 0)
+            yield W.wrap_datagram(src, dst, data, tos >> 2), ip, port
 
     def poll(self, timeout: float = 0.05) -> int:
         """Take what has arrived (waiting up to `timeout` for the first datagram), run the
         backend, send what it sent. Returns the number of datagrams taken."""
         busy = getattr(self.backend, "busy", False)     # the RTL may still hold results
-        r, _, _ = select.select([self.sock], [], [], 0 if busy else timeout)
+        watch = [self.raw if self.raw is not None else self.sock]
+        r, _, _ = select.select(watch, [], [], 0 if busy else timeout)
         if not r:
             if busy:
                 with self.lock:
@@ -129,18 +167,8 @@ class SimServer:
             return 0
         taken = 0
         with self.lock:
-            for _ in range(512):
-                try:
-                    data, (ip, port), dst_ip, dscp = self._recv()
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError:
-                    continue
+            for frame, ip, port in self._frames_in():
                 taken += 1
-                src = W.Endpoint(ip, port, 0x020000000000 | (W.ip_to_int(ip) & 0xFFFF) << 16
-                                 | port)
-                dst = W.Endpoint(dst_ip, W.ROCEV2_PORT, 0)
-                frame = W.wrap_datagram(src, dst, data, dscp)
                 if self.pcap:
                     self.pcap.write(frame)
                 self.backend.send(T.switch_port_for(ip, port, self.ports), frame)
@@ -154,16 +182,40 @@ class SimServer:
         advance = getattr(self.backend, "advance", None)
         return advance() if advance else self.backend.run()
 
+    def _sender(self, source: tuple[str, int]) -> socket.socket | None:
+        """A socket that sends from `source`, or None where this machine cannot."""
+        if source not in self.senders:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.setsockopt(socket.IPPROTO_IP, T.IP_MTU_DISCOVER, T.IP_PMTUDISC_DO)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+            try:
+                sock.bind(source)
+            except OSError:
+                sock.close()
+                sock = None
+            self.senders[source] = sock
+        return self.senders[source]
+
     def _deliver(self, frames):
-        """Send each frame the switch sent as a datagram to its destination."""
+        """Send each frame the switch sent as a datagram from its source to its
+        destination."""
         for _port, frame in frames:
             if self.pcap:
                 self.pcap.write(frame)
             try:
-                _, dst, datagram = W.strip_frame(frame)
-                self.sock.sendto(datagram, (dst.ip, dst.port))
+                src, dst, datagram = W.strip_frame(frame)
+            except struct.error:
+                self.stats["undeliverable"] += 1
+                continue
+            sock = self._sender((src.ip, src.port))
+            if sock is None:
+                self.stats["undeliverable"] += 1
+                self.unsendable.add((src.ip, src.port))
+                continue
+            try:
+                sock.sendto(datagram, (dst.ip, dst.port))
                 self.stats["datagrams_out"] += 1
-            except (OSError, struct.error):
+            except OSError:
                 self.stats["undeliverable"] += 1
 
     def serve(self):
@@ -179,7 +231,8 @@ class SimServer:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
-        self.sock.close()
+        for sock in {*self.senders.values(), self.sock, self.raw} - {None}:
+            sock.close()
         if self.pcap:
             self.pcap.close()
 
@@ -190,16 +243,22 @@ class SimServer:
         self.stop()
 
 
-def serve_main(backend: str = "golden", host: str = "0.0.0.0", port: int = W.ROCEV2_PORT,
-               pcap: str | None = None, **params):
+def serve_main(backend: str = "golden", host: str | None = None, pcap: str | None = None,
+               **params):
     from rich.console import Console
     console = Console(stderr=True)
-    server = SimServer(make_backend(backend, **params), host, port, pcap)
+    if host == "0.0.0.0":
+        console.print("netagg sim serve: give the one address the switch has (--host "
+                      "127.0.0.1, say), as a board has one, not 0.0.0.0")
+        return 2
+    server = SimServer(make_backend(backend, **params), host, pcap)
+    print(server.url, flush=True)
     console.print(f"netagg sim serve: {backend} switch with {server.ports} ports on "
-                  f"udp://{server.address[0]}:{server.address[1]}"
-                  + (f", writing {pcap}" if pcap else ""))
+                  f"{server.url}" + (f", writing {pcap}" if pcap else ""))
     console.print("a sender (ip, udp port) enters switch port (ip as an integer + udp port) "
-                  f"% {server.ports}")
+                  f"% {server.ports}; IPv4 headers "
+                  + ("as received (raw socket)" if server.headers_as_received else
+                     "canonical (identification 0, DF): CAP_NET_RAW checks them as received"))
     t0 = time.monotonic()
     signal.signal(signal.SIGTERM, lambda *_: server._stop.set())
     try:
@@ -209,6 +268,9 @@ def serve_main(backend: str = "golden", host: str = "0.0.0.0", port: int = W.ROC
     finally:
         server.stop()
         s = server.stats
-        console.print(f"{s['datagrams_in']} datagrams in, {s['datagrams_out']} out in "
-                      f"{time.monotonic() - t0:.1f} s")
+        console.print(f"{s['datagrams_in']} datagrams in, {s['datagrams_out']} out, "
+                      f"{s['undeliverable']} undeliverable in {time.monotonic() - t0:.1f} s")
+        for ip, port in sorted(server.unsendable):
+            console.print(f"frames from {ip}:{port} (the switch's REG_IP, REG_UDP_SPORT) could "
+                          "not be sent: not an address of this machine")
     return 0

@@ -1,17 +1,20 @@
 """Transports: how a worker's packets reach the switch and come back.
 
 A transport moves `wire.Packet`s. It knows the worker's own address (`local`, what the job
-table's per-worker entry must hold), the switch port its frames enter (`switch_port`), and
-returns only packets whose ICRC checked out (the others are counted in `bad`).
+table's per-worker entry must hold), the switch port its frames enter (`switch_port`, which
+the switch itself tells: REG_PORT, read by a control request), and returns only packets whose
+ICRC checked out (the others are counted in `bad`).
 
 - `InProcessTransport`: a backend object (`send(port, frame)` / `run()`) shared by the workers
   of one process through an `InProcessHub`, which runs the backend and hands each output frame
-  to the worker it is addressed to. The frame carries the packet's DSCP.
-- `UdpTransport` (`udp://host:port`): a UDP socket to a board or to `netagg sim serve`. The
-  datagram is the BTH .. ICRC; the ICRC covers the canonical IPv4/UDP headers of `host.wire`
-  with the worker's address as source and (server address, 4791) as destination, whatever UDP
-  port the server listens on. The packet's DSCP (its priority class) goes into the IPv4 TOS
-  byte of the datagram (`IP_TOS`, set on the socket when it changes; the ICRC masks it).
+  to the worker it is addressed to. The frame carries the packet's DSCP. Its frames enter
+  switch port `switch_port_for(ip, udp_port, ports)`, the cabling of the simulation.
+- `UdpTransport` (`udp://host:port`): UDP sockets to a board, `netagg sim board` or
+  `netagg sim serve`, sent from one local address and never connected (see the class). The
+  datagram is the BTH .. ICRC; the ICRC covers the IPv4/UDP headers Linux sends (`host.wire`'s
+  canonical headers: identification 0, DF) with the socket's address as source and the
+  switch's as destination. The packet's DSCP (its priority class) goes into the IPv4 TOS byte
+  of the datagram (`IP_TOS`, set on the socket when it changes; the ICRC masks it).
 - `LossyTransport`: wraps another and drops, duplicates and delays (reorders) packets in each
   direction, for tests.
 
@@ -19,12 +22,9 @@ Spraying: a transport has `paths` source addresses (path 0 is `local`, where res
 control answers come back; path i > 0 is another UDP source port of the same IPv4 address:
 another socket over UDP, `local.port + i` in process). `send(pkt, path)` sends a packet from
 path `path`'s address (the packet's ICRC is computed for it), so in `netagg sim serve` it
-enters switch port `switch_port_for(ip, path's UDP port, ports)`, and in a real network it
-hashes onto another ECMP path. The engine picks the path per packet (`Sprayer`). Control
-requests always leave by path 0: the switch answers the address a request came from.
-
-The switch port of a sender, used by `netagg sim serve` and by a worker filling its job-table
-entry: `switch_port_for(ip, udp_port, ports) = (IPv4 address as an integer + UDP port) % ports`.
+may enter another switch port, and in a real network it hashes onto another ECMP path. The
+engine picks the path per packet (`Sprayer`). Control requests always leave by path 0: the
+switch answers the address a request came from.
 """
 
 from __future__ import annotations
@@ -38,13 +38,17 @@ import threading
 import time
 import urllib.parse
 
+from host import netif
 from host import wire as W
 
+IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
+IP_PMTUDISC_DO = getattr(socket, "IP_PMTUDISC_DO", 2)
 SWITCH_IP = "10.0.0.1"          # the switch's address for in-process workers
 
 
 def switch_port_for(ip: str, udp_port: int, ports: int) -> int:
-    """The switch port that frames from (ip, udp_port) enter, in `netagg sim serve`."""
+    """The switch port that frames from (ip, udp_port) enter in a simulation's cabling
+    (`netagg sim serve`, in-process workers): (IPv4 address as an integer + UDP port) % ports."""
     return (W.ip_to_int(ip) + udp_port) % ports
 
 
@@ -88,7 +92,7 @@ class Sprayer:
 class Transport:
     local: W.Endpoint          # the worker's address as the switch sees it
     switch: W.Endpoint         # where contributions and control requests go
-    switch_port: int | None    # the switch port the worker's frames enter (None: ask)
+    switch_port: int | None    # the switch port the worker's frames enter (None: not known)
     driver = None              # an InProcessHub drives all its workers from one thread
     paths = 1                  # source addresses packets may be sprayed over
 
@@ -103,11 +107,11 @@ class Transport:
         """The source address of each path (path 0 is `local`)."""
         return [self.local]
 
-    def attach_switch(self, ports: int) -> int:
-        """The switch has `ports` ports: note the switch port of the worker's frames (the one
-        its job-table entry names) and spread the paths over switch ports. Returns it."""
-        self.switch_port = switch_port_for(self.local.ip, self.local.port, ports)
-        return self.switch_port
+    def attach_switch(self, ports: int, port: int):
+        """The switch, of `ports` ports, says that path 0's requests enter its port `port`
+        (REG_PORT): note it (the worker's job-table entry names it), and where the transport
+        can, spread the other paths over other ports."""
+        self.switch_port = port
 
     def recv(self, timeout: float) -> list[W.Packet]:
         """Packets that arrived; waits up to `timeout` seconds for the first one."""
@@ -176,11 +180,12 @@ def hub_for(backend) -> InProcessHub:
 
 
 class InProcessTransport(Transport):
-    """Path i > 0 sends from UDP port `udp_port + i` of the same address and enters switch
-    port `switch_port_for(ip, udp_port + i, ports)` (as `netagg sim serve` would map it)."""
+    """Frames from (ip, udp_port) enter switch port `switch_port_for(ip, udp_port, ports)`,
+    unless `switch_port` says otherwise; path i > 0 sends from UDP port `udp_port + i` of the
+    same address and enters `switch_port_for(ip, udp_port + i, ports)`."""
 
     def __init__(self, backend, ip: str, udp_port: int = W.ROCEV2_PORT, mac: int = 0,
-                 switch_port: int = 0, switch_ip: str = SWITCH_IP, paths: int = 1):
+                 switch_port: int | None = None, switch_ip: str = SWITCH_IP, paths: int = 1):
         super().__init__()
         if paths < 1:
             raise ValueError(f"paths must be at least 1, not {paths}")
@@ -188,20 +193,18 @@ class InProcessTransport(Transport):
         self.driver = self.hub
         self.local = W.Endpoint(ip, udp_port, mac)
         self.switch = W.Endpoint(switch_ip, W.ROCEV2_PORT, 0)
-        self.switch_port = switch_port
         self.paths = paths
         self._sources = [W.Endpoint(ip, (udp_port + i) & 0xFFFF, mac) for i in range(paths)]
-        self._ports = [switch_port] * paths
+        ports = getattr(self.hub.backend, "ports", 1)
+        self._ports = [switch_port_for(e.ip, e.port, ports) for e in self._sources]
+        if switch_port is not None:
+            self._ports[0] = switch_port
+        self.switch_port = self._ports[0]
         self.inbox: list[bytes] = []
         self.hub.attach(self)
 
     def path_endpoints(self) -> list[W.Endpoint]:
         return list(self._sources)
-
-    def attach_switch(self, ports: int) -> int:
-        super().attach_switch(ports)
-        self._ports = [switch_port_for(e.ip, e.port, ports) for e in self._sources]
-        return self.switch_port
 
     def send(self, pkt: W.Packet, path: int = 0):
         if path:
@@ -239,25 +242,39 @@ def parse_udp_url(url: str) -> tuple[str, int]:
 
 
 class UdpTransport(Transport):
-    """A UDP socket connected to the switch (a board or `netagg sim serve`), and with
-    `paths` > 1, `paths - 1` more sockets of the same address that only send (other source
-    ports: other switch ports in `netagg sim serve`, other ECMP paths in a network). Results
-    and control answers come back to the first socket."""
+    """UDP sockets that reach the switch (a board, `netagg sim board` or `netagg sim serve`)
+    from one local IPv4 address, `bind_ip` or the one the kernel routes the switch by.
 
-    def __init__(self, url: str, bind_ip: str = "", bind_port: int = 0, paths: int = 1):
+    The sockets are not connected: a board sends results from its own UDP source port
+    (REG_UDP_SPORT), which a connected socket would refuse, and Linux fills the IPv4
+    identification of an unconnected socket's datagrams with 0 when Don't Fragment is set
+    (IP_PMTUDISC_DO): the canonical header the ICRC is computed over. Datagrams are taken only
+    from the switch: control answers from its address and port, results from `result_source`
+    (the switch's REG_IP and REG_UDP_SPORT, set by the worker once it has read them); anything
+    else is counted in `stray`, and a bad ICRC in `bad`. `local.mac` is the MAC of the
+    interface that holds the address (0 on loopback).
+
+    With `paths` > 1, `paths - 1` more sockets of the same address send only (other source
+    ports: other ECMP paths in a network, other switch ports in `netagg sim serve`)."""
+
+    def __init__(self, url: str, bind_ip: str | None = None, bind_port: int = 0,
+                 paths: int = 1):
         super().__init__()
         if paths < 1:
             raise ValueError(f"paths must be at least 1, not {paths}")
         host, port = parse_udp_url(url)
         addr = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_DGRAM)[0][4]
-        self._addr, self._bind_ip = addr, bind_ip
+        self._addr = addr
+        self._bind_ip = bind_ip or route_source(addr)
         self.sock = self._open(bind_port, rcvbuf=True)
         ip, lport = self.sock.getsockname()
-        self.local = W.Endpoint(ip, lport, 0)
-        self.switch = W.Endpoint(addr[0], W.ROCEV2_PORT, 0)
+        itf = netif.interface_of(ip)
+        self.local = W.Endpoint(ip, lport, itf.mac if itf else 0)
+        self.switch = W.Endpoint(addr[0], addr[1], 0)
         self.switch_port = None
         self.url = url
         self.paths = paths
+        self.stray = 0
         self.socks = [self.sock] + [self._open(0) for _ in range(paths - 1)]
         self._sources = [self.local] + [self._source(s) for s in self.socks[1:]]
         self._tos = {}              # socket -> the TOS byte it sends with
@@ -267,40 +284,56 @@ class UdpTransport(Transport):
         if rcvbuf:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
         sock.bind((self._bind_ip, bind_port))
-        sock.connect(self._addr)
         sock.setblocking(False)
         return sock
 
     def _source(self, sock) -> W.Endpoint:
         ip, port = sock.getsockname()
-        if ip != self.local.ip:      # the switch checks a rank's source address
-            raise OSError(f"a path socket got source address {ip}, not {self.local.ip}")
-        return W.Endpoint(ip, port, 0)
+        return W.Endpoint(ip, port, self.local.mac)
 
     def path_endpoints(self) -> list[W.Endpoint]:
         return list(self._sources)
 
-    def attach_switch(self, ports: int) -> int:
-        """Also re-open path sockets until the paths enter different switch ports of
-        `netagg sim serve` (as far as there are ports; the kernel picks the source ports)."""
-        super().attach_switch(ports)
-        used = {self.switch_port}
-        spare = []
+    def attach_switch(self, ports: int, port: int):
+        """Also ask, for each path socket, the switch port its requests enter (REG_PORT), and
+        re-open a path socket (a few times) while it enters a port another path uses, as far
+        as there are ports: in `netagg sim serve` source ports map to switch ports; on a
+        board cabled to one port every path enters that one."""
+        self.switch_port = port
+        used = {port}
         for i in range(1, self.paths):
-            if len(used) >= ports:
-                break
-            for _ in range(64):
-                sp = switch_port_for(self._sources[i].ip, self._sources[i].port, ports)
-                if sp not in used:
-                    used.add(sp)
+            for attempt in range(8):
+                entered = self._ingress_port(self.socks[i], self._sources[i])
+                if entered not in used or len(used) >= ports or attempt == 7:
+                    used.add(entered)
                     break
-                spare.append(self.socks[i])
+                self.socks[i].close()
                 self.socks[i] = self._open(0)
                 self._sources[i] = self._source(self.socks[i])
-        for sock in spare:
-            sock.close()
-        return self.switch_port
+
+    def _ingress_port(self, sock, source: W.Endpoint, tries: int = 5) -> int:
+        """REG_PORT as read by a control request from `sock` (its answer comes back there)."""
+        psn = random.getrandbits(24)
+        pkt = W.control_request([(W.REG_PORT, 0)], psn, source, self.switch)
+        for _ in range(tries):
+            sock.sendto(pkt.datagram(), self._addr)
+            deadline = time.monotonic() + 0.5
+            while (left := deadline - time.monotonic()) > 0:
+                select.select([sock], [], [], left)
+                try:
+                    data, sender = sock.recvfrom(2048)
+                except BlockingIOError:
+                    continue
+                try:
+                    answer = W.parse_transport(data, W.Endpoint(*sender), source)
+                except W.WireError:
+                    continue
+                if answer.opcode == W.OP_CONTROL and answer.psn == psn:
+                    return W.unpack_records(answer.payload)[0][1]
+        raise TimeoutError(f"the switch at {self.url} did not answer a control request from "
+                           f"{source.ip}:{source.port}")
 
     def send(self, pkt: W.Packet, path: int = 0):
         if path:
@@ -311,24 +344,27 @@ class UdpTransport(Transport):
             sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
             self._tos[sock] = tos
         try:
-            sock.send(pkt.datagram())
-        except (BlockingIOError, ConnectionRefusedError):
-            pass        # a full buffer or nobody listening yet: as a lost packet
+            sock.sendto(pkt.datagram(), self._addr)
+        except BlockingIOError:
+            pass        # a full buffer: as a lost packet
 
     def recv(self, timeout: float) -> list[W.Packet]:
         out = []
         if timeout > 0:
             select.select([self.sock], [], [], timeout)
+        switch = (self.switch.ip, self.switch.port)
+        results = (self.result_source.ip, self.result_source.port)
         for _ in range(256):
             try:
-                data = self.sock.recv(2048)
+                data, sender = self.sock.recvfrom(2048)
             except (BlockingIOError, InterruptedError):
                 break
-            except ConnectionRefusedError:      # ICMP from an earlier send: nobody there
+            expected = switch if data[:1] == bytes([W.OP_CONTROL]) else results
+            if sender != expected:
+                self.stray += 1
                 continue
-            src = self.switch if data[:1] == bytes([W.OP_CONTROL]) else self.result_source
             try:
-                out.append(W.parse_transport(data, src, self.local))
+                out.append(W.parse_transport(data, W.Endpoint(*sender), self.local))
             except W.WireError:
                 self.bad += 1
         return out
@@ -336,6 +372,16 @@ class UdpTransport(Transport):
     def close(self):
         for sock in self.socks:
             sock.close()
+
+
+def route_source(addr) -> str:
+    """The local IPv4 address the kernel sends from to `addr` ((host, port))."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(addr)
+        return probe.getsockname()[0]
+    finally:
+        probe.close()
 
 
 class LossyTransport(Transport):
@@ -373,9 +419,9 @@ class LossyTransport(Transport):
     def path_endpoints(self) -> list[W.Endpoint]:
         return self.inner.path_endpoints()
 
-    def attach_switch(self, ports: int) -> int:
-        self.switch_port = self.inner.attach_switch(ports)
-        return self.switch_port
+    def attach_switch(self, ports: int, port: int):
+        self.inner.attach_switch(ports, port)
+        self.switch_port = self.inner.switch_port
 
     def _fault(self, heap, pkt, now, extra: float = 0.0):
         if self.rng.random() < self.drop:

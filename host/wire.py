@@ -55,7 +55,7 @@ OP_SEND_ONLY_UC = 0x24
 OP_WRITE_ONLY_IMM_UC = 0x2B
 OP_CONTRIBUTION = OP_RESULT = OP_WRITE_ONLY_IMM_UC
 OP_CONTROL = OP_SEND_ONLY_UC
-CONTROL_QPN = 0x000001
+CONTROL_QPN = 0x000003            # the switch's control QP (QP 0 and 1 are the SMI's and GSI's)
 PKEY_DEFAULT = 0xFFFF
 TTL = 64
 IP_FLAGS_DF = 0x4000              # flags/fragment offset word with Don't Fragment set

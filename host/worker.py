@@ -6,9 +6,18 @@
     h = w.allreduce_async([g1, g2], op="mean")     # several tensors in one step
     g1_mean, g2_mean = h.wait()
 
-`switch` is a `udp://host:port` address (a board, or `netagg sim serve`), a backend object
-(`send(port, frame)` / `run()`, e.g. `sim.golden.GoldenSwitch`) for in-process workers, or a
-`host.transport.Transport`. Every worker of a run must pass the same `session` (any string,
+`switch` is a `udp://host:port` address (a board, `netagg sim board` or `netagg sim serve`;
+`bind=` names the local IPv4 address to send from, by default the one the kernel routes the
+switch by), a backend object (`send(port, frame)` / `run()`, e.g. `sim.golden.GoldenSwitch`)
+for in-process workers, or a `host.transport.Transport`.
+
+Set-up adapts to the switch, whose parameters it reads through the control path: packets
+carry the switch's largest payload (at most 1024 bytes), the worker's job-table entry holds
+its real address (the MAC of the interface that holds its IPv4 address, its UDP port, the
+switch port its requests come in by as the switch reports it (REG_PORT), a queue pair number
+of its own, and the session's R_Key, which results must carry), and when the switch's own
+IPv4 address is unset, a worker sets it to the address it reaches the switch at (results
+leave from there). Every worker of a run must pass the same `session` (any string,
 like torch's rendezvous id): rank 0 resets the job for the run and tags it with the session,
 and the other ranks wait for that tag before they send anything, so nothing left in the
 switch by an earlier run can mix into this one.
@@ -19,7 +28,9 @@ Hierarchical (`local_size=L`, ranks `node * L + local_rank`): the L workers of a
 their tensors through shared memory; local worker i contributes, for its shard i of every
 tensor, the node's sum of that shard to switch job `job + i` as rank `node` (so a hierarchical
 run uses jobs job .. job + L - 1, each with `world_size / L` workers, and every local worker
-uses the network); the results are shared back through the same memory. Shards are whole
+uses the network); the results are shared back through the same memory. A switch with fewer
+jobs (G = jobs - job < L) takes the first G local workers of each node as leaders, the
+shards cut G ways; with one job, local worker 0 alone carries the node's sums. Shards are whole
 exponent blocks, and a node proposes the maximum exponent of its local workers, so the
 answer is bit for bit the flat allreduce's.
 
@@ -47,11 +58,13 @@ tensor, what was dropped and scaled.
 from __future__ import annotations
 
 import os
+import random
 import time
 import zlib
 
 import numpy as np
 
+from host import netif
 from host import numerics as N
 from host import transport as T
 from host import wire as W
@@ -66,13 +79,40 @@ def session_tag(session) -> int:
     return ENABLE | (zlib.crc32(str(session).encode()) & 0x7FFFFFFF)
 
 
-def _make_transport(switch, ip: str | None, paths: int = 1):
+def _queue_pair() -> int:
+    """A queue pair number for a worker's endpoint, as a NIC allocates one: results name it,
+    and a result for another is not this worker's. QP 0 and 1 are the SMI's and GSI's, and
+    the switch's own are below 0x100."""
+    return random.SystemRandom().randrange(0x100, 1 << 24)
+
+
+def read_params(engine) -> dict:
+    """The switch's identity, size and own addresses, through the control path; `port` is the
+    switch port the request came in by."""
+    names = ("magic", "params", "slots", "max_payload", "mac_hi", "mac_lo", "ip", "udp_sport",
+             "port")
+    values = dict(zip(names, (v for _, v in engine.control(
+        [(a, 0) for a in (W.REG_MAGIC, W.REG_PARAMS, W.REG_SLOTS, W.REG_MAX_PAYLOAD,
+                          W.REG_MAC_HI, W.REG_MAC_LO, W.REG_IP, W.REG_UDP_SPORT,
+                          W.REG_PORT)]))))
+    if values["magic"] != W.MAGIC:
+        raise NetaggError(f"the switch answered with magic {values['magic']:#x}, not "
+                          f"netagg's {W.MAGIC:#x}")
+    params = values["params"]
+    return {"ports": params >> 24, "jobs": (params >> 16) & 0xFF,
+            "max_workers": (params >> 8) & 0xFF, "width": 64 * (params & 0xFF),
+            "slots": values["slots"], "max_payload": values["max_payload"],
+            "mac": values["mac_hi"] << 32 | values["mac_lo"], "ip": _ip_str(values["ip"]),
+            "udp_sport": values["udp_sport"], "port": values["port"]}
+
+
+def _make_transport(switch, ip: str | None, paths: int = 1, bind: str | None = None):
     if isinstance(switch, T.Transport):
         if paths != 1 and switch.paths != paths:
             raise ValueError(f"the transport given has {switch.paths} paths, not {paths}")
         return switch
     if isinstance(switch, str):
-        return T.UdpTransport(switch, paths=paths)
+        return T.UdpTransport(switch, bind_ip=bind, paths=paths)
     if hasattr(switch, "send") and (hasattr(switch, "run") or isinstance(switch, T.InProcessHub)):
         return T.InProcessTransport(switch, ip=ip, paths=paths)
     raise TypeError(f"switch must be 'udp://host:port', a backend or a Transport, not {switch!r}")
@@ -96,16 +136,7 @@ class SwitchControl:
         return [v for _, v in self.engine.control([(a | W.WRITE, v) for a, v in pairs])]
 
     def read_params(self) -> dict:
-        magic, params, slots, max_payload, ip, sport = self.read(
-            W.REG_MAGIC, W.REG_PARAMS, W.REG_SLOTS, W.REG_MAX_PAYLOAD, W.REG_IP,
-            W.REG_UDP_SPORT)
-        if magic != W.MAGIC:
-            raise NetaggError(f"the switch answered with magic {magic:#x}, not netagg's "
-                              f"{W.MAGIC:#x}")
-        return {"ports": params >> 24, "jobs": (params >> 16) & 0xFF,
-                "max_workers": (params >> 8) & 0xFF, "width": 64 * (params & 0xFF),
-                "slots": slots, "max_payload": max_payload,
-                "ip": _ip_str(ip), "udp_sport": sport}
+        return read_params(self.engine)
 
     def counters(self, ports=None, jobs=None) -> dict:
         """Port and job counters, by name."""
@@ -175,7 +206,7 @@ class Worker:
                  slot_base: int | None = None, timeout: float = 20.0,
                  fraction_bits: int | None = None, block: int = N.DEFAULT_BLOCK,
                  faults: dict | None = None, paths: int = 1, spray: str = "round_robin",
-                 credits: int | None = None, quorum: int = 0):
+                 credits: int | None = None, quorum: int = 0, bind: str | None = None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
         if credits is not None and not 0 <= credits <= 0xFFFF:
@@ -188,6 +219,7 @@ class Worker:
         self.rank, self.world_size, self.local_size = rank, world_size, local_size
         self.node, self.local_rank = divmod(rank, local_size)
         self.nodes = world_size // local_size
+        self.job = job
         self.switch_job = job + self.local_rank
         self.switch_rank = self.node
         self.switch_workers = self.nodes
@@ -202,51 +234,63 @@ class Worker:
         self._closed = False
         ip = f"10.{1 + self.switch_job}.{self.switch_rank // 250}.{self.switch_rank % 250 + 1}"
         T.Sprayer(paths, spray)        # checks both before any socket opens
-        transport = _make_transport(switch, ip, paths)
+        transport = _make_transport(switch, ip, paths, bind)
         if faults:
             transport = T.LossyTransport(transport, **faults)
         self.transport = transport
         self.engine = Engine(transport, job=self.switch_job, rank=self.switch_rank,
-                             workers=self.switch_workers, slots=None, qpn=0x100 + rank,
+                             workers=self.switch_workers, slots=None, qpn=_queue_pair(),
                              session_tag=self.tag, timeout=timeout,
                              fraction_bits=self.fraction_bits, block=block, spray=spray)
+        self.lanes = N.LANES
         try:
-            self._configure(slots, slot_base, credits, quorum)
+            networked = self._configure(slots, slot_base, credits, quorum)
         except BaseException:
             self.transport.close()
             raise
+        if not networked:           # a local worker beyond the switch's jobs: shares only
+            transport.close()
+            self.engine = None
         self.shm = None
         if local_size > 1:
             from host.node import NodeShm
             self.shm = NodeShm(self.session, self.node, self.local_rank, local_size, timeout)
-        if transport.driver is not None:
+        if self.engine is not None and transport.driver is not None:
             transport.driver.engines.append(self.engine)
 
     # --- set-up -------------------------------------------------------------------------
 
     def _configure(self, slots, slot_base, credits, quorum):
         e, t = self.engine, self.transport
-        magic, params, total_slots, max_payload, ip, sport = [v for _, v in e.control(
-            [(W.REG_MAGIC, 0), (W.REG_PARAMS, 0), (W.REG_SLOTS, 0), (W.REG_MAX_PAYLOAD, 0),
-             (W.REG_IP, 0), (W.REG_UDP_SPORT, 0)])]
-        if magic != W.MAGIC:
-            raise NetaggError(f"the switch answered with magic {magic:#x}, not netagg's")
-        ports, jobs, max_workers = params >> 24, (params >> 16) & 0xFF, (params >> 8) & 0xFF
-        if self.switch_job >= jobs:
-            raise NetaggError(f"the switch has jobs 0..{jobs - 1}; this worker needs job "
-                              f"{self.switch_job}" + (" (one job per local worker)"
-                                                      if self.local_size > 1 else ""))
-        if self.switch_workers > max_workers:
-            raise NetaggError(f"the switch takes at most {max_workers} workers per job, not "
-                              f"{self.switch_workers}")
-        if max_payload < W.MAX_PAYLOAD:
-            raise NetaggError(f"the switch takes {max_payload}-byte payloads; netagg's host "
-                              f"sends {W.MAX_PAYLOAD}")
-        self.switch_params = {"ports": ports, "jobs": jobs, "max_workers": max_workers,
-                              "slots": total_slots}
-        t.attach_switch(ports)          # the port of its job-table entry; paths spread
-        t.result_source = W.Endpoint(_ip_str(ip), sport)
-        per_job = total_slots // jobs
+        p = read_params(e)
+        jobs = p["jobs"] - self.job
+        if jobs < 1:
+            raise NetaggError(f"the switch has jobs 0..{p['jobs'] - 1}, not job {self.job}")
+        # Hierarchical: one local worker per switch job takes part in the network, as far
+        # as the switch has jobs (at least the node's leader, local worker 0).
+        self.leaders = min(self.local_size, jobs)
+        if self.local_rank >= self.leaders:
+            return False
+        if self.switch_workers > p["max_workers"]:
+            raise NetaggError(f"the switch takes at most {p['max_workers']} workers per job, "
+                              f"not {self.switch_workers}")
+        self.lanes = min(W.MAX_PAYLOAD, p["max_payload"]) // 4 - 1
+        if self.lanes < 1:
+            raise NetaggError(f"the switch takes {p['max_payload']}-byte payloads: too small "
+                              f"for a data lane and the check lane")
+        e.lanes = self.lanes
+        if p["ip"] == "0.0.0.0":
+            # the switch's own addresses are unset: results leave from the address the
+            # workers reach it at (the MAC as the kernel resolved it, if it did)
+            mac = netif.neighbour_mac(t.switch.ip)
+            self._write([(W.REG_IP, W.ip_to_int(t.switch.ip)), (W.REG_MAC_HI, mac >> 32),
+                         (W.REG_MAC_LO, mac & 0xFFFFFFFF)])
+            p["ip"] = t.switch.ip
+        self.switch_params = p
+        t.attach_switch(p["ports"], p["port"])   # the port of its job-table entry
+        t.result_source = W.Endpoint(p["ip"], p["udp_sport"])
+        total_slots = p["slots"]
+        per_job = total_slots // p["jobs"]
         count = per_job if slots is None else slots
         base = self.switch_job * per_job if slot_base is None else slot_base
         if count < 1 or base + count > total_slots:
@@ -262,7 +306,7 @@ class Worker:
                (W.worker_reg(j, r, W.WORKER_VA_HI), 0),
                (W.worker_reg(j, r, W.WORKER_VA_LO), 0)]
         if r != 0:
-            row.append((W.worker_reg(j, r, W.WORKER_RKEY), 0))
+            row.append((W.worker_reg(j, r, W.WORKER_RKEY), self.tag))
         self._write(row)
         config = ENABLE | self.switch_workers
         if r == 0:
@@ -277,7 +321,7 @@ class Worker:
                          (W.job_reg(j, W.JOB_CONFIG), config),   # clears slots, COMPLETED
                          (W.worker_reg(j, 0, W.WORKER_RKEY), self.tag)])
             e.set_job(count, credits, quorum)
-            return
+            return True
         e.joined = False
 
         def accept(values):
@@ -296,6 +340,7 @@ class Worker:
                          (W.job_reg(j, W.JOB_CREDITS), 0), (W.job_reg(j, W.JOB_QUORUM), 0),
                          (W.job_reg(j, W.JOB_COMPLETED), 0),
                          (W.worker_reg(j, 0, W.WORKER_RKEY), 0)], accept)
+        return True
 
     def _write(self, pairs):
         got = self.engine.control([(a | W.WRITE, v) for a, v in pairs])
@@ -360,14 +405,15 @@ class Worker:
     def _work(self, fmt, sources, out, mean, proposals, loss=(0.0, DEFAULT_PRIORITY)) -> Work:
         props = np.max(np.stack(proposals), axis=0) if fmt.kind == "fixed" else None
         return Work(fmt=fmt, sources=sources, out=out, n=len(out), world_size=self.world_size,
-                    mean=mean, frac=self.fraction_bits, block=self.block, proposals=props,
+                    mean=mean, frac=self.fraction_bits, block=self.block, lanes=self.lanes,
+                    proposals=props,
                     loss_budget=loss[0], priority=loss[1])
 
     def _proposals(self, flat, fmt):
         """This worker's exponent per block (checking that the values are finite)."""
         if fmt.kind != "fixed":
             return None
-        per = N.LANES * self.block
+        per = self.lanes * self.block
         out = []
         for i in range(0, max(1, len(flat)), per):
             seg = N.to_float64(flat[i:i + per], fmt)
@@ -376,6 +422,9 @@ class Worker:
         return np.clip(N.exponent_of(np.array(out)), N.EXP_MIN, N.EXP_MAX)
 
     def _progress(self, timeout: float):
+        if self.engine is None:
+            time.sleep(min(timeout, 0.001))
+            return
         driver = self.transport.driver
         if driver is not None:
             driver.drive()
@@ -410,12 +459,14 @@ class Worker:
                 self._pending[0].wait()
             self.shm.wait_all()
             works = []
-            per = N.LANES * self.block
+            per = self.lanes * self.block
             for a, f, off, lp in zip(arrays, fmts, offsets, loss):
+                if self.engine is None:     # not one of the node's leaders
+                    break
                 n = a.size
                 blocks = -(-n // per)
-                b0 = blocks * self.local_rank // self.local_size
-                b1 = blocks * (self.local_rank + 1) // self.local_size
+                b0 = blocks * self.local_rank // self.leaders
+                b1 = blocks * (self.local_rank + 1) // self.leaders
                 lo, hi = b0 * per, min(b1 * per, n)
                 if hi <= lo:
                     continue
@@ -449,8 +500,11 @@ class Worker:
 
     def counters(self) -> dict:
         """This worker's counters: packets, retransmissions, bytes, ignored results..."""
+        if self.engine is None:
+            return {}
         c = self.engine.counters()
         c["bad_packets"] = self.transport.bad
+        c["stray_packets"] = getattr(self.transport, "stray", 0)
         if isinstance(self.transport, T.LossyTransport):
             c.update({f"injected_{k}": v for k, v in self.transport.faults.items()})
         return c

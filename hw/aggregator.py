@@ -469,6 +469,7 @@ class Aggregator(wiring.Component):
             ctl.record.addr.eq(address[:16]),
             ctl.record.write.eq(address[31]),
             ctl.record.wdata.eq(current.value),
+            ctl.request_port.eq(c.port),
         ]
         known = address[16:31] == 0
         control_cmd = commands.r_rdy & (c.action == Action.CONTROL)

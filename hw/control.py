@@ -49,14 +49,18 @@ JOB_EVENTS = tuple(c for c in R.JOB_COUNTERS if c != "results")
 
 class Control(wiring.Component):
     def __init__(self, *, ports: int, jobs: int, max_workers: int, slots: int, width: int,
-                 max_payload: int, readers: int = 1):
+                 max_payload: int, readers: int = 1, mac: int = 0, ip: int = 0):
+        if not 0 <= mac < 1 << 48 or not 0 <= ip < 1 << 32:
+            raise ValueError(f"mac {mac:#x} or ip {ip:#x} does not fit in 48 or 32 bits")
         self.ports, self.jobs, self.max_workers = ports, jobs, max_workers
         self.slots, self.width, self.max_payload = slots, width, max_payload
+        self.reset_mac, self.reset_ip = mac, ip
         entries = jobs * max_workers
         super().__init__({
             "record": In(data.StructLayout({"en": 1, "write": 1, "addr": 16, "wdata": 32})),
             "rdata": Out(32),
             "ready": Out(1),          # records may be applied (not while starting from reset)
+            "request_port": In(range(max(ports, 2))),   # the port of the request served
             "mac": Out(48), "ip": Out(32), "udp_sport": Out(16),
             "job": Out(JOB).array(jobs),
             # The job table's workers, at job * max_workers + rank: each one's switch port
@@ -82,7 +86,7 @@ class Control(wiring.Component):
         # Registers and their addresses: (address, value, writable field or None).
         udp_sport = Signal(16, init=0xC000)
         m.d.comb += self.udp_sport.eq(udp_sport)
-        mac, ip = Signal(48), Signal(32)
+        mac, ip = Signal(48, init=self.reset_mac), Signal(32, init=self.reset_ip)
         m.d.comb += [self.mac.eq(mac), self.ip.eq(ip)]
         params = ((self.ports << 24) | (self.jobs << 16) | (self.max_workers << 8)
                   | (self.width // 64))
@@ -95,6 +99,7 @@ class Control(wiring.Component):
             (R.REG_MAC_LO, mac[:32], mac[:32]),
             (R.REG_IP, ip, ip),
             (R.REG_UDP_SPORT, udp_sport, udp_sport),
+            (R.REG_PORT, self.request_port, None),
         ]
         for c in range(R.PRIORITY_CLASSES):
             threshold = Signal(16, init=R.NEVER_DROP, name=f"threshold{c}")

@@ -214,7 +214,7 @@ def ipv4_checksum_sum(wire_bytes):
 OP_CONTRIBUTION = 0x2B      # UC RDMA WRITE Only with Immediate: worker -> switch
 OP_RESULT = 0x2B            # the same opcode: switch -> worker
 OP_CONTROL = 0x24           # UC SEND Only to CONTROL_QPN: control request and reply
-CONTROL_QPN = 0x000001
+CONTROL_QPN = 0x000003         # the switch's control QP: QP 0 and 1 are the SMI's and GSI's
 
 
 def is_control(bth):

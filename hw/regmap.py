@@ -15,6 +15,7 @@ REG_MAC_HI = 0x0004         # rw: switch MAC bits 47:32 (source of results)
 REG_MAC_LO = 0x0005         # rw: switch MAC bits 31:0
 REG_IP = 0x0006             # rw: switch IPv4 address (source of results)
 REG_UDP_SPORT = 0x0007      # rw: UDP source port of results (reset 0xC000)
+REG_PORT = 0x0008           # ro: the switch port this control request came in by
 # Priority drop: a droppable contribution of priority class c (IPv4 DSCP >> 3) is dropped to a
 # null contribution (header kept, payload discarded) when the bytes its ingress queue holds
 # ahead of it are at least REG_DROP_THRESHOLD + c. 16 bits, reset NEVER_DROP.

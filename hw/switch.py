@@ -75,7 +75,8 @@ class Arbiter(wiring.Component):
 class Switch(wiring.Component):
     def __init__(self, *, ports: int = 4, width: int = 64, jobs: int = 4, max_workers: int = 8,
                  slots: int = 64, max_payload: int = 1024, queue_capacity: int = 4096,
-                 egress_capacity: int = 4096, header_entries: int = 32, icrc: str = "engine"):
+                 egress_capacity: int = 4096, header_entries: int = 32, icrc: str = "engine",
+                 mac: int = 0, ip: int = 0):
         if not 2 <= ports <= 16:
             raise ValueError(f"ports must be 2..16, not {ports}")
         if not 1 <= jobs <= 16 or not 1 <= max_workers <= 32 or not 1 <= slots <= 4096:
@@ -89,6 +90,7 @@ class Switch(wiring.Component):
         self.queue_capacity, self.egress_capacity = queue_capacity, egress_capacity
         self.header_entries = header_entries
         self.icrc = check_icrc(icrc)
+        self.mac, self.ip = mac, ip         # reset values of the switch's own addresses
         super().__init__({
             "rx": In(FrameStream(width, checked=icrc == "mac")).array(ports),
             "tx": Out(FrameStream(width)).array(ports),
@@ -102,7 +104,7 @@ class Switch(wiring.Component):
         wide = self.width * self.factor
         m.submodules.control = control = Control(
             ports=P, jobs=J, max_workers=MW, slots=self.slots, width=self.width,
-            max_payload=self.max_payload, readers=P)
+            max_payload=self.max_payload, readers=P, mac=self.mac, ip=self.ip)
         time = Signal(TIME_WIDTH)
         m.d.sync += time.eq(time + 1)
 

@@ -214,7 +214,7 @@ class GoldenSwitch:
 
     def __init__(self, ports: int = 4, jobs: int = 4, max_workers: int = 8, slots: int = 64,
                  width: int = 64, max_payload: int = W.MAX_PAYLOAD,
-                 queue_capacity: int = 4096):
+                 queue_capacity: int = 4096, mac: int = 0, ip: int = 0):
         if not 2 <= ports <= 16:
             raise ValueError(f"ports must be 2..16, not {ports}")
         if not 1 <= jobs <= W.MAX_JOBS or not 1 <= max_workers <= W.MAX_WORKERS:
@@ -223,7 +223,7 @@ class GoldenSwitch:
             raise ValueError(f"slots must be 1..{W.MAX_SLOTS}")
         self.ports, self.jobs, self.max_workers, self.slots = ports, jobs, max_workers, slots
         self.width, self.max_payload, self.queue_capacity = width, max_payload, queue_capacity
-        self.mac, self.ip, self.udp_sport = 0, 0, 0xC000
+        self.mac, self.ip, self.udp_sport = mac, ip, 0xC000
         self.drop_thresholds = [W.NEVER_DROP] * W.PRIORITY_CLASSES
         self.job = [Job(table=[Worker() for _ in range(max_workers)]) for _ in range(jobs)]
         self.state = [[SlotCopy(), SlotCopy()] for _ in range(slots)]
@@ -385,7 +385,7 @@ class GoldenSwitch:
         for addr, value in W.unpack_records(payload):
             if addr & W.WRITE:
                 self.write(addr & ~W.WRITE, value)
-            replies.append((addr, self.read(addr & ~W.WRITE)))
+            replies.append((addr, self.read(addr & ~W.WRITE, port)))
         reply = W.Packet(W.OP_CONTROL, W.CONTROL_QPN, pkt.psn, W.pack_records(replies),
                          src=pkt.dst, dst=pkt.src)
         return [(port, reply.frame())]
@@ -410,7 +410,8 @@ class GoldenSwitch:
         ok = j < self.jobs and off < len(W.JOB_COUNTERS)
         return ("job_counter", j, off) if ok else (None, 0, 0)
 
-    def read(self, addr: int) -> int:
+    def read(self, addr: int, port: int = 0) -> int:
+        """The register at `addr`, as a control request that came in by `port` reads it."""
         kind, index, off = self._decode(addr)
         if kind == "global":
             return {
@@ -419,7 +420,7 @@ class GoldenSwitch:
                 | (self.width // 64),
                 W.REG_SLOTS: self.slots, W.REG_MAX_PAYLOAD: self.max_payload,
                 W.REG_MAC_HI: self.mac >> 32, W.REG_MAC_LO: self.mac & 0xFFFFFFFF,
-                W.REG_IP: self.ip, W.REG_UDP_SPORT: self.udp_sport,
+                W.REG_IP: self.ip, W.REG_UDP_SPORT: self.udp_sport, W.REG_PORT: port,
                 **{W.drop_threshold(c): t for c, t in enumerate(self.drop_thresholds)},
             }.get(off, 0)
         if kind == "job":

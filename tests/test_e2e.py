@@ -24,18 +24,14 @@ def serve(tmp_path, request):
     backend = getattr(request, "param", "golden")
     pcap = tmp_path / "switch.pcap"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "host.cli", "sim", "serve", "--host", "127.0.0.1", "--port", "0",
-         "--pcap", str(pcap), "--backend", backend],
-        cwd=ROOT, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "host.cli", "sim", "serve", "--pcap", str(pcap),
+         "--backend", backend],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": ROOT, "COLUMNS": "200"})
-    url = None
-    t0 = time.monotonic()
-    while url is None and time.monotonic() - t0 < 900:     # the RTL may be built first
-        line = proc.stderr.readline()
-        m = re.search(r"udp://[\d.]+:(\d+)", line)
-        if m:
-            url = f"udp://127.0.0.1:{m.group(1)}"
-    assert url, "netagg sim serve did not say where it listens"
+    line = proc.stdout.readline()       # the RTL may be built first
+    assert re.fullmatch(r"udp://127\.[\d.]+:4791\n", line), \
+        f"netagg sim serve did not say where it listens: {line!r}"
+    url = line.strip()
     yield url, pcap, proc
     proc.terminate()
     proc.wait(10)
