@@ -122,7 +122,8 @@ def main(argv=None) -> int:
                        help="congestion: allreduces per priority-drop mode")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
 
-    demo = sub.add_parser("demo", help="allreduce through a simulated switch, checked")
+    demo = sub.add_parser("demo", help="allreduce through a switch (simulated unless "
+                                         "--switch), checked")
     demo.add_argument("--workers", type=int, default=4)
     demo.add_argument("--nodes", type=int, default=2,
                       help="nodes the workers are grouped into (hierarchical allreduce)")
@@ -135,7 +136,18 @@ def main(argv=None) -> int:
     demo.add_argument("--paths", type=int, default=1,
                       help="UDP source ports each worker sprays its packets over")
     demo.add_argument("--spray", choices=["round_robin", "least_loaded"], default="round_robin")
+    demo.add_argument("--switch", default=None,
+                      help="udp://HOST:PORT of an existing switch (a board, sim board, sim "
+                           "serve) instead of starting one")
+    demo.add_argument("--bind", default=None,
+                      help="local IPv4 addresses the nodes send from, comma-separated (node i "
+                           "from the i-th, round robin); default: one per switch port reached")
     demo.add_argument("--json", action="store_true", help="print one JSON object")
+
+    probe = sub.add_parser("probe", help="read a switch's parameters, addresses and counters")
+    probe.add_argument("url", help="udp://HOST:PORT")
+    probe.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for it")
+    probe.add_argument("--json", action="store_true", help="print one JSON object")
 
     sim = sub.add_parser("sim", help="the simulated switch")
     simsub = sim.add_subparsers(dest="sim_command", required=True)
@@ -155,10 +167,15 @@ def main(argv=None) -> int:
         from host.demo import demo as run_demo
         report = run_demo(workers=args.workers, nodes=args.nodes, values=args.values,
                           backend=args.backend, steps=args.steps, as_json=args.json,
-                          pcap=args.pcap, paths=args.paths, spray=args.spray)
+                          pcap=args.pcap, paths=args.paths, spray=args.spray,
+                          switch=args.switch,
+                          binds=args.bind.split(",") if args.bind else None)
         if args.json:
             print(json.dumps(report))
         return 0 if report["verified"] else 1
+    if args.command == "probe":
+        from host.probe import probe_main
+        return probe_main(args.url, args.json, args.timeout)
     if args.command == "sim":
         from host.serve import serve_main
         return serve_main(args.backend, args.host, args.pcap, ports=args.ports,

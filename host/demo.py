@@ -1,10 +1,15 @@
-"""`netagg demo` and `netagg bench allreduce`: worker processes against a simulated switch.
+"""`netagg demo` and `netagg bench allreduce`: worker processes against a switch.
 
-The demo starts the simulated switch (`SimServer`, in a thread of this process) on a free UDP
-port and `workers` processes (grouped into `nodes` nodes: hierarchical when a node has more
-than one), each allreducing `values` float32 values in `steps` tensors, and checks every
-worker's result against numpy (float64 sum of every worker's input) within the fixed-point
-bound (`host.numerics.error_bound`) and against the other workers' results (bit for bit).
+The demo starts the simulated switch (`SimServer`, in a thread of this process) on a free
+loopback address, or uses the one `--switch udp://HOST:PORT` names (a board, `netagg sim
+board`, `netagg sim serve`), and `workers` processes (grouped into `nodes` nodes:
+hierarchical when a node has more than one), each allreducing `values` float32 values in
+`steps` tensors, and checks every worker's result against numpy (float64 sum of every
+worker's input) within the fixed-point bound (`host.numerics.error_bound`) and against the
+other workers' results (bit for bit). Node i's workers send from local address
+`binds[i % len(binds)]`; by default the demo finds one address per switch port this host
+reaches (`host.probe.sources`), so that nodes spread over every cabled port, and it reports
+the contributions each switch port took.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ def demo_data(rank: int, values: int, seed: int, dtype: str = "float32") -> np.n
 def worker_main(rank: int, world: int, url: str, local_size: int, session: str, values: int,
                 steps: int, seed: int, dtype: str, progress, results, faults=None,
                 timeout: float = 60.0, verify: bool = True, paths: int = 1,
-                spray: str = "round_robin", start=None):
+                spray: str = "round_robin", start=None, bind: str | None = None):
     """One worker process: allreduce `values` values in `steps` tensors, report. `start`: a
     barrier the workers pass together once set up, so that the timed allreduce does not
     include the processes' start-up skew (a peer still importing numpy looks to the others
@@ -43,7 +48,8 @@ def worker_main(rank: int, world: int, url: str, local_size: int, session: str, 
         data = demo_data(rank, values, seed, dtype)
         pieces = np.array_split(data, steps)
         with Worker(rank, world, url, local_size=local_size, session=session,
-                    timeout=timeout, faults=faults, paths=paths, spray=spray) as w:
+                    timeout=timeout, faults=faults, paths=paths, spray=spray,
+                    bind=bind) as w:
             if start is not None:
                 start.wait(timeout)
             t0 = time.perf_counter()
@@ -87,9 +93,10 @@ def worker_main(rank: int, world: int, url: str, local_size: int, session: str, 
 def run_workers(url: str, *, workers: int, nodes: int, values: int, steps: int = 8,
                 seed: int = 0, dtype: str = "float32", faults=None, timeout: float = 60.0,
                 verify: bool = True, on_progress=None, session: str | None = None,
-                paths: int = 1, spray: str = "round_robin") -> dict:
+                paths: int = 1, spray: str = "round_robin", binds=None) -> dict:
     """Start the worker processes against `url`, wait for them, gather their reports.
-    `paths` / `spray`: each worker sprays its packets over that many UDP source ports."""
+    `paths` / `spray`: each worker sprays its packets over that many UDP source ports.
+    `binds`: local addresses, node i's workers send from `binds[i % len(binds)]`."""
     if workers % nodes:
         raise ValueError(f"{workers} workers do not split into {nodes} nodes")
     ctx = mp.get_context("spawn")
@@ -100,7 +107,8 @@ def run_workers(url: str, *, workers: int, nodes: int, values: int, steps: int =
     procs = [ctx.Process(target=worker_main, daemon=True,
                          args=(r, workers, url, workers // nodes, session, values, steps, seed,
                                dtype, progress, results, faults, timeout, verify, paths,
-                               spray, start))
+                               spray, start,
+                               binds[r // (workers // nodes) % len(binds)] if binds else None))
              for r in range(workers)]
     t0 = time.perf_counter()
     for p in procs:
@@ -163,33 +171,56 @@ def run_workers(url: str, *, workers: int, nodes: int, values: int, steps: int =
 
 def demo(workers: int = 4, nodes: int = 2, values: int = 2_000_000, backend: str = "rtl",
          steps: int = 8, as_json: bool = False, pcap: str | None = None,
-         timeout: float = 60.0, paths: int = 1, spray: str = "round_robin") -> dict:
+         timeout: float = 60.0, paths: int = 1, spray: str = "round_robin",
+         switch: str | None = None, binds=None) -> dict:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from host.probe import sources
     from host.serve import SimServer, make_backend
+    from host.worker import SwitchControl
 
     console = Console(stderr=True, quiet=as_json)
-    with console.status(f"starting the {backend} switch" + (
-            " (the first run builds its Verilator model: a few minutes, then cached)"
-            if backend == "rtl" else "")):
-        switch = make_backend(backend)
-    server = SimServer(switch, pcap=pcap).start()
+    server = None
+    if switch is None:
+        with console.status(f"starting the {backend} switch" + (
+                " (the first run builds its Verilator model: a few minutes, then cached)"
+                if backend == "rtl" else "")):
+            server = SimServer(make_backend(backend), pcap=pcap).start()
+        url, what = server.url, f"{backend} switch"
+    else:
+        url, what = switch, "switch"
     try:
-        console.print(f"netagg demo: {backend} switch on {server.url}, {workers} workers in "
-                      f"{nodes} nodes, {values:,} float32 values each"
-                      + (f", sprayed over {paths} paths ({spray})" if paths > 1 else ""))
+        ctl = SwitchControl(url, timeout=5.0)
+        binds = binds or sources(url) or None
+        before = ctl.counters(jobs=[])["ports"]
+        console.print(f"netagg demo: {what} on {url} ({ctl.params['ports']} ports, "
+                      f"{ctl.params['jobs']} jobs, payloads of {ctl.params['max_payload']} "
+                      f"bytes), {workers} workers in {nodes} nodes, {values:,} float32 "
+                      "values each" + (f", sprayed over {paths} paths ({spray})" if paths > 1
+                                       else "")
+                      + (f", nodes sending from {', '.join(binds)}" if binds else ""))
         total = workers * values
         with Progress(TextColumn("allreduce"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
                       TimeElapsedColumn(), console=console, transient=True) as bar:
             task = bar.add_task("allreduce", total=total)
-            report = run_workers(server.url, workers=workers, nodes=nodes, values=values,
+            report = run_workers(url, workers=workers, nodes=nodes, values=values,
                                  steps=steps, timeout=timeout, paths=paths, spray=spray,
+                                 binds=binds,
                                  on_progress=lambda done: bar.update(task, completed=done))
-        report["backend"] = backend
-        report["switch"] = dict(server.stats)
+        after = ctl.counters(jobs=[])["ports"]
+        ctl.close()
+        report["backend"] = backend if server else None
+        report["switch"] = url
+        report["sources"] = binds
+        report["port_contributions"] = [after[p]["rx"] - before[p]["rx"]
+                                        - (after[p]["control"] - before[p]["control"])
+                                        for p in sorted(after)]
+        if server:
+            report["server"] = dict(server.stats)
     finally:
-        server.stop()
+        if server:
+            server.stop()
     if not as_json:
         r = report
         lines = [
@@ -201,6 +232,8 @@ def demo(workers: int = 4, nodes: int = 2, values: int = 2_000_000, backend: str
             f"packets        {r['packets_sent']:,} sent, {r['packets_received']:,} received",
             f"bytes          {r['bytes_sent']:,} sent, {r['bytes_received']:,} received "
             "(UDP payloads)",
+            f"switch ports   contributions taken per port: "
+            f"{', '.join(str(c) for c in r['port_contributions'])}",
             f"retransmitted  {r['retransmissions']:,}",
             f"max |error|    {r['max_error']:.3g} (within the fixed-point bound: "
             f"{'yes' if r['verified'] else 'NO'})" if r["max_error"] is not None else "",

@@ -305,7 +305,7 @@ class UdpTransport(Transport):
         used = {port}
         for i in range(1, self.paths):
             for attempt in range(8):
-                entered = self._ingress_port(self.socks[i], self._sources[i])
+                entered = self.ingress_port(self.socks[i], self._sources[i])
                 if entered not in used or len(used) >= ports or attempt == 7:
                     used.add(entered)
                     break
@@ -313,7 +313,7 @@ class UdpTransport(Transport):
                 self.socks[i] = self._open(0)
                 self._sources[i] = self._source(self.socks[i])
 
-    def _ingress_port(self, sock, source: W.Endpoint, tries: int = 5) -> int:
+    def ingress_port(self, sock, source: W.Endpoint, tries: int = 5) -> int:
         """REG_PORT as read by a control request from `sock` (its answer comes back there)."""
         psn = random.getrandbits(24)
         pkt = W.control_request([(W.REG_PORT, 0)], psn, source, self.switch)

@@ -275,7 +275,8 @@ async def control_path(dut):
     model = Golden()
     for f in sc.config:
         tb.send(0, f)
-    addresses = [W.REG_MAGIC, W.REG_PARAMS, W.REG_SLOTS, W.REG_IP, W.job_reg(1, W.JOB_CONFIG)]
+    addresses = [W.REG_MAGIC, W.REG_PARAMS, W.REG_SLOTS, W.REG_IP, W.REG_PORT,
+                 W.job_reg(1, W.JOB_CONFIG)]
     addresses += [W.port_counter(p, n) for p in range(PORTS) for n in W.PORT_COUNTERS]
     for n, count in enumerate((1, 5, 8, 64, 63)):
         port = n % PORTS
