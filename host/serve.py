@@ -78,10 +78,12 @@ def _bind_loopback(host: str | None) -> socket.socket:
 
 class SimServer:
     """A backend behind UDP port 4791 of `host`. `serve()` runs until `stop()`; `start()`
-    runs it in a thread. `address` is the (ip, 4791) it listens on."""
+    runs it in a thread. `address` is the (ip, 4791) it listens on. `as_received`: build
+    frames from the IPv4 headers as received where a raw socket can be opened (else, and
+    with False, from the canonical ones)."""
 
     def __init__(self, backend, host: str | None = None, pcap: str | None = None,
-                 ports: int | None = None):
+                 ports: int | None = None, as_received: bool = True):
         self.backend = backend
         self.ports = ports or getattr(backend, "ports", 4)
         self.sock = _bind_loopback(host)
@@ -93,12 +95,13 @@ class SimServer:
             self.sock.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
         self.sock.setblocking(False)
         self.raw = None             # sees the IPv4 headers as received (CAP_NET_RAW)
-        try:
-            self.raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
-            self.raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-            self.raw.setblocking(False)
-        except PermissionError:
-            pass
+        if as_received:
+            try:
+                self.raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
+                self.raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+                self.raw.setblocking(False)
+            except PermissionError:
+                pass
         self.senders: dict[tuple[str, int], socket.socket | None] = {
             tuple(self.address): self.sock}
         self.pcap = None

@@ -66,15 +66,17 @@ def test_control_reads_and_writes():
     sw = GoldenSwitch(ports=4, jobs=2, max_workers=4, slots=16, width=256)
     recs = [(W.REG_MAGIC, 0), (W.REG_PARAMS, 0), (W.REG_SLOTS, 0),
             (W.WRITE | W.REG_IP, 0x0A000001), (W.WRITE | W.job_reg(1, W.JOB_CONFIG), 0x8000003F),
-            (W.job_reg(5, W.JOB_CONFIG), 0), (W.WRITE | W.REG_MAGIC, 7)]
+            (W.job_reg(5, W.JOB_CONFIG), 0), (W.WRITE | W.REG_MAGIC, 7),
+            (W.WRITE | W.REG_PORT, 1)]
     [(port, reply)] = sw.receive(2, control_frame(recs, psn=77))
     assert port == 2 and scapy_rebuilds(reply)
     pkt = dissect(reply)
     assert pkt[BTH].opcode == W.OP_CONTROL and pkt[BTH].psn == 77 and pkt[UDP].dport == 0xD000
     values = [v for _, v in W.unpack_records(bytes(pkt[BTH].payload))]
     assert values == [W.MAGIC, (4 << 24) | (2 << 16) | (4 << 8) | 4, 16, 0x0A000001,
-                      0x80000004, 0, W.MAGIC]
+                      0x80000004, 0, W.MAGIC, 2]     # REG_PORT: the request's port
     assert sw.read(W.port_counter(2, "control")) == 1
+    assert control(sw, [(W.REG_PORT, 0)], port=3) == [3]
 
 
 def test_new_registers():
