@@ -18,7 +18,7 @@ server's port 4791, results from the switch's REG_IP and REG_UDP_SPORT) to the a
 port it names as destination, as from a board; a frame whose source this machine cannot
 send from is counted as undeliverable. `--pcap FILE` writes every frame in and out;
 Wireshark dissects them as RoCEv2 (results, which go from UDP port 49152 to the worker's own
-port, with Decode As: `-d udp.port==49152,rroce` for tshark).
+port, with Decode As: `-d udp.port==49152,infiniband` for tshark).
 
 Backends: `golden` (sim.golden.GoldenSwitch) and `rtl` (sim.model, the Verilator model).
 """

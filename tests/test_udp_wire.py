@@ -6,7 +6,9 @@ switch's own UDP source port, datagrams from anywhere else are counted, not take
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -150,3 +152,31 @@ def test_sim_serve_checks_the_icrc_over_the_header_as_received(as_received):
             assert answered < 3 and drops == 3 - answered
         else:
             assert answered == 3 and drops == 0
+
+
+@pytest.mark.skipif(shutil.which("tshark") is None, reason="tshark is not installed")
+def test_wireshark_dissects_control_and_results(tmp_path):
+    """Control packets dissect as UC SEND Only to the control QP (not as GSI management
+    datagrams); results, from the switch's UDP source port, with one Decode As rule."""
+    pcap = tmp_path / "switch.pcap"
+    with SimServer(GoldenSwitch(), pcap=str(pcap)).start() as server:
+        session = uuid.uuid4().hex
+        ws = [Worker(r, 2, server.url, session=session, timeout=10) for r in range(2)]
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda w: w.allreduce(np.ones(300, np.int32), timeout=20), ws))
+    # 300 values: 2 packets per worker, each answered to both workers
+        for w in ws:
+            w.close()
+
+    def fields(*extra):
+        out = subprocess.run(["tshark", "-r", str(pcap), *extra, "-T", "fields", "-e",
+                              "infiniband.bth.opcode", "-e", "infiniband.bth.destqp",
+                              "-e", "udp.srcport"], capture_output=True, text=True, check=True)
+        return [line.split("\t") for line in out.stdout.splitlines()]
+    plain = fields()
+    control = [f for f in plain if f[0] == str(W.OP_CONTROL)]
+    assert control and all(int(f[1], 16) == W.CONTROL_QPN for f in control)
+    assert not any(f[0] == str(W.OP_RESULT) and f[2] == "49152" for f in plain)
+    decoded = fields("-d", "udp.port==49152,infiniband")
+    results = [f for f in decoded if f[2] == "49152"]
+    assert len(results) == 2 * 2 and all(f[0] == str(W.OP_RESULT) for f in results)
