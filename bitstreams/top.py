@@ -6,18 +6,25 @@ the aggregation switch, and status LEDs.
     port i: RGMII -> RgmiiPhy -> Mac -> (ArpResponder watches) -> switch rx[i]
             RGMII <- RgmiiPhy <- Mac <- FrameMux(switch tx[i], ARP replies)
 
+`BoardCore` is everything from the MACs' GMII side inwards (MACs, ARP responders, frame
+muxes, the switch), in the clock domains its parent supplies; `SwitchBoard` is a `BoardCore`
+with the board's pins around it: the PLL, an RGMII PHY per port, the resets and the LEDs.
+Simulation (`sim.tops.BoardTop`) clocks the same `BoardCore` and drives its GMII directly.
+
 Each port's receive side runs on its PHY's RXC (domains ``eth0_rx``, ``eth1_rx``). The PHYs
-are held in reset for about 10 ms after the PLL locks. The switch's own MAC/IP registers
-(results' source) are set by the host over the control path; `mac` and `ip` here are what
-ARP answers with from power-up.
+are held in reset for about 10 ms after the PLL locks. The switch's own MAC and IPv4
+registers (results' source) start at the target's `mac` and `ip`, the addresses ARP answers
+with; the host can set them over the control path.
 """
 
 from dataclasses import dataclass, field
 
 from amaranth import ClockDomain, ClockSignal, Const, Elaboratable, Instance, Module, Mux, Signal
+from amaranth.lib import wiring
 from amaranth.lib.cdc import ResetSynchronizer
+from amaranth.lib.wiring import In, Out
 
-from hw.mac import Mac
+from hw.mac import COUNTER_WIDTH, Mac
 from hw.mac_arp import ArpResponder, FrameMux
 from hw.mac_rgmii import RgmiiPhy
 from hw.switch import Switch
@@ -112,52 +119,55 @@ class Pll(Elaboratable):
         return m
 
 
-class SwitchBoard(Elaboratable):
+GMII = wiring.Signature({
+    "rx_data": In(8), "rx_dv": In(1), "rx_er": In(1),
+    "tx_data": Out(8), "tx_en": Out(1), "tx_er": Out(1),
+})
+"""A port's GMII as the MAC sees it: a byte per 125 MHz cycle each way."""
+
+
+class BoardCore(wiring.Component):
+    """A board's logic inside its PHYs: per port a `Mac` (with the ICRC, ``icrc=True``), an
+    `ArpResponder` for the target's addresses watching the frames the MAC passes to the
+    switch, and a `FrameMux` putting its replies between the switch's frames; and the
+    `Switch` with the target's parameters (``icrc="mac"``).
+
+    Interface, per port n: ``gmii[n]`` (`GMII`, in the port's domains); ``received[n]`` and
+    ``sent[n]``, high in the core cycle a frame's last beat goes into the switch or into the
+    MAC; ``rx_crc_errors[n]`` (frames the MAC dropped for a wrong FCS or rx_er) and
+    ``arp_replies[n]`` (requests answered), counters in the core domain.
+
+    Domains, supplied by the parent: ``sync`` (the core), ``eth_tx`` (every port's transmit
+    side, 125 MHz) and ``eth{n}_rx`` (port n's receive side, 125 MHz).
+    """
+
     def __init__(self, target: Target):
         self.target = target
+        ports = len(target.ports)
+        super().__init__({
+            "gmii": Out(GMII).array(ports),
+            "received": Out(1).array(ports),
+            "sent": Out(1).array(ports),
+            "rx_crc_errors": Out(COUNTER_WIDTH).array(ports),
+            "arp_replies": Out(32).array(ports),
+        })
 
     def elaborate(self, platform):
         t = self.target
         m = Module()
-        clk_in = platform.request(t.clock, 0).i
-        m.submodules.pll = pll = Pll(clk_in, t.clock_hz, t.core_hz)
-        m.domains.sync = ClockDomain("sync")
-        # No reset on the 125 MHz side (see RgmiiPhy for receive): the transmit logic starts
-        # from its initial values at configuration and idles until the core, held in reset
-        # until the PLL locks, sends a frame; one reset net reaching both ports' MACs, on
-        # opposite edges of the die, was the critical path.
-        m.domains.eth_tx = ClockDomain("eth_tx", reset_less=True)
-        m.d.comb += [ClockSignal("sync").eq(pll.clkos), ClockSignal("eth_tx").eq(pll.clkop)]
-        platform.add_clock_constraint(pll.clkop, ETH_HZ)
-        platform.add_clock_constraint(pll.clkos, VCO_HZ / pll.clkos_div)
-        m.submodules.sync_reset = ResetSynchronizer(~pll.locked, domain="sync")
-
-        # About 10 ms of PHY reset after lock, then the ports start.
-        hold = Signal(range(int(t.core_hz / 100) + 1), init=int(t.core_hz / 100))
-        with m.If(hold != 0):
-            m.d.sync += hold.eq(hold - 1)
-        phy_reset = hold != 0
-
         m.submodules.switch = switch = Switch(ports=len(t.ports), width=WIDTH, icrc="mac",
-                                              **t.switch)
-        received, sent, bad = [], [], []
-        replies = Signal()
-        for n, number in enumerate(t.ports):
-            pads = platform.request("eth_rgmii", number, dir="-")
-            rx_domain = f"eth{n}_rx"
-            m.domains += ClockDomain(rx_domain, reset_less=True)   # see RgmiiPhy
-            phy = RgmiiPhy(pads, rx_domain=rx_domain, tx_domain="eth_tx",
-                           rx_delay=t.rx_delay, tx_delay=t.tx_delay)
-            mac = Mac(WIDTH, rx_domain=rx_domain, tx_domain="eth_tx", icrc=True)
+                                              mac=t.mac, ip=t.ip_int, **t.switch)
+        for n in range(len(t.ports)):
+            mac = Mac(WIDTH, rx_domain=f"eth{n}_rx", tx_domain="eth_tx", icrc=True)
             arp = ArpResponder(WIDTH, mac=t.mac, ip=t.ip_int)
             mux = FrameMux(WIDTH)
-            m.submodules[f"phy{n}"], m.submodules[f"mac{n}"] = phy, mac
+            m.submodules[f"mac{n}"] = mac
             m.submodules[f"arp{n}"], m.submodules[f"txmux{n}"] = arp, mux
+            gmii = self.gmii[n]
             m.d.comb += [
-                phy.phy_reset.eq(phy_reset),
-                mac.gmii_rx_data.eq(phy.rx_data), mac.gmii_rx_dv.eq(phy.rx_dv),
-                mac.gmii_rx_er.eq(phy.rx_er), phy.tx_data.eq(mac.gmii_tx_data),
-                phy.tx_en.eq(mac.gmii_tx_en), phy.tx_er.eq(mac.gmii_tx_er),
+                mac.gmii_rx_data.eq(gmii.rx_data), mac.gmii_rx_dv.eq(gmii.rx_dv),
+                mac.gmii_rx_er.eq(gmii.rx_er), gmii.tx_data.eq(mac.gmii_tx_data),
+                gmii.tx_en.eq(mac.gmii_tx_en), gmii.tx_er.eq(mac.gmii_tx_er),
             ]
             rx = switch.rx[n]
             m.d.comb += [
@@ -176,12 +186,62 @@ class SwitchBoard(Elaboratable):
                 mac.tx.payload.eq(mux.o.payload), mac.tx.valid.eq(mux.o.valid),
                 mux.o.ready.eq(mac.tx.ready),
             ]
-            received.append(mac.rx.valid & rx.ready & mac.rx.payload.last)
-            sent.append(mux.o.valid & mux.o.ready & mux.o.payload.last)
-            bad.append(mac.rx_crc_errors != 0)
-            replies = replies | (arp.replies != 0)
+            m.d.comb += [
+                self.received[n].eq(mac.rx.valid & rx.ready & mac.rx.payload.last),
+                self.sent[n].eq(mux.o.valid & mux.o.ready & mux.o.payload.last),
+                self.rx_crc_errors[n].eq(mac.rx_crc_errors),
+                self.arp_replies[n].eq(arp.replies),
+            ]
+        return m
 
-        self._leds(m, platform, t, pll.locked, received, sent, bad, replies)
+
+class SwitchBoard(BoardCore):
+    """`BoardCore` on a board: its logic in this module (so the netlist's names are
+    ``top.mac0``, ``top.switch``, ...), with the PLL, an `RgmiiPhy` per port on the
+    target's ``eth_rgmii`` resources, the core's reset and the LEDs around it."""
+
+    def elaborate(self, platform):
+        t = self.target
+        m = super().elaborate(platform)
+        m.submodules.pll = pll = Pll(platform.request(t.clock, 0).i, t.clock_hz, t.core_hz)
+        m.domains.sync = ClockDomain("sync")
+        # No reset on the 125 MHz side (see RgmiiPhy for receive): the transmit logic starts
+        # from its initial values at configuration and idles until the core, held in reset
+        # until the PLL locks, sends a frame; one reset net reaching both ports' MACs, on
+        # opposite edges of the die, was the critical path.
+        m.domains.eth_tx = ClockDomain("eth_tx", reset_less=True)
+        m.d.comb += [ClockSignal("sync").eq(pll.clkos), ClockSignal("eth_tx").eq(pll.clkop)]
+        platform.add_clock_constraint(pll.clkop, ETH_HZ)
+        platform.add_clock_constraint(pll.clkos, VCO_HZ / pll.clkos_div)
+        m.submodules.sync_reset = ResetSynchronizer(~pll.locked, domain="sync")
+
+        # About 10 ms of PHY reset after lock, then the ports start.
+        hold = Signal(range(int(t.core_hz / 100) + 1), init=int(t.core_hz / 100))
+        with m.If(hold != 0):
+            m.d.sync += hold.eq(hold - 1)
+        phy_reset = hold != 0
+
+        for n, number in enumerate(t.ports):
+            pads = platform.request("eth_rgmii", number, dir="-")
+            rx_domain = f"eth{n}_rx"
+            m.domains += ClockDomain(rx_domain, reset_less=True)   # see RgmiiPhy
+            phy = RgmiiPhy(pads, rx_domain=rx_domain, tx_domain="eth_tx",
+                           rx_delay=t.rx_delay, tx_delay=t.tx_delay)
+            m.submodules[f"phy{n}"] = phy
+            gmii = self.gmii[n]
+            m.d.comb += [
+                phy.phy_reset.eq(phy_reset),
+                gmii.rx_data.eq(phy.rx_data), gmii.rx_dv.eq(phy.rx_dv),
+                gmii.rx_er.eq(phy.rx_er), phy.tx_data.eq(gmii.tx_data),
+                phy.tx_en.eq(gmii.tx_en), phy.tx_er.eq(gmii.tx_er),
+            ]
+
+        bad = [count != 0 for count in self.rx_crc_errors]
+        replies = Const(0)
+        for count in self.arp_replies:
+            replies = replies | (count != 0)
+        self._leds(m, platform, t, pll.locked, list(self.received), list(self.sent), bad,
+                   replies)
         return m
 
     def _leds(self, m, platform, t, locked, received, sent, bad, replies):

@@ -90,10 +90,13 @@ def _size(text: str) -> int:
 
 
 def main(argv=None) -> int:
+    from bitstreams import BOARDS
+
     parser = argparse.ArgumentParser(prog="netagg", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="run a benchmark and print its figures")
-    bench.add_argument("what", choices=["datapath", "switch", "allreduce", "congestion"])
+    bench.add_argument("what", choices=["datapath", "switch", "allreduce", "congestion",
+                                        "board"])
     bench.add_argument("--ports", type=int, default=4, help="switch: ports")
     bench.add_argument("--width", type=int, default=512, help="switch: bits per port")
     bench.add_argument("--rounds", type=int, default=4,
@@ -120,6 +123,12 @@ def main(argv=None) -> int:
                        help="congestion: share of each tensor's chunks sent droppable")
     bench.add_argument("--steps", type=int, default=40,
                        help="congestion: allreduces per priority-drop mode")
+    bench.add_argument("--board", default="versa_ecp5_5g", choices=BOARDS,
+                       help="board: the board whose RTL runs behind TAP devices")
+    bench.add_argument("--values", type=int, default=200_000,
+                       help="board: float32 values per worker")
+    bench.add_argument("--nodes", type=int, default=None,
+                       help="board: nodes (with --workers); default: a worker on each port")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
 
     demo = sub.add_parser("demo", help="allreduce through a switch (simulated unless "
@@ -161,6 +170,13 @@ def main(argv=None) -> int:
     serve.add_argument("--jobs", type=int, default=4)
     serve.add_argument("--slots", type=int, default=64, help="slots per version")
     serve.add_argument("--max-workers", type=int, default=8)
+    board = simsub.add_parser(
+        "board", help="a board's top level in Verilator, its Ethernet ports on TAP devices")
+    board.add_argument("--board", required=True, choices=BOARDS)
+    board.add_argument("--netns", default=None,
+                       help="run in this network namespace (created and deleted if new)")
+    board.add_argument("--tap", default="nagg",
+                       help="TAP device name prefix: port n is <prefix>n (default nagg)")
     args = parser.parse_args(argv)
 
     if args.command == "demo":
@@ -176,6 +192,9 @@ def main(argv=None) -> int:
     if args.command == "probe":
         from host.probe import probe_main
         return probe_main(args.url, args.json, args.timeout)
+    if args.command == "sim" and args.sim_command == "board":
+        from sim.board import main as board_main
+        return board_main(args.board, tap=args.tap, netns=args.netns)
     if args.command == "sim":
         from host.serve import serve_main
         return serve_main(args.backend, args.host, args.pcap, ports=args.ports,
@@ -189,6 +208,14 @@ def main(argv=None) -> int:
                      if s <= MAX_DEFAULT_SIZE.get(args.backend, s)]
         report = bench_allreduce(sizes, workers=args.workers, backend=args.backend,
                                  transports=args.transports.split(","), quiet=args.json)
+        if args.json:
+            print(json.dumps(report))
+        return 0
+    if args.command == "bench" and args.what == "board":
+        from host.bench_board import bench_board
+        report = bench_board(args.board, values=args.values,
+                             workers=args.workers if args.nodes else None, nodes=args.nodes,
+                             quiet=args.json)
         if args.json:
             print(json.dumps(report))
         return 0

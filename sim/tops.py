@@ -281,3 +281,61 @@ class MacTop(Elaboratable):
 
 
 TOPS["mac"] = MacTop
+
+
+class BoardTop(Elaboratable):
+    """A board's `bitstreams.top.BoardCore` (its MACs, ARP responders, frame muxes and switch,
+    with the board's target parameters) with flat ports, for a Verilator model driven at the
+    MACs' GMII: ``clk`` (the core, ``sync``), ``eth_clk`` (125 MHz: ``eth_tx`` and every
+    ``eth{n}_rx``), ``rst`` (the core's reset), and per port n ``gmii{n}_rx_d``,
+    ``gmii{n}_rx_dv``, ``gmii{n}_rx_er`` in, ``gmii{n}_tx_d``, ``gmii{n}_tx_en``,
+    ``gmii{n}_tx_er`` out, and the core's counters ``rx_crc_errors{n}`` and
+    ``arp_replies{n}``. As on the board, the 125 MHz domains have no reset: they start from
+    their initial values."""
+
+    def __init__(self, board: str):
+        from bitstreams import target
+        from bitstreams.top import BoardCore
+
+        self.target = target(board)
+        self.core = BoardCore(self.target)
+        self.eth_clk = Signal(name="eth_clk")
+        self.gmii = []
+        for n in range(len(self.target.ports)):
+            self.gmii.append({
+                "rx_data": Signal(8, name=f"gmii{n}_rx_d"),
+                "rx_dv": Signal(name=f"gmii{n}_rx_dv"), "rx_er": Signal(name=f"gmii{n}_rx_er"),
+                "tx_data": Signal(8, name=f"gmii{n}_tx_d"),
+                "tx_en": Signal(name=f"gmii{n}_tx_en"), "tx_er": Signal(name=f"gmii{n}_tx_er"),
+            })
+        width = len(self.core.rx_crc_errors[0])
+        ports = range(len(self.gmii))
+        self.rx_crc_errors = [Signal(width, name=f"rx_crc_errors{n}") for n in ports]
+        self.arp_replies = [Signal(32, name=f"arp_replies{n}") for n in ports]
+
+    def ports(self):
+        return [self.eth_clk, *(s for port in self.gmii for s in port.values()),
+                *self.rx_crc_errors, *self.arp_replies]
+
+    def elaborate(self, platform):
+        from amaranth import ClockDomain
+
+        m = Module()
+        domains = ["eth_tx", *(f"eth{n}_rx" for n in range(len(self.gmii)))]
+        for name in domains:
+            m.domains += (domain := ClockDomain(name, reset_less=True))
+            m.d.comb += domain.clk.eq(self.eth_clk)
+        m.submodules.core = core = self.core
+        for n, port in enumerate(self.gmii):
+            gmii = core.gmii[n]
+            m.d.comb += [
+                gmii.rx_data.eq(port["rx_data"]), gmii.rx_dv.eq(port["rx_dv"]),
+                gmii.rx_er.eq(port["rx_er"]), port["tx_data"].eq(gmii.tx_data),
+                port["tx_en"].eq(gmii.tx_en), port["tx_er"].eq(gmii.tx_er),
+                self.rx_crc_errors[n].eq(core.rx_crc_errors[n]),
+                self.arp_replies[n].eq(core.arp_replies[n]),
+            ]
+        return m
+
+
+TOPS["board"] = BoardTop
