@@ -172,7 +172,7 @@ def run_workers(url: str, *, workers: int, nodes: int, values: int, steps: int =
 def demo(workers: int = 4, nodes: int = 2, values: int = 2_000_000, backend: str = "rtl",
          steps: int = 8, as_json: bool = False, pcap: str | None = None,
          timeout: float = 60.0, paths: int = 1, spray: str = "round_robin",
-         switch: str | None = None, binds=None) -> dict:
+         switch: str | None = None, binds=None, switch_params: dict | None = None) -> dict:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -186,7 +186,8 @@ def demo(workers: int = 4, nodes: int = 2, values: int = 2_000_000, backend: str
         with console.status(f"starting the {backend} switch" + (
                 " (the first run builds its Verilator model: a few minutes, then cached)"
                 if backend == "rtl" else "")):
-            server = SimServer(make_backend(backend), pcap=pcap).start()
+            server = SimServer(make_backend(backend, **(switch_params or {})),
+                               pcap=pcap).start()
         url, what = server.url, f"{backend} switch"
     else:
         url, what = switch, "switch"

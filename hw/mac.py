@@ -52,9 +52,11 @@ COUNTER_WIDTH = 32
 BYTE = data.StructLayout({"data": 8, "last": 1})
 CHECKED_BYTE = data.StructLayout({"data": 8, "last": 1, "ok": 1})
 ICRC_CHECKED_BYTE = data.StructLayout({"data": 8, "last": 1, "ok": 1, "icrc_ok": 1})
-# Bytes a RoCEv2 frame (IPv4 without options, UDP to port 4791) has at these offsets.
-ROCE_SIGNATURE = {12: H.ETHERTYPE_IPV4 >> 8, 13: H.ETHERTYPE_IPV4 & 0xFF, 14: 0x45,
-                  23: H.IP_PROTO_UDP, 36: H.ROCEV2_PORT >> 8, 37: H.ROCEV2_PORT & 0xFF}
+# Bytes an IPv4 (without options) UDP frame has at these offsets. Every UDP frame the switch
+# sends is RoCEv2: its results and control replies, from its own UDP port to the worker's,
+# so no port marks them (ARP replies, the board's only other frames, do not match).
+UDP_SIGNATURE = {12: H.ETHERTYPE_IPV4 >> 8, 13: H.ETHERTYPE_IPV4 & 0xFF, 14: 0x45,
+                 23: H.IP_PROTO_UDP}
 
 
 def crc32_byte(crc, byte):
@@ -151,7 +153,7 @@ OFFSET_FLAGS = data.StructLayout({
     "variant": 1,       # a variant field, folded in as 0xFF
     "total_high": 1,    # IPv4 total length, high and low byte
     "total_low": 1,
-    "signature": len(ROCE_SIGNATURE),   # one of ROCE_SIGNATURE's offsets, in its order
+    "signature": len(UDP_SIGNATURE),    # one of UDP_SIGNATURE's offsets, in its order
     "after_signature": 1,               # past every signature byte
 })
 
@@ -166,8 +168,8 @@ def _flags_after(m, position, name):
         flags.variant.eq(Cat(*following).any()),
         flags.total_high.eq(position == H.IPV4_OFFSET + 1),
         flags.total_low.eq(position == H.IPV4_OFFSET + 2),
-        flags.signature.eq(Cat(*(position == offset - 1 for offset in ROCE_SIGNATURE))),
-        flags.after_signature.eq(position >= max(ROCE_SIGNATURE)),
+        flags.signature.eq(Cat(*(position == offset - 1 for offset in UDP_SIGNATURE))),
+        flags.after_signature.eq(position >= max(UDP_SIGNATURE)),
     ]
     return flags
 
@@ -235,13 +237,15 @@ class IcrcCheck(wiring.Component):
 
 
 class IcrcFill(wiring.Component):
-    """Writes the RoCEv2 ICRC into each RoCEv2 frame it passes (IPv4 without options, UDP to
-    port 4791: `ROCE_SIGNATURE`), a byte at a time; other frames pass unchanged. The ICRC's
-    4 bytes are where the IPv4 total length ends the packet (Ethernet padding after them
-    passes unchanged); the CRC covers the frame from the IPv4 header to just before them.
-    The signature and the length are known before the ICRC (offset 54 at the earliest; a
-    frame whose length would put it among the signature bytes is not filled), so each byte
-    leaves as it comes: one register stage, latency 1 cycle, one byte per cycle."""
+    """Writes the RoCEv2 ICRC into each UDP frame it passes (IPv4 without options, UDP:
+    `UDP_SIGNATURE`; the switch sends no UDP frame that is not RoCEv2, and its results and
+    control replies go to the workers' own ports, not to 4791), a byte at a time; other
+    frames pass unchanged. The ICRC's 4 bytes are where the IPv4 total length ends the
+    packet (Ethernet padding after them passes unchanged); the CRC covers the frame from the
+    IPv4 header to just before them. The signature and the length are known before the ICRC
+    (offset 54 at the earliest; a frame whose length would put it among the signature bytes
+    is not filled), so each byte leaves as it comes: one register stage, latency 1 cycle,
+    one byte per cycle."""
 
     i: In(stream.Signature(BYTE))
     o: Out(stream.Signature(BYTE))
@@ -267,7 +271,7 @@ class IcrcFill(wiring.Component):
                 self.o.valid.eq(1), self.o.payload.last.eq(self.i.payload.last),
                 self.o.payload.data.eq(Mux(filling & roce & at.after_signature, ~crc[:8], byte)),
             ]
-            for k, value in enumerate(ROCE_SIGNATURE.values()):
+            for k, value in enumerate(UDP_SIGNATURE.values()):
                 with m.If(at.signature[k]):
                     m.d.sync += roce.eq(roce & (byte == value))
             with m.If(filling):         # the ICRC's bytes go out, least significant first

@@ -1,7 +1,7 @@
 """cocotb testbench of the Ethernet MAC (sim.tops.MacTop) against cocotbext-eth's GMII models.
 
-Frames are scapy's (Ethernet / IPv4 / UDP with random payloads, and RoCEv2 frames from
-tests/frames.py); the FCS, preamble and SFD on the GMII side are cocotbext-eth's (zlib's
+Frames are scapy's (Ethernet / IPv4 that is not UDP, with random payloads, and RoCEv2 frames
+from tests/frames.py); the FCS, preamble and SFD on the GMII side are cocotbext-eth's (zlib's
 CRC-32). Clocks: GMII receive and transmit at 125 MHz (different phases), core at 62.5 MHz.
 """
 
@@ -14,7 +14,7 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge, Timer
 from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSink, AxiStreamSource
 from cocotbext.eth import GmiiFrame, GmiiSink, GmiiSource
-from scapy.layers.inet import IP, UDP
+from scapy.layers.inet import IP
 from scapy.layers.l2 import Ether
 
 from hw import headers as H
@@ -98,11 +98,11 @@ async def with_timeout(coro, ns):
     return await wt(coro, ns, "ns")
 
 
-def udp_frame(rng, size):
-    """A scapy Ethernet/IPv4/UDP frame of `size` bytes (without FCS, at least 42), not to
-    RoCEv2's port: the MAC sends it as it is, with no ICRC written in."""
+def ip_frame(rng, size):
+    """A scapy Ethernet/IPv4 frame of `size` bytes (without FCS, at least 34) that is not
+    UDP: the MAC sends it as it is, with no ICRC written in."""
     head = Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / IP(
-        src="10.0.0.1", dst="10.0.0.2") / UDP(sport=rng.randrange(1024, 65536), dport=4792)
+        src="10.0.0.1", dst="10.0.0.2", proto=253)
     return bytes(head / bytes(rng.randrange(256) for _ in range(size - len(head))))
 
 
@@ -112,7 +112,7 @@ def padded(frame):
 
 def mixed_frames(rng, count):
     sizes = [60, 61, 64, 100, 1000, 1100, 1514] + [rng.randrange(60, 1100) for _ in range(count)]
-    frames = [udp_frame(rng, s) for s in sizes]
+    frames = [ip_frame(rng, s) for s in sizes]
     frames += F.sweep(rng, [0, 4, 256, 1024])[:8]
     rng.shuffle(frames)
     return frames
@@ -161,7 +161,7 @@ async def receive(tb, rng, count, bad_every=3):
 async def transmit(tb, rng, count):
     """Send frames from the core; GMII carries preamble, SFD, padding, FCS, 12-byte gaps."""
     sizes = [14, 20, 59, 60, 61, 64, 1514] + [rng.randrange(14, 1100) for _ in range(count)]
-    frames = [udp_frame(rng, s) if s >= 42 else bytes(rng.randrange(256) for _ in range(s))
+    frames = [ip_frame(rng, s) if s >= 42 else bytes(rng.randrange(256) for _ in range(s))
               for s in sizes]
     for frame in frames:
         await tb.source.send(AxiStreamFrame(frame))
@@ -221,7 +221,7 @@ async def receive_overflow(dut):
     await tb.reset()
     tb.sink.pause = True
     rng = random.Random(5)
-    frames = [udp_frame(rng, 1000) for _ in range(5)]
+    frames = [ip_frame(rng, 1000) for _ in range(5)]
     for frame in frames:
         await tb.gmii_source.send(GmiiFrame.from_payload(frame))
     while not tb.gmii_source.empty() or tb.gmii_source.active:
@@ -234,7 +234,7 @@ async def receive_overflow(dut):
     got = await tb.recv_rx(counters["rx_frames"], 100_000)
     assert got == frames[:counters["rx_frames"]]
     # And the buffer is usable again.
-    more = udp_frame(rng, 200)
+    more = ip_frame(rng, 200)
     await tb.gmii_source.send(GmiiFrame.from_payload(more))
     assert await tb.recv_rx(1, 50_000) == [more]
 

@@ -4,9 +4,10 @@ against scapy's ICRC (scapy.contrib.roce computes it for every frame of tests/fr
 import random
 
 from amaranth.sim import Simulator
-from scapy.layers.inet import IP, UDP
+from scapy.layers.inet import IP
 from scapy.layers.l2 import ARP, Ether
 
+from host import wire as W
 from hw import headers as H
 from hw.mac import IcrcCheck, IcrcFill
 from tests import frames as F
@@ -94,13 +95,20 @@ def _fill(frames, seed=5):
 
 def test_icrc_fill_against_scapy():
     """RoCEv2 frames sent with four zero bytes for the ICRC leave with scapy's ICRC, also
-    when Ethernet padding follows; other frames (ARP, UDP to another port, a frame too short
-    to be RoCEv2) leave unchanged."""
+    when Ethernet padding follows, and so do results and control replies, which go from the
+    switch's UDP port to a worker's own (not to 4791); other frames (ARP, IPv4 that is not
+    UDP, a frame too short to be RoCEv2) leave unchanged."""
     rng = random.Random(2)
     roce = F.sweep(rng, [0, 4, 12, 100, 1024])
+    switch, worker = W.Endpoint("192.168.1.50", 0xC000, 2), W.Endpoint("192.168.2.1", 0xD0D0, 3)
+    result = F.scapy_frame(W.OP_RESULT, 0x123456, 9, bytes(range(64)), switch, worker,
+                           reth=(0, 0x77, 64), imm=0x1234)
+    reply = F.scapy_frame(W.OP_CONTROL, W.CONTROL_QPN, 3, bytes(16),
+                          W.Endpoint("192.168.1.50", W.ROCEV2_PORT, 2), worker)
+    roce += [result, reply]
     placeholders = [f[:-4] + bytes(4) for f in roce]
     arp = bytes(Ether(src="02:00:00:00:00:07") / ARP(op=2, psrc="192.168.1.50"))
-    other = bytes(Ether() / IP(dst="10.0.0.1") / UDP(dport=4792) / bytes(40))
+    other = bytes(Ether() / IP(dst="10.0.0.1", proto=253) / bytes(40))
     tiny = bytes([1, 2, 3])
     padded = placeholders[0] + bytes(60 - len(placeholders[0]))
     frames = placeholders + [arp, other, tiny, padded] + placeholders[:2]
