@@ -421,9 +421,10 @@ class RtlSwitch(SwitchModel):
     still working on then comes out of a later `run`."""
 
     def __init__(self, ports: int = 4, jobs: int = 4, max_workers: int = 8, slots: int = 64,
-                 width: int = 64):
+                 width: int = 64, **params):
+        """`params`: more of `hw.switch.Switch`'s (``max_payload``, say)."""
         super().__init__("switch", ports=ports, width=width, jobs=jobs,
-                         max_workers=max_workers, slots=slots)
+                         max_workers=max_workers, slots=slots, **params)
         self.reset()
         self.busy = False           # the switch may still hold work: run again
         self._sent = False

@@ -3,7 +3,8 @@
 Each end-to-end test makes a network namespace of its own, runs the command inside it
 (``ip netns exec``), waits for the board's URL, and sends control requests from UDP sockets
 bound to the host side of port 0 (192.168.1.1) and port 1 (192.168.2.1), built with scapy
-(tests/board_client.py). Those tests need root, /dev/net/tun and ``ip netns``, and skip,
+(tests/board_client.py), and run `netagg demo --switch` and `netagg probe` in the namespace
+as a user would against a board. Those tests need root, /dev/net/tun and ``ip netns``, and skip,
 saying which is missing, where the machine does not allow them. The model's frame interface
 is also tested without them, over socket pairs, and so is the message without
 CAP_NET_ADMIN. The board models are built once up front (about 15 s each, cached).
@@ -162,6 +163,57 @@ def test_control_request_is_answered_through_both_ports(running, board):
         assert reply["from"][0] == target(board).ip
         assert (reply["opcode"], reply["dqpn"], reply["psn"]) == (OP_CONTROL, CONTROL_QPN, 1)
         assert reply["records"] == [[REG_MAGIC, MAGIC], [REG_PORT, port]]
+
+
+def _netagg(running, *args: str, timeout: float = 300) -> dict:
+    """`netagg ARGS --json` in the board's namespace: its JSON object."""
+    result = subprocess.run(["ip", "netns", "exec", running.namespace, sys.executable, "-m",
+                             "host.cli", *args, "--json"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=timeout)
+    assert result.stdout.strip(), f"{result.stderr}\n{running.log.read_text()}"
+    return json.loads(result.stdout)
+
+
+# (workers, nodes) per board: the Versa's one job of four workers takes each node's leader,
+# one on each port; the Colorlight's two workers flat (one on each port), then one node of
+# two (its leader alone on the network).
+DEMOS = [("versa_ecp5_5g", 4, 2), ("colorlight_5a75b", 2, 2), ("colorlight_5a75b", 2, 1)]
+
+
+@pytest.mark.parametrize("board,workers,nodes", DEMOS, indirect=["board"])
+@needs_namespaces
+def test_demo_through_the_board_is_verified_with_workers_on_both_ports(running, board,
+                                                                        workers, nodes):
+    """The host as it would run against a board: the kernel's ARP/IPv4/UDP, the MACs' FCS and
+    ICRC, the board's switch parameters (the Colorlight's 512-byte payloads, one job)."""
+    from bitstreams import target
+
+    report = _netagg(running, "demo", "--switch", running.url, "--workers", str(workers),
+                     "--nodes", str(nodes), "--values", "200000")
+    assert report["errors"] == [] and report["verified"]
+    assert report["sources"] == HOST            # one address per board port
+    on_network = workers if target(board).switch["jobs"] >= workers // nodes else nodes
+    ports_used = [c > 0 for c in report["port_contributions"]]
+    assert ports_used == ([True, True] if on_network > 1 else [True, False])
+    lanes = target(board).switch["max_payload"] // 4 - 1
+    assert report["packets_sent"] >= on_network * -(-200_000 // lanes)
+
+
+@needs_namespaces
+def test_probe_shows_the_boards_parameters_and_addresses(running, board):
+    from bitstreams import target
+
+    t = target(board)
+    report = _netagg(running, "probe", running.url)
+    p = report["params"]
+    assert report["answers"] and report["magic"] == f"{MAGIC:#x}"
+    assert (p["ports"], p["jobs"], p["max_workers"], p["slots"], p["max_payload"]) == (
+        2, t.switch["jobs"], t.switch["max_workers"], t.switch["slots"],
+        t.switch["max_payload"])
+    assert p["ip"] == t.ip and int(p["mac"].replace(":", ""), 16) == t.mac
+    assert report["host"]["ip"] == HOST[0] and report["host"]["switch_port"] == 0
+    assert set(report["port_counters"]) == {"0", "1"}
+    assert report["port_counters"]["0"]["control"] >= 1
 
 
 @pytest.mark.parametrize("board", BOARDS[:1], indirect=True)
