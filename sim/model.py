@@ -43,7 +43,7 @@ import random
 import time
 from pathlib import Path
 
-from .verilated import ContractError, Harness, build_library
+from .verilated import ContractError, Harness, build_library, check_port
 
 # Part of every model's key: bump it when what this module writes for the harness
 # (netagg_ports.h) or expects of it changes.
@@ -83,12 +83,7 @@ def _port_header(signals: dict[str, tuple[str, int]], top: str) -> str:
             name = pattern.format(i=i)
             want_dir = "IN" if pattern in _INPUTS else "OUT"
             want_width = width if "tdata" in name else width // 8 if "tkeep" in name else 1
-            if name not in signals:
-                raise ContractError(f"top {top!r} has rx{i}_tdata but no {name}")
-            if signals[name] != (want_dir, want_width):
-                raise ContractError(
-                    f"top {top!r}: {name} is {signals[name][0].lower()}put of "
-                    f"{signals[name][1]} bits, not {want_dir.lower()}put of {want_width}")
+            check_port(signals, top, name, want_dir, want_width)
     each = " ".join(f"X({i})" for i in range(count))
     return (f"#define NETAGG_PORTS {count}\n#define NETAGG_WIDTH {width}\n"
             f"#define NETAGG_HAS_RST {int('rst' in signals)}\n"
