@@ -605,8 +605,13 @@ class Mac(wiring.Component):
         ]
         first = rx_widen.i
         if self.icrc:
+            # A register slice between the ICRC check and the gathering into beats: the
+            # check's byte enables then wait on a flip-flop, not on the beat's ready, which
+            # routed across the die missed 125 MHz.
             m.submodules.rx_icrc = rx_icrc = rx(IcrcCheck())
-            wiring.connect(m, rx_icrc.o, rx_widen.i)
+            m.submodules.rx_skid_icrc = skid_icrc = rx(Skid(ICRC_CHECKED_BYTE))
+            wiring.connect(m, rx_icrc.o, skid_icrc.i)
+            wiring.connect(m, skid_icrc.o, rx_widen.i)
             first = rx_icrc.i
         # GmiiRx cannot wait, and nothing after it does in practice: the crossing is read in
         # every core cycle, faster than beats come (one per 8 rx cycles at most, two at a
