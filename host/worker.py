@@ -38,6 +38,8 @@ Spraying (`paths=N`, `spray="round_robin"` or `"least_loaded"`): the worker send
 contributions from N UDP source ports (other sockets of its address; results still come back
 to the first), each packet by the path the engine picks; see `host.transport`.
 
+A worker over UDP makes progress in the background (`host.progress`): `allreduce_async`
+sends at once and the allreduce completes while the caller computes; `wait` only waits.
 In-process workers of one backend run cooperatively: `allreduce_async` on each, then `wait`
 on the handles; waiting drives every worker of that backend. They may also run in threads.
 
@@ -57,6 +59,7 @@ tensor, what was dropped and scaled.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import time
@@ -69,6 +72,7 @@ from host import numerics as N
 from host import transport as T
 from host import wire as W
 from host.engine import DEFAULT_PRIORITY, Engine, NetaggError, NetaggTimeout, Work
+from host.progress import Progress
 
 __all__ = ["Worker", "Handle", "SwitchControl", "NetaggError", "NetaggTimeout"]
 
@@ -255,8 +259,11 @@ class Worker:
         if local_size > 1:
             from host.node import NodeShm
             self.shm = NodeShm(self.session, self.node, self.local_rank, local_size, timeout)
+        self.progress = None        # the background progress of a UDP worker
         if self.engine is not None and transport.driver is not None:
             transport.driver.engines.append(self.engine)
+        elif self.engine is not None:
+            self.progress = Progress(self.engine)
 
     # --- set-up -------------------------------------------------------------------------
 
@@ -392,8 +399,7 @@ class Worker:
                     continue
                 works.append(self._work(f, [flat], o.reshape(-1), op == "mean",
                                         [self._proposals(flat, f)], lp))
-            for w in works:
-                self.engine.submit(w)
+            self._submit(works)
             return Handle(self, works, outs, single)
         for a, f in zip(arrays, fmts):
             if f.kind == "fixed":
@@ -421,7 +427,22 @@ class Worker:
             out.append(np.abs(seg).max(initial=0.0))
         return np.clip(N.exponent_of(np.array(out)), N.EXP_MIN, N.EXP_MAX)
 
+    def _engine_lock(self):
+        return self.progress.lock if self.progress is not None else contextlib.nullcontext()
+
+    def _submit(self, works):
+        """Hand works to the engine; with background progress they are sent at once."""
+        with self._engine_lock():
+            for w in works:
+                self.engine.submit(w)
+        if self.progress is not None:
+            self.progress.kick()
+
     def _progress(self, timeout: float):
+        if self.progress is not None:       # the thread steps; a failure is raised here
+            if self.engine.failed:
+                raise self.engine.failed
+            return
         if self.engine is None:
             time.sleep(min(timeout, 0.001))
             return
@@ -436,6 +457,12 @@ class Worker:
             self.engine.step(timeout)
 
     def _wait_works(self, works, timeout):
+        if self.progress is not None:
+            if not self.progress.wait_for(lambda: all(w.done for w in works), timeout):
+                raise NetaggTimeout(f"allreduce not finished after {timeout} s")
+            if self.engine.failed and not all(w.done for w in works):
+                raise self.engine.failed
+            return
         deadline = None if timeout is None else time.monotonic() + timeout
         while not all(w.done for w in works):
             if deadline is not None and time.monotonic() > deadline:
@@ -474,8 +501,7 @@ class Worker:
                 out = region.result(off, a)[lo:hi]
                 works.append(self._work(f, sources, out, mean,
                                         [self._proposals(s, f) for s in sources], lp))
-            for w in works:
-                self.engine.submit(w)
+            self._submit(works)
             handle.works = works
             try:
                 self._wait_works(works, None)
@@ -502,7 +528,8 @@ class Worker:
         """This worker's counters: packets, retransmissions, bytes, ignored results..."""
         if self.engine is None:
             return {}
-        c = self.engine.counters()
+        with self._engine_lock():
+            c = self.engine.counters()
         c["bad_packets"] = self.transport.bad
         c["stray_packets"] = getattr(self.transport, "stray", 0)
         if isinstance(self.transport, T.LossyTransport):
@@ -513,6 +540,8 @@ class Worker:
         if self._closed:
             return
         self._closed = True
+        if self.progress is not None:
+            self.progress.stop()
         driver = self.transport.driver
         if driver is not None and self.engine in driver.engines:
             driver.engines.remove(self.engine)

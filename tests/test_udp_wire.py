@@ -180,3 +180,23 @@ def test_wireshark_dissects_control_and_results(tmp_path):
     decoded = fields("-d", "udp.port==49152,infiniband")
     results = [f for f in decoded if f[2] == "49152"]
     assert len(results) == 2 * 2 and all(f[0] == str(W.OP_RESULT) for f in results)
+
+
+def test_allreduce_async_over_udp_completes_while_the_caller_computes():
+    """Background progress: both workers' allreduces complete while this thread only sleeps
+    (before any `wait`), and `wait` then returns the sums."""
+    with SimServer(GoldenSwitch()).start() as server:
+        session = uuid.uuid4().hex
+        ws = [Worker(r, 2, server.url, session=session, timeout=10) for r in range(2)]
+        xs = [np.arange(3000, dtype=np.int32) * (r + 1) for r in range(2)]
+        handles = [w.allreduce_async(x) for w, x in zip(ws, xs)]
+        def finished():     # without Handle.done(), which would drive the engine itself
+            return all(work.done for h in handles for work in h.works)
+        deadline = time.monotonic() + 10
+        while not finished() and time.monotonic() < deadline:
+            time.sleep(0.01)            # the caller's compute
+        assert finished()
+        for h in handles:
+            assert np.array_equal(h.wait(), xs[0] + xs[1])
+        for w in ws:
+            w.close()
