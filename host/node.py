@@ -21,7 +21,7 @@ from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
-from host.engine import NetaggTimeout
+from host.errors import NetaggTimeout
 
 
 def _attach(name: str, timeout: float) -> shared_memory.SharedMemory:

@@ -18,7 +18,7 @@ copies stay equal, which `train` checks at the end.
 Priority drop: `drop_classes` sets the switch's drop threshold of those classes to 0, so an
 idle switch turns every droppable contribution of those classes into a null: each worker
 then loses, per tensor, the floor(loss_budget * chunks) chunks it marked droppable (its
-smallest), within the allowance the engine scales for (see `host.engine`).
+smallest), within the allowance the engine scales for (see `host.checklane`).
 """
 
 from __future__ import annotations

@@ -53,8 +53,8 @@ each worker may let the switch drop (as null contributions, under congestion) up
 `loss_budget` of the data chunks of each float tensor, its smallest, sent in priority classes
 below the tensor's `priority` (0..7); a sum missing contributions is scaled up to the world's
 (the mean of those present stands for the missing). With loss_budget 0 (the default) every
-sum is exact, quorum or not. The rules are in `host.engine`; `Handle.stats()` counts, per
-tensor, what was dropped and scaled.
+sum is exact, quorum or not. The rules are in `host.messages` and `host.checklane`;
+`Handle.stats()` counts, per tensor, what was dropped and scaled.
 """
 
 from __future__ import annotations
@@ -71,7 +71,10 @@ from host import netif
 from host import numerics as N
 from host import transport as T
 from host import wire as W
-from host.engine import DEFAULT_PRIORITY, Engine, NetaggError, NetaggTimeout, Work
+from host.control import ControlChannel
+from host.engine import Engine, JoinCheck
+from host.errors import NetaggError, NetaggTimeout
+from host.messages import DEFAULT_PRIORITY, Work
 from host.progress import Progress
 
 __all__ = ["Worker", "Handle", "SwitchControl", "NetaggError", "NetaggTimeout"]
@@ -90,12 +93,12 @@ def _queue_pair() -> int:
     return random.SystemRandom().randrange(0x100, 1 << 24)
 
 
-def read_params(engine) -> dict:
+def read_params(control: ControlChannel) -> dict:
     """The switch's identity, size and own addresses, through the control path; `port` is the
     switch port the request came in by."""
     names = ("magic", "params", "slots", "max_payload", "mac_hi", "mac_lo", "ip", "udp_sport",
              "port")
-    values = dict(zip(names, (v for _, v in engine.control(
+    values = dict(zip(names, (v for _, v in control.request(
         [(a, 0) for a in (W.REG_MAGIC, W.REG_PARAMS, W.REG_SLOTS, W.REG_MAX_PAYLOAD,
                           W.REG_MAC_HI, W.REG_MAC_LO, W.REG_IP, W.REG_UDP_SPORT,
                           W.REG_PORT)]))))
@@ -128,19 +131,18 @@ class SwitchControl:
 
     def __init__(self, switch, timeout: float = 5.0, ip: str = "10.0.255.254"):
         self.transport = _make_transport(switch, ip)
-        self.engine = Engine(self.transport, job=0, rank=0, workers=1, slots=1,
-                             timeout=timeout)
+        self.control = ControlChannel(self.transport, timeout=timeout)
         self.params = self.read_params()
 
     def read(self, *addresses) -> list[int]:
-        return [v for _, v in self.engine.control([(a, 0) for a in addresses])]
+        return [v for _, v in self.control.request([(a, 0) for a in addresses])]
 
     def write(self, pairs) -> list[int]:
         """Write (address, value) pairs; returns the values read back."""
-        return [v for _, v in self.engine.control([(a | W.WRITE, v) for a, v in pairs])]
+        return [v for _, v in self.control.request([(a | W.WRITE, v) for a, v in pairs])]
 
     def read_params(self) -> dict:
-        return read_params(self.engine)
+        return read_params(self.control)
 
     def counters(self, ports=None, jobs=None) -> dict:
         """Port and job counters, by name."""
@@ -244,8 +246,7 @@ class Worker:
         self.transport = transport
         self.engine = Engine(transport, job=self.switch_job, rank=self.switch_rank,
                              workers=self.switch_workers, slots=None, qpn=_queue_pair(),
-                             session_tag=self.tag, timeout=timeout,
-                             fraction_bits=self.fraction_bits, block=block, spray=spray)
+                             session_tag=self.tag, timeout=timeout, spray=spray)
         self.lanes = N.LANES
         try:
             networked = self._configure(slots, slot_base, credits, quorum)
@@ -269,7 +270,7 @@ class Worker:
 
     def _configure(self, slots, slot_base, credits, quorum):
         e, t = self.engine, self.transport
-        p = read_params(e)
+        p = read_params(e.control)
         jobs = p["jobs"] - self.job
         if jobs < 1:
             raise NetaggError(f"the switch has jobs 0..{p['jobs'] - 1}, not job {self.job}")
@@ -343,14 +344,15 @@ class Worker:
                                   f"quorum={quo} by rank 0 of this session, this worker "
                                   f"expects credits={credits}, quorum={quorum}")
             return {"slots": n, "credits": cred, "quorum": quo, "completed": completed}
-        e.join_check = ([(W.job_reg(j, W.JOB_CONFIG), 0), (W.job_reg(j, W.JOB_SLOT_COUNT), 0),
-                         (W.job_reg(j, W.JOB_CREDITS), 0), (W.job_reg(j, W.JOB_QUORUM), 0),
-                         (W.job_reg(j, W.JOB_COMPLETED), 0),
-                         (W.worker_reg(j, 0, W.WORKER_RKEY), 0)], accept)
+        e.join_check = JoinCheck(
+            [(W.job_reg(j, W.JOB_CONFIG), 0), (W.job_reg(j, W.JOB_SLOT_COUNT), 0),
+             (W.job_reg(j, W.JOB_CREDITS), 0), (W.job_reg(j, W.JOB_QUORUM), 0),
+             (W.job_reg(j, W.JOB_COMPLETED), 0), (W.worker_reg(j, 0, W.WORKER_RKEY), 0)],
+            accept)
         return True
 
     def _write(self, pairs):
-        got = self.engine.control([(a | W.WRITE, v) for a, v in pairs])
+        got = self.engine.control.request([(a | W.WRITE, v) for a, v in pairs])
         for (a, v), (_, back) in zip(pairs, got):
             if back != v & 0xFFFFFFFF:
                 raise NetaggError(f"the switch kept {back:#x} at register {a:#x}, not {v:#x}")

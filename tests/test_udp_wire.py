@@ -6,6 +6,7 @@ switch's own UDP source port, datagrams from anywhere else are counted, not take
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -65,7 +66,7 @@ def test_kernel_sends_the_ipv4_header_the_icrc_covers():
     """scapy, over the IPv4/UDP headers Linux really put on the wire (identification 0, DF),
     finds the ICRC the host computed; a connected socket's headers (an identification from
     its counter) would not carry it."""
-    dst = "127.77.0.1"
+    dst = f"127.77.{os.getpid() % 250}.{random.randrange(1, 250)}"     # this test's own
     sniffer, next_frame = _capture(dst)
     listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)    # no ICMP back
     listener.bind((dst, 4791))

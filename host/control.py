@@ -1,0 +1,172 @@
+"""The control channel: the switch's registers read and written by control requests, each
+kept until its answer comes and retransmitted while it does not.
+
+A request carries 1..`wire.MAX_CONTROL_RECORDS` (address, value) records (bit 31 of the
+address: write); more records go out as several requests, and the callback of
+`request_async` gets the last one's answer. Its PSN is the endpoint's next (`PsnCounter`:
+one sequence for control requests and an engine's contributions alike). The switch answers
+to the sender with a SEND Only to `CONTROL_QPN` carrying the request's PSN and, per record,
+the register's value after it was applied; the answer takes the pending request of its PSN,
+and one for no pending request is counted (`ignored_control`) and dropped. A request waits
+the round-trip estimate's RTO, at least 50 ms, for its answer, then is sent again with the
+timeout doubled (up to `rto_max`); a blocking `request` gives up after `timeout` seconds
+(`NetaggTimeout`). Control requests leave by path 0, where the answers come back.
+
+The channel works alone (`host.worker.SwitchControl`: `step` receives and retransmits) or
+inside an engine, which hands it the control answers among the packets it receives and
+shares its PSNs, round-trip estimate and counters with it (the engine is then its `owner`,
+what a blocking `request` steps while it waits).
+
+Cost: one packet and its timer per request awaiting its answer.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import Callable
+
+from host import wire as W
+from host.errors import NetaggTimeout
+from host.retransmit import RetransmitTimer, RttEstimator
+
+CONTROL_RTO_MIN = 0.05      # the shortest wait for a control answer, in seconds
+
+Records = list[tuple[int, int]]
+
+
+class PsnCounter:
+    """The BTH.psn of each packet an endpoint sends: 1, 2, ... modulo 2**24."""
+
+    def __init__(self):
+        self.psn = 0
+
+    def next(self) -> int:
+        self.psn = (self.psn + 1) & 0xFFFFFF
+        return self.psn
+
+
+@dataclasses.dataclass
+class PendingRequest:
+    """A control request awaiting its answer: `callback(records)` gets the answer."""
+
+    packet: W.Packet
+    callback: Callable[[Records], None]
+    timer: RetransmitTimer
+
+
+class ControlChannel:
+    def __init__(self, transport, *, timeout: float = 20.0, psns: PsnCounter | None = None,
+                 rtt: RttEstimator | None = None, stats: collections.Counter | None = None,
+                 owner=None):
+        self.transport = transport
+        self.timeout = timeout          # how long `request` waits by default
+        self.psns = PsnCounter() if psns is None else psns
+        self.rtt = RttEstimator() if rtt is None else rtt
+        self.stats = collections.Counter() if stats is None else stats
+        self.owner = self if owner is None else owner
+        self.pending: dict[int, PendingRequest] = {}     # by PSN
+
+    def busy(self) -> bool:
+        return bool(self.pending)
+
+    def request_async(self, records, callback: Callable[[Records], None]):
+        """Send a control request; `callback(records)` gets the switch's answer."""
+        records = list(records)
+        for i in range(0, len(records), W.MAX_CONTROL_RECORDS):
+            part = records[i:i + W.MAX_CONTROL_RECORDS]
+            psn = self.psns.next()
+            pkt = W.control_request(part, psn, self.transport.local, self.transport.switch)
+            timer = RetransmitTimer()
+            timer.sent(time.monotonic(), self.rtt, CONTROL_RTO_MIN)
+            cb = callback if i + W.MAX_CONTROL_RECORDS >= len(records) else (lambda r: None)
+            self.pending[psn] = PendingRequest(pkt, cb, timer)
+            self.transport.send(pkt)
+
+    def request(self, records, timeout: float | None = None) -> Records:
+        """Send control records and wait for the answer: (address, value after) pairs."""
+        records = list(records)
+        answers = []
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        for i in range(0, len(records), W.MAX_CONTROL_RECORDS):
+            box = []
+            self.request_async(records[i:i + W.MAX_CONTROL_RECORDS], box.append)
+            while not box:
+                if time.monotonic() > deadline:
+                    for psn in [p for p, c in self.pending.items() if c.callback == box.append]:
+                        del self.pending[psn]
+                    raise NetaggTimeout(
+                        f"the switch at {self.transport.switch.ip} (via "
+                        f"{getattr(self.transport, 'url', 'in-process')}) did not answer a "
+                        f"control request within {limit:.1f} s")
+                self._wait_a_little(0.01)
+            answers += box[0]
+        return answers
+
+    def _wait_a_little(self, timeout: float):
+        driver = self.transport.driver
+        if driver is not None:
+            driver.drive()
+            if self.owner not in driver.engines:
+                self.owner.step(0.0)
+            time.sleep(0)
+        else:
+            self.owner.step(timeout)
+
+    def take_answer(self, pkt: W.Packet) -> bool:
+        """Whether `pkt` is a control answer (then it is taken: its request's callback gets
+        the records, none if they do not parse)."""
+        if pkt.opcode != W.OP_CONTROL or pkt.dqpn != W.CONTROL_QPN:
+            return False
+        pending = self.pending.pop(pkt.psn, None)
+        if pending is None:
+            self.stats["ignored_control"] += 1
+            return True
+        try:
+            records = W.unpack_records(pkt.payload)
+        except ValueError:
+            records = []
+        pending.callback(records)
+        return True
+
+    def deadlines(self) -> list[float]:
+        return [c.timer.deadline for c in self.pending.values()]
+
+    def retransmit(self, now: float):
+        """Send again every request whose answer is late."""
+        for c in list(self.pending.values()):
+            if c.timer.due(now):
+                c.timer.sent(now, self.rtt)
+                self.stats["control_retransmissions"] += 1
+                self.transport.send(c.packet)
+
+    def step(self, timeout: float = 0.0):
+        """Alone: take the answers that arrive within `timeout` (at most until the next
+        retransmission), then retransmit what is late."""
+        now = time.monotonic()
+        deadline = min(self.deadlines(), default=now + 0.05)
+        for pkt in self.transport.recv(min(timeout, max(0.0, deadline - now))):
+            self.take_answer(pkt)
+        self.retransmit(time.monotonic())
+
+    def probe(self, records, within: float = 0.5) -> Records | None:
+        """The answer to one request, reading the transport directly for up to `within`
+        seconds (for an endpoint that is failing: whatever else arrives is dropped, and every
+        pending request is forgotten afterwards); None without an answer."""
+        box = []
+        try:
+            self.request_async(records, box.append)
+            deadline = time.monotonic() + within
+            while not box and time.monotonic() < deadline:
+                for pkt in self.transport.recv(0.02):
+                    if pkt.opcode == W.OP_CONTROL:
+                        c = self.pending.pop(pkt.psn, None)
+                        if c is not None:
+                            c.callback(W.unpack_records(pkt.payload))
+        except Exception:
+            pass
+        finally:
+            self.pending.clear()
+        return box[0] if box else None

@@ -1,0 +1,309 @@
+"""Messages: how a tensor becomes packets, and how they are dealt over the job's slots.
+
+- **Messages.** Every tensor submitted (a `Work`) becomes messages, each one packet of
+  `Work.lanes + 1` int32 lanes (the switch's largest payload, at most 1024 bytes, the same
+  for every message of the job: every use of a slot has the same length, so a stray packet
+  can never make a slot refuse the others as `drop_bad_length`). A fixed-point tensor starts
+  with `D = ceil(slots / block)` exponent messages (the proposals for its first D blocks);
+  each data chunk of block b carries the proposal for block b + D in its exponent field, and
+  the switch's maximum comes back in the result just as block b + D needs it (SwitchML's
+  piggybacking). int32 tensors are data chunks only.
+- **Slots.** Messages are dealt round robin over the job's `slots` slots, in submission
+  order, which is the same on every worker (collective semantics, as in torch.distributed).
+  Each slot sends its messages one at a time: the next use of a slot, with the other version
+  (shadow copy), starts only after the result of the current one. The window is the job's
+  slot range.
+- **Message sequence numbers (MSN, RETH.rkey).** Message i of the job (in dealing order)
+  carries msn = i, i.e. use * slots + slot while no message was redone; a redone message
+  takes the next number of its slot, msn = max(i, the slot's previous msn + 1). Every worker
+  numbers the same, each slot's numbers grow (the switch drops a contribution whose msn is
+  older than its slot copy's use: `drop_stale`), and a message never needs more than the
+  uses the job has completed (msn <= completed uses of the messages before it + its own
+  completed uses), so no message waits for credits that only later messages could free.
+- **Loss budget and priority** (`Work.loss_budget`, `Work.priority`). Per tensor, this
+  worker marks droppable the floor(loss_budget * data chunks) data chunks of its own with
+  the smallest L2 norm (of the values it contributes); exponent messages, int32 tensors and
+  redone messages are never droppable. Priority class (DSCP = `wire.priority_dscp(class)`)
+  with p the tensor's priority (0..7): droppable chunks get the classes below p, by norm: the
+  i-th smallest of k droppable chunks has class (i * p) // k (0 when p is 0), so a switch's
+  drop thresholds rising with the class drop the smallest first; non-droppable data chunks
+  and redone messages have class p, exponent messages class 7 (every chunk of their block
+  waits for them). A switch may turn a droppable contribution into a null (it counts,
+  without data).
+
+Cost: per worker, one message of state per chunk and per exponent message, and per tensor
+one exponent per block.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import math
+
+import numpy as np
+
+from host import numerics as N
+from host import wire as W
+from host.retransmit import RetransmitTimer
+
+DEFAULT_PRIORITY = 4
+EXPONENT_CLASS = W.PRIORITY_CLASSES - 1
+
+
+class MessageKind(enum.Enum):
+    EXPONENT = "exp"        # a block's exponent proposal, no data
+    DATA = "data"           # a chunk of `Work.lanes` values
+
+
+class Send(enum.Enum):
+    """What a worker contributes to a round of a message."""
+
+    DATA = "data"           # its values
+    ZEROS = "zeros"         # zeros: counts towards the quorum, or asks for the result
+    NOTHING = "none"        # nothing: it waits for the result
+
+
+@dataclasses.dataclass
+class Work:
+    """One tensor (or shard) in flight: `sources` are the arrays whose sum this worker
+    contributes (one for a flat allreduce, the node's local arrays for a hierarchical one)."""
+
+    fmt: N.Format
+    sources: list[np.ndarray]
+    out: np.ndarray
+    n: int
+    world_size: int                 # workers whose values the sum holds (for F and mean)
+    mean: bool = False
+    frac: int = 0
+    block: int = N.DEFAULT_BLOCK
+    lanes: int = N.LANES            # data lanes per packet (the check lane not included)
+    proposals: np.ndarray | None = None      # this worker's proposal per block
+    exponents: dict[int, int] = dataclasses.field(default_factory=dict)   # block -> shared E
+    remaining: int = 0
+    error: BaseException | None = None
+    done: bool = False
+    lookahead: int = 1
+    loss_budget: float = 0.0        # fraction of its data chunks a worker may have dropped
+    priority: int = DEFAULT_PRIORITY
+    droppable: dict[int, int] = dataclasses.field(default_factory=dict)  # chunk -> class
+    droppable_sent: int = 0
+    lost_contributions: int = 0     # over its chunks: workers - contributions in the sum
+    rescaled_chunks: int = 0
+    filled_chunks: int = 0
+
+    @property
+    def chunks(self) -> int:
+        return max(1, -(-self.n // self.lanes))
+
+    def values(self, chunk: int) -> slice:
+        """The values of a data chunk."""
+        lo = chunk * self.lanes
+        return slice(lo, min(lo + self.lanes, self.n))
+
+    def stats(self) -> dict:
+        return {"values": self.n, "chunks": self.chunks, "droppable": len(self.droppable),
+                "droppable_sent": self.droppable_sent,
+                "lost_contributions": self.lost_contributions,
+                "rescaled_chunks": self.rescaled_chunks, "filled_chunks": self.filled_chunks}
+
+
+@dataclasses.dataclass
+class Message:
+    """An exponent message (a block's proposal) or a data chunk of a tensor, through the
+    rounds of its slot's uses: the round's numbers (slot, use, msn), what this worker sends
+    in it, the sums of the earlier rounds, and the packet in flight with its timer."""
+
+    work: Work
+    kind: MessageKind
+    index: int                      # block (exponent) or chunk (data)
+    seq: int = 0                    # dealing order in the job: the msn unless redone
+    exponent: int | None = None     # scale of a data chunk once known (fixed point)
+    bump: int = 0                   # overflow retries: exponent + bump
+    slot: int = 0
+    use: int = 0
+    msn: int = 0
+    droppable: bool = False
+    pclass: int = DEFAULT_PRIORITY  # priority class
+    send: Send = Send.DATA          # this round's contribution
+    acc: np.ndarray | None = None   # sums of the earlier rounds (fill-in)
+    members: int = 0                # ranks whose data `acc` holds
+    exp_max: int = N.EXP_NONE       # the largest exponent field of its results
+    filled: bool = False            # filled in at least once
+    packet: W.Packet | None = None
+    timer: RetransmitTimer = dataclasses.field(default_factory=RetransmitTimer)
+    path: int | None = None         # the path of the copy in flight (spraying)
+
+    def again(self, **changes) -> Message:
+        """The message for another round of its chunk (or block), never droppable."""
+        nm = Message(self.work, self.kind, self.index, seq=self.seq, bump=self.bump,
+                     slot=self.slot,
+                     pclass=self.work.priority if self.kind is MessageKind.DATA else self.pclass,
+                     send=self.send, acc=self.acc, members=self.members, exp_max=self.exp_max,
+                     filled=self.filled)
+        return dataclasses.replace(nm, **changes)
+
+    @property
+    def block(self) -> int:
+        """The exponent block of a data chunk."""
+        return self.index // self.work.block
+
+    @property
+    def sends_droppable(self) -> bool:
+        return self.droppable and self.send is Send.DATA
+
+    def ready(self) -> bool:
+        """Whether it can be sent: a fixed-point chunk needs its block's shared exponent."""
+        w = self.work
+        if self.kind is MessageKind.EXPONENT or w.fmt.kind == "int":
+            return True
+        return self.block in w.exponents
+
+    def piggybacked_block(self) -> int | None:
+        """The block whose proposal this data chunk carries (and whose maximum its result
+        brings back): b + lookahead for the first chunk of block b, if there is one."""
+        w = self.work
+        nb = self.block + w.lookahead
+        if self.index % w.block == 0 and nb < len(w.proposals):
+            return nb
+        return None
+
+    def payload(self) -> tuple[np.ndarray, int, int]:
+        """This round's lanes (int64, the check lane 0), exponent field and byte offset."""
+        w = self.work
+        lanes = np.zeros(w.lanes + 1, np.int64)
+        exponent = N.EXP_NONE
+        va = 0
+        if self.kind is MessageKind.DATA:
+            part = w.values(self.index)
+            va = part.start * 4
+        if self.send is Send.DATA:
+            if self.kind is MessageKind.EXPONENT:
+                exponent = int(w.proposals[self.index])
+            elif w.fmt.kind == "int":
+                for src in w.sources:
+                    lanes[:part.stop - part.start] += src[part]
+            else:
+                for src in w.sources:
+                    lanes[:part.stop - part.start] += N.quantize(
+                        N.to_float64(src[part], w.fmt), self.exponent, w.frac)
+                nb = self.piggybacked_block()
+                if nb is not None:
+                    exponent = int(w.proposals[nb])
+        return lanes, exponent, va
+
+
+@dataclasses.dataclass
+class Result:
+    """A result packet of a slot's use: the sums and the check lane (`lanes`), the
+    contributions with data (`count`, ImmDt), the largest exponent field, whether it
+    saturated (the overflow flag or a worker's marker in the check lane), and the job's
+    credit limit it carries (BTH.psn, unwrapped)."""
+
+    slot: int
+    version: int
+    count: int
+    exponent: int
+    overflow: bool
+    lanes: np.ndarray
+    limit: int
+
+    @property
+    def check(self) -> int:
+        return int(self.lanes[-1])
+
+    @property
+    def sums(self) -> np.ndarray:
+        return self.lanes[:-1].astype(np.int64)
+
+
+class SlotState:
+    """One slot of the job as this worker sees it: the messages dealt to it, the one in
+    flight, and what it knows of the slot's uses."""
+
+    __slots__ = ("queue", "inflight", "use", "recent", "last_msn", "last_psn", "early")
+
+    def __init__(self):
+        self.queue: collections.deque[Message] = collections.deque()
+        self.inflight: Message | None = None
+        self.use = 0
+        self.early: dict[int, Result] = {}      # use -> result before this worker began it
+        self.last_msn = -1
+        self.last_psn = -math.inf       # credit limit of the last result taken
+        self.recent = collections.deque(maxlen=4)   # tags of completed uses
+
+    def next_msn(self) -> int:
+        """The msn of the next message: its dealing order, unless an earlier one was
+        redone."""
+        return max(self.queue[0].seq, self.last_msn + 1)
+
+    def begin(self, m: Message, msn: int):
+        """`m` is the slot's next use, numbered `msn`."""
+        m.use = self.use
+        self.use += 1
+        m.msn = self.last_msn = msn
+        self.inflight = m
+
+    def take_early(self, use: int) -> Result | None:
+        """The result kept for `use` if others closed it before this worker began it
+        (forgetting those of earlier uses)."""
+        early = self.early.pop(use, None)
+        for u in [u for u in self.early if u < use]:
+            del self.early[u]
+        return early
+
+
+class Dealer:
+    """Deals messages round robin over the slots, numbering them in dealing order."""
+
+    def __init__(self):
+        self.next_slot = 0
+        self.dealt = 0                  # messages dealt: the next message's sequence number
+
+    def deal(self, msgs: list[Message], slots: list[SlotState]):
+        for m in msgs:
+            m.slot = self.next_slot
+            m.seq = self.dealt
+            self.dealt += 1
+            slots[m.slot].queue.append(m)
+            self.next_slot = (self.next_slot + 1) % len(slots)
+
+
+def messages_of(work: Work, nslots: int) -> list[Message]:
+    """A tensor's messages in dealing order (its exponent messages, then its chunks), with
+    the chunks this worker may have dropped marked."""
+    if work.loss_budget > 0 and work.fmt.kind == "fixed":
+        work.droppable = plan_droppable(chunk_norms(work), work.loss_budget, work.priority)
+    msgs = []
+    if work.fmt.kind == "fixed":
+        blocks = -(-work.chunks // work.block)
+        work.lookahead = max(1, -(-nslots // work.block))
+        msgs += [Message(work, MessageKind.EXPONENT, b, pclass=EXPONENT_CLASS)
+                 for b in range(min(work.lookahead, blocks))]
+    for c in range(work.chunks):
+        cls = work.droppable.get(c)
+        msgs.append(Message(work, MessageKind.DATA, c, droppable=cls is not None,
+                            pclass=work.priority if cls is None else cls))
+    return msgs
+
+
+def chunk_norms(work: Work) -> np.ndarray:
+    """The L2 norm of each data chunk of the values this worker contributes."""
+    total = np.zeros(work.n)
+    for src in work.sources:
+        total += N.to_float64(src, work.fmt)
+    padded = np.zeros(work.chunks * work.lanes)
+    padded[:work.n] = total
+    return np.sqrt(np.square(padded.reshape(work.chunks, work.lanes)).sum(axis=1))
+
+
+def plan_droppable(norms: np.ndarray, loss_budget: float, priority: int) -> dict[int, int]:
+    """Chunk -> priority class of the chunks this worker may have dropped: the
+    floor(loss_budget * chunks) smallest by norm, the i-th smallest of k in class
+    (i * priority) // k."""
+    k = int(math.floor(loss_budget * len(norms) + 1e-9))
+    if k <= 0:
+        return {}
+    order = np.argsort(norms, kind="stable")[:k]
+    return {int(c): (i * priority) // k for i, c in enumerate(order)}
