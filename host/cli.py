@@ -73,11 +73,11 @@ def bench_switch(ports: int, width: int, rounds: int, quiet: bool) -> dict:
     return {"bench": "switch", **result}
 
 
-# Allreduce benchmark sizes: 4 KB .. 64 MB; the golden model (plain Python, a few thousand
-# packets per second) stops at 4 MB unless --sizes asks for more.
+# Allreduce benchmark sizes: 4 KB .. 64 MB.
 ALLREDUCE_SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
-# Simulated switches are slow (the golden model a few thousand contributions per second, the
-# RTL at 64 bits a few hundred): their default sizes stop here unless --sizes asks for more.
+# Simulated switches are slow (the golden model tens of thousands of contributions per
+# second, the RTL at 64 bits a few hundred): their default sizes stop here unless --sizes
+# asks for more.
 MAX_DEFAULT_SIZE = {"golden": 4 << 20, "rtl": 1 << 20}
 
 
@@ -161,7 +161,7 @@ def main(argv=None) -> int:
     sim = sub.add_parser("sim", help="the simulated switch")
     simsub = sim.add_subparsers(dest="sim_command", required=True)
     serve = simsub.add_parser("serve", help="serve a simulated switch on UDP")
-    serve.add_argument("--backend", choices=["golden", "rtl"], default="rtl")
+    serve.add_argument("--backend", choices=["golden", "rtl", "echo"], default="rtl")
     serve.add_argument("--host", default=None,
                        help="the switch's IPv4 address, UDP port 4791 (default: a free "
                             "127.x.y.z)")

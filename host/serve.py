@@ -20,12 +20,16 @@ send from is counted as undeliverable. `--pcap FILE` writes every frame in and o
 Wireshark dissects them as RoCEv2 (results, which go from UDP port 49152 to the worker's own
 port, with Decode As: `-d udp.port==49152,infiniband` for tshark).
 
-Backends: `golden` (sim.golden.GoldenSwitch) and `rtl` (sim.model, the Verilator model).
+Backends: `golden` (sim.golden.GoldenSwitch), `rtl` (sim.model, the Verilator model) and
+`echo` (sim.echo.EchoSwitch: each contribution answered at once to its sender, for
+measurements).
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import functools
 import random
 import select
 import signal
@@ -39,7 +43,7 @@ from host import transport as T
 from host import wire as W
 
 IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13 if sys.platform.startswith("linux") else None)
-BACKENDS = ("golden", "rtl")
+BACKENDS = ("golden", "rtl", "echo")
 
 
 def make_backend(name: str = "golden", **params):
@@ -47,6 +51,9 @@ def make_backend(name: str = "golden", **params):
     if name == "golden":
         from sim.golden import GoldenSwitch
         return GoldenSwitch(**params)
+    if name == "echo":
+        from sim.echo import EchoSwitch
+        return EchoSwitch(**params)
     if name == "rtl":
         from sim import model
         return model.make_switch(**params)
@@ -56,6 +63,55 @@ def make_backend(name: str = "golden", **params):
 def _sender_mac(ip: str, port: int) -> int:
     """A locally administered MAC standing for a UDP sender in the frames the backend sees."""
     return 0x020000000000 | (W.ip_to_int(ip) & 0xFFFF) << 16 | port
+
+
+@functools.lru_cache(maxsize=4096)
+def _ingress(ip: bytes, port: int, ports: int) -> tuple[bytes, int]:
+    """The Ethernet header of frames from a UDP sender (IPv4 address bytes, port), and the
+    switch port they enter."""
+    text = W.ip_text(ip)
+    eth = bytes(6) + _sender_mac(text, port).to_bytes(6, "big") + b"\x08\x00"
+    return eth, T.switch_port_for(text, port, ports)
+
+
+@functools.lru_cache(maxsize=4096)
+def _canonical_headers(ip: str, port: int, bound_ip: str, length: int, dscp: int) -> bytes:
+    """The Ethernet, IPv4 and UDP headers of a frame for a datagram of `length` bytes from
+    (ip, port) to the server, with the canonical IPv4 header (`wire.wrap_datagram`)."""
+    src = W.Endpoint(ip, port, _sender_mac(ip, port))
+    dst = W.Endpoint(bound_ip, W.ROCEV2_PORT, 0)
+    return W.wrap_datagram(src, dst, bytes(length), dscp)[:W.BTH_OFFSET]
+
+
+# Classic BPF (Linux socket filters): what the kernel queues on a socket.
+SO_ATTACH_FILTER = getattr(socket, "SO_ATTACH_FILTER",
+                           26 if sys.platform.startswith("linux") else None)
+_LD_W_ABS, _LD_H_IND, _LDX_B_MSH, _JEQ_K, _RET_K = 0x20, 0x48, 0xB1, 0x15, 0x06
+_NOTHING = [(_RET_K, 0, 0, 0)]
+
+
+def _datagrams_to(ip: bytes, port: int) -> list:
+    """A filter for a raw IPv4 socket: UDP datagrams to (ip, port) only."""
+    return [(_LD_W_ABS, 0, 0, 16),                             # IPv4 destination
+            (_JEQ_K, 0, 4, int.from_bytes(ip, "big")),
+            (_LDX_B_MSH, 0, 0, 0),                             # X: IPv4 header length
+            (_LD_H_IND, 0, 0, 2),                              # UDP destination port
+            (_JEQ_K, 0, 1, port),
+            (_RET_K, 0, 0, 0xFFFF),
+            (_RET_K, 0, 0, 0)]
+
+
+def _attach_filter(sock: socket.socket, program: list) -> bool:
+    """Attach a classic BPF program of (code, jt, jf, k) to a socket; whether it could."""
+    if SO_ATTACH_FILTER is None:
+        return False
+    code = ctypes.create_string_buffer(b"".join(struct.pack("=HBBI", *op) for op in program))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER,
+                        struct.pack("HP", len(program), ctypes.addressof(code)))
+    except OSError:
+        return False
+    return True
 
 
 def _bind_loopback(host: str | None) -> socket.socket:
@@ -95,6 +151,7 @@ class SimServer:
             self.sock.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
         self.sock.setblocking(False)
         self.raw = None             # sees the IPv4 headers as received (CAP_NET_RAW)
+        self._udp_copies = False    # the UDP socket queues the datagrams the raw socket has
         if as_received:
             try:
                 self.raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
@@ -102,8 +159,14 @@ class SimServer:
                 self.raw.setblocking(False)
             except PermissionError:
                 pass
+        if self.raw is not None:
+            # the raw socket sees every UDP datagram of the machine: the kernel keeps those
+            # to this address and port, and the UDP socket's copies not at all
+            _attach_filter(self.raw, _datagrams_to(W.ip_packed(self.bound_ip), W.ROCEV2_PORT))
+            self._udp_copies = not _attach_filter(self.sock, _NOTHING)
         self.senders: dict[tuple[str, int], socket.socket | None] = {
             tuple(self.address): self.sock}
+        self._routes: dict[bytes, tuple] = {}   # addresses and ports of a frame -> its route
         self.pcap = None
         if pcap:
             from scapy.utils import PcapWriter
@@ -124,38 +187,37 @@ class SimServer:
         return self.raw is not None
 
     def _frames_in(self):
-        """(frame, sender IPv4, sender UDP port) of each datagram waiting."""
+        """(frame, switch port it enters) of each datagram waiting."""
         if self.raw is not None:
-            while True:                 # the UDP socket's copies: the raw socket has them
+            while self._udp_copies:     # the UDP socket's copies: the raw socket has them
                 try:
                     self.sock.recv(4096)
                 except (BlockingIOError, InterruptedError):
                     break
+            bound = W.ip_packed(self.bound_ip)
             for _ in range(512):
                 try:
                     packet = self.raw.recv(65536)
                 except (BlockingIOError, InterruptedError):
                     return
                 ihl = (packet[0] & 0x0F) * 4
-                if len(packet) < ihl + W.UDP_LEN or packet[16:20] != W.ip_packed(self.bound_ip):
+                if len(packet) < ihl + W.UDP_LEN or packet[16:20] != bound:
                     continue
                 sport, dport = struct.unpack_from("!HH", packet, ihl)
                 if dport != W.ROCEV2_PORT:
                     continue
-                ip = W.ip_text(packet[12:16])
-                eth = (0).to_bytes(6, "big") + _sender_mac(ip, sport).to_bytes(6, "big")
-                yield eth + b"\x08\x00" + packet, ip, sport
+                eth, port = _ingress(packet[12:16], sport, self.ports)
+                yield eth + packet, port
             return
         for _ in range(512):
             try:
-                data, anc, _, (ip, port) = self.sock.recvmsg(4096, socket.CMSG_SPACE(4))
+                data, anc, _, (ip, sport) = self.sock.recvmsg(4096, socket.CMSG_SPACE(4))
             except (BlockingIOError, InterruptedError):
                 return
             tos = next((p[0] for level, kind, p in anc
                         if level == socket.IPPROTO_IP and kind == socket.IP_TOS and p), 0)
-            src = W.Endpoint(ip, port, _sender_mac(ip, port))
-            dst = W.Endpoint(self.bound_ip, W.ROCEV2_PORT, 0)
-            yield W.wrap_datagram(src, dst, data, tos >> 2), ip, port
+            headers = _canonical_headers(ip, sport, self.bound_ip, len(data), tos >> 2)
+            yield headers + data, _ingress(W.ip_packed(ip), sport, self.ports)[1]
 
     def poll(self, timeout: float = 0.05) -> int:
         """Take what has arrived (waiting up to `timeout` for the first datagram), run the
@@ -170,11 +232,12 @@ class SimServer:
             return 0
         taken = 0
         with self.lock:
-            for frame, ip, port in self._frames_in():
+            send, pcap = self.backend.send, self.pcap
+            for frame, port in self._frames_in():
                 taken += 1
-                if self.pcap:
-                    self.pcap.write(frame)
-                self.backend.send(T.switch_port_for(ip, port, self.ports), frame)
+                if pcap:
+                    pcap.write(frame)
+                send(port, frame)
             self.stats["datagrams_in"] += taken
             self._deliver(self._advance())
         return taken
@@ -199,24 +262,37 @@ class SimServer:
             self.senders[source] = sock
         return self.senders[source]
 
+    def _route(self, addresses: bytes):
+        """((source IPv4, UDP port), socket that sends from it or None, destination) of a
+        frame by its `addresses`: IPv4 source and destination, UDP source and destination
+        port, as in the frame."""
+        route = self._routes.get(addresses)
+        if route is None:
+            if len(self._routes) >= 4096:
+                self._routes.clear()
+            src, dst, sport, dport = struct.unpack("!4s4sHH", addresses)
+            source = (W.ip_text(src), sport)
+            route = self._routes[addresses] = (source, self._sender(source),
+                                               (W.ip_text(dst), dport))
+        return route
+
     def _deliver(self, frames):
         """Send each frame the switch sent as a datagram from its source to its
         destination."""
         for _port, frame in frames:
             if self.pcap:
                 self.pcap.write(frame)
-            try:
-                src, dst, datagram = W.strip_frame(frame)
-            except struct.error:
+            if len(frame) < W.UDP_OFFSET + 4:
                 self.stats["undeliverable"] += 1
                 continue
-            sock = self._sender((src.ip, src.port))
+            source, sock, dst = self._route(frame[W.IP_OFFSET + 12:W.UDP_OFFSET + 4])
             if sock is None:
                 self.stats["undeliverable"] += 1
-                self.unsendable.add((src.ip, src.port))
+                self.unsendable.add(source)
                 continue
+            end = W.ETH_LEN + int.from_bytes(frame[W.IP_OFFSET + 2:W.IP_OFFSET + 4], "big")
             try:
-                sock.sendto(datagram, (dst.ip, dst.port))
+                sock.sendto(memoryview(frame)[W.BTH_OFFSET:end], dst)
                 self.stats["datagrams_out"] += 1
             except OSError:
                 self.stats["undeliverable"] += 1

@@ -4,7 +4,8 @@ Frames in, frames out. `GoldenSwitch.receive(port, frame, fill=0, null=None)` ap
 frame, in the order the switch commits frames (the end of the frame, then the lower port
 first), and returns the frames it sends as (port, frame) pairs; on each port they leave in
 that order. The RTL is checked against this model, and the host can use it as a switch where
-no compiler is available (`send`/`run` is the interface every backend has).
+no compiler is available (`send`/`run` is the interface every backend has). Frames are read
+and written by `sim.codec`, bit for bit in `host.wire`'s format.
 
 What the switch does, frame by frame:
 
@@ -61,81 +62,43 @@ What the switch does, frame by frame:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import struct
-from collections import deque
+
+import numpy as np
 
 from host import wire as W
+from sim.codec import (
+    BAD_ICRC,
+    BAD_IP_CHECKSUM,
+    BAD_LENGTH,
+    BAD_OPCODE,
+    NOT_ROCE,
+    OK,
+    OVERSIZE,
+    TRUNCATED,
+    Extension,
+    Header,
+    Request,
+    ResultTemplate,
+    contribution,
+    decode,
+    result_imm,
+)
 
-# Parser verdicts, in hw.headers.Verdict's order (the model does not import the gateware).
-OK, NOT_ROCE, TRUNCATED, BAD_LENGTH, BAD_IP_CHECKSUM, BAD_OPCODE, BAD_ICRC, OVERSIZE = range(8)
 VERDICT_COUNTERS = {
     NOT_ROCE: "drop_not_roce", TRUNCATED: "drop_truncated", BAD_LENGTH: "drop_bad_length",
     BAD_IP_CHECKSUM: "drop_bad_ip_checksum", BAD_OPCODE: "drop_bad_opcode",
     BAD_ICRC: "drop_bad_icrc", OVERSIZE: "drop_oversize",
 }
-MIN_ETHERNET_FRAME = 60
-
-# Extension header length after the BTH, by opcode, and opcodes that carry no payload.
-_RC_EXT = {0x00: 0, 0x01: 0, 0x02: 0, 0x03: 4, 0x04: 0, 0x05: 4, 0x06: 16, 0x07: 0, 0x08: 0,
-           0x09: 4, 0x0A: 16, 0x0B: 20, 0x0C: 16, 0x0D: 4, 0x0E: 0, 0x0F: 4, 0x10: 4, 0x11: 4}
-EXT_LENGTH = {**_RC_EXT, **{0x20 + op: n for op, n in _RC_EXT.items() if op <= 0x0B}, 0x81: 0}
-NO_PAYLOAD = {0x0C, 0x11}
-
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
-
-
-def _ones_sum(data: bytes) -> int:
-    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return total
 
 
 def parse(frame: bytes):
     """The parser's verdict on a frame, and (opcode, payload offset, payload length)."""
-    n = len(frame)
-    if n < W.IP_OFFSET:
-        return TRUNCATED, None
-    if frame[12:14] != b"\x08\x00":
-        return NOT_ROCE, None
-    if n < W.UDP_OFFSET:
-        return TRUNCATED, None
-    ip = frame[W.IP_OFFSET:W.UDP_OFFSET]
-    flags_frag = struct.unpack_from("!H", ip, 6)[0]
-    if ip[0] != 0x45 or flags_frag & 0x3FFF or ip[9] != 17:
-        return NOT_ROCE, None
-    if _ones_sum(ip) != 0xFFFF:
-        return BAD_IP_CHECKSUM, None
-    if n < W.BTH_OFFSET:
-        return TRUNCATED, None
-    if struct.unpack_from("!H", frame, W.UDP_OFFSET + 2)[0] != W.ROCEV2_PORT:
-        return NOT_ROCE, None
-    if n < W.BTH_OFFSET + W.BTH_LEN:
-        return TRUNCATED, None
-    opcode, flags = frame[W.BTH_OFFSET], frame[W.BTH_OFFSET + 1]
-    if flags & 0x0F:
-        return NOT_ROCE, None
-    if opcode not in EXT_LENGTH:
-        return BAD_OPCODE, None
-    total = struct.unpack_from("!H", ip, 2)[0]
-    ip_end = W.IP_OFFSET + total
-    if n < ip_end:
-        return TRUNCATED, None
-    udp_length = struct.unpack_from("!H", frame, W.UDP_OFFSET + 4)[0]
-    ext = EXT_LENGTH[opcode]
-    fixed = W.UDP_LEN + W.BTH_LEN + W.ICRC_LEN
-    padded = udp_length - fixed - ext
-    padcnt = (flags >> 4) & 3
-    length_ok = n == ip_end or (n == MIN_ETHERNET_FRAME and ip_end < MIN_ETHERNET_FRAME)
-    if (not length_ok or udp_length != total - W.IP_LEN or padded < 0 or padded % 4
-            or padded < padcnt or (opcode in NO_PAYLOAD and padded)):
-        return BAD_LENGTH, None
-    body_end = ip_end - W.ICRC_LEN
-    got = struct.unpack_from("<I", frame, body_end)[0]
-    if got != W.icrc(frame[W.IP_OFFSET:W.BTH_OFFSET], frame[W.BTH_OFFSET:body_end]):
-        return BAD_ICRC, None
-    return OK, (opcode, W.BTH_OFFSET + W.BTH_LEN + ext, padded - padcnt)
+    verdict, header = decode(frame)
+    return verdict, header and (header.opcode, header.start, header.length)
 
 
 @dataclasses.dataclass
@@ -175,35 +138,46 @@ class Job:
         return (self.completed + self.credits) & 0xFFFFFF
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class SlotCopy:
     """One version of a slot."""
 
     bitmap: int = 0
     count: int = 0                    # arrivals of the use in progress (0: none)
     data: int = 0                     # contributions of the use that carried data
-    lanes: list = dataclasses.field(default_factory=list)
+    sums: np.ndarray | None = None    # int64 lanes holding saturated int32 sums
     length: int = 0
     msn16: int = 0                    # low 16 bits of the use's MSN
     exponent: int = 0
     overflow: bool = False
 
+    def __eq__(self, other):
+        if not isinstance(other, SlotCopy):
+            return NotImplemented
+        pairs = ((getattr(self, f.name), getattr(other, f.name))
+                 for f in dataclasses.fields(self))
+        return all(np.array_equal(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray)
+                   else a == b for a, b in pairs)
 
-def _lanes(payload: bytes) -> list:
-    return list(struct.unpack(f"<{len(payload) // 4}i", payload))
+
+def _lanes(payload: bytes) -> np.ndarray:
+    """The int32 lanes of a payload, widened to int64 for saturating sums."""
+    return np.frombuffer(payload, "<i4").astype(np.int64)
+
+
+def _add_saturating(sums: np.ndarray, payload: bytes) -> bool:
+    """Add a payload's int32 lanes into `sums`, each lane saturating at the int32 range (the
+    aggregator's saturating adders); whether any lane saturated."""
+    np.add(sums, np.frombuffer(payload, "<i4"), out=sums)
+    if np.minimum.reduce(sums) >= INT32_MIN and np.maximum.reduce(sums) <= INT32_MAX:
+        return False
+    np.clip(sums, INT32_MIN, INT32_MAX, out=sums)
+    return True
 
 
 def _signed(v: int, bits: int) -> int:
     v &= (1 << bits) - 1
     return v - (1 << bits) if v >> (bits - 1) else v
-
-
-def _saturate(v: int) -> tuple[int, bool]:
-    if v > INT32_MAX:
-        return INT32_MAX, True
-    if v < INT32_MIN:
-        return INT32_MIN, True
-    return v, False
 
 
 class GoldenSwitch:
@@ -229,7 +203,8 @@ class GoldenSwitch:
         self.state = [[SlotCopy(), SlotCopy()] for _ in range(slots)]
         self.port_counters = [dict.fromkeys(W.PORT_COUNTERS, 0) for _ in range(ports)]
         self.job_counters = [dict.fromkeys(W.JOB_COUNTERS, 0) for _ in range(jobs)]
-        self._pending = deque()
+        self._pending = collections.deque()
+        self._templates = {}          # the result headers of each destination and length
 
     # --- the backend interface ------------------------------------------------------------
 
@@ -247,7 +222,8 @@ class GoldenSwitch:
     def drops_payload(self, frame: bytes, fill: int) -> bool:
         """Whether the ingress drops this frame's payload by priority (to a null
         contribution) when its queue holds `fill` bytes ahead of it."""
-        return _droppable(frame, *parse(frame)) and fill >= self._threshold(frame)
+        request = contribution(frame, decode(frame)[1])
+        return _droppable(request) and fill >= self._threshold(frame)
 
     def _threshold(self, frame: bytes) -> int:
         """The drop threshold of the frame's priority class (IPv4 DSCP >> 3)."""
@@ -263,10 +239,11 @@ class GoldenSwitch:
         if not 0 <= port < self.ports:
             raise ValueError(f"port {port} does not exist (ports 0..{self.ports - 1})")
         counters = self.port_counters[port]
-        verdict, info = parse(frame)
-        if verdict == OK and info[2] > self.queue_capacity:
-            verdict = OVERSIZE
-        droppable = _droppable(frame, verdict, info)
+        verdict, header = decode(frame)
+        if verdict == OK and header.length > self.queue_capacity:
+            verdict, header = OVERSIZE, None
+        request = contribution(frame, header)
+        droppable = _droppable(request)
         if null and not droppable:
             raise ValueError("only a droppable contribution that the parser takes can be null")
         if verdict != OK:
@@ -277,14 +254,12 @@ class GoldenSwitch:
             null = droppable and fill >= self._threshold(frame)
         if null:
             counters["drop_priority"] += 1
-        opcode, start, length = info
+        start, length = header.start, header.length
         payload = bytes(length) if null else frame[start:start + length]
-        pkt = W.parse_frame(frame[:W.IP_OFFSET + struct.unpack_from("!H", frame, 16)[0]])
-        dqpn = pkt.dqpn
-        if opcode == W.OP_CONTRIBUTION:
-            out = self._contribution(port, pkt, payload, bool(null))
-        elif opcode == W.OP_CONTROL and dqpn == W.CONTROL_QPN:
-            out = self._control(port, pkt, payload)
+        if request is not None:
+            out = self._contribution(port, header, *request, payload, bool(null))
+        elif header.opcode == W.OP_CONTROL and header.dqpn == W.CONTROL_QPN:
+            out = self._control(port, frame, payload)
         else:
             counters["drop_unhandled"] += 1
             out = []
@@ -292,43 +267,42 @@ class GoldenSwitch:
             self.port_counters[p]["tx"] += 1
         return out
 
-    def _contribution(self, port: int, pkt: W.Packet, payload: bytes, null: bool) -> list:
+    def _contribution(self, port: int, header: Header, reth: Extension, req: Request,
+                      payload: bytes, null: bool) -> list:
         length = len(payload)
         if not (4 <= length <= self.max_payload and length % 4 == 0
-                and pkt.dma_length == length):
+                and reth.dma_length == length):
             self.port_counters[port]["drop_bad_payload"] += 1
             return []
-        req = W.unpack_imm(W.REQUEST_IMM, pkt.imm)
-        j, rank, slot, version = req["job"], req["rank"], req["slot"], req["version"]
+        j, rank, slot, version = req.job, req.rank, req.slot, req.version
         if j >= self.jobs or not self.job[j].enable:
             self.port_counters[port]["drop_bad_job"] += 1
             return []
         job, counters = self.job[j], self.job_counters[j]
-        if rank >= job.workers or W.ip_to_int(pkt.src.ip) != job.table[rank].ip:
+        if rank >= job.workers or header.src_ip != job.table[rank].ip:
             counters["drop_bad_worker"] += 1
             return []
         index = job.slot_base + slot
         if slot >= job.slot_count or index >= self.slots:
             counters["drop_bad_slot"] += 1
             return []
-        msn = pkt.rkey
+        msn = reth.rkey
         if job.credits and _signed(msn - job.completed, 32) >= job.credits:
             counters["drop_credit"] += 1
             return []
-        copy = self.state[index][version]
+        copy, needed, ranks = self._aggregation(job, index, version, rank)
         bit = 1 << rank
         d = _signed(msn - copy.msn16, 16)
-        lanes = _lanes(payload)
         if copy.count == 0:
             if copy.bitmap and d == 0:
                 counters["replays"] += 1
-                return self._results(j, slot, version, copy, [rank], pkt.va)
+                return self._results(j, slot, version, copy, [rank], reth.va)
             if copy.bitmap and d < 0:
                 counters["drop_stale"] += 1
                 return []
             copy.bitmap, copy.count, copy.data = bit, 1, int(not null)
-            copy.lanes, copy.length, copy.msn16 = lanes, length, msn & 0xFFFF
-            copy.exponent, copy.overflow = req["exponent"], False
+            copy.sums, copy.length, copy.msn16 = _lanes(payload), length, msn & 0xFFFF
+            copy.exponent, copy.overflow = req.exponent, False
         elif d != 0:
             counters["drop_stale"] += 1
             return []
@@ -339,48 +313,68 @@ class GoldenSwitch:
             counters["drop_bad_length"] += 1
             return []
         else:
-            for i, v in enumerate(lanes):
-                copy.lanes[i], sat = _saturate(copy.lanes[i] + v)
-                copy.overflow |= sat
-            copy.exponent = max(copy.exponent, req["exponent"])
+            copy.overflow |= _add_saturating(copy.sums, payload)
+            copy.exponent = max(copy.exponent, req.exponent)
             copy.bitmap |= bit
             copy.count += 1
             copy.data += int(not null)
         counters["contributions"] += 1
-        if copy.count < job.needed:
+        if copy.count < needed:
             return []
         copy.count = 0
         counters["completed"] += 1
         job.completed = (job.completed + 1) & 0xFFFFFFFF
         counters["overflows"] += int(copy.overflow)
-        return self._results(j, slot, version, copy, range(job.workers), pkt.va)
+        return self._results(j, slot, version, copy, ranks, reth.va)
+
+    def _aggregation(self, job: Job, index: int, version: int, rank: int):
+        """Where a contribution of `rank` to slot `index` goes: the slot copy it adds to, the
+        contributions that complete a use of it, and the ranks its result goes to."""
+        return self.state[index][version], job.needed, range(job.workers)
+
+    def _clear(self, job: Job):
+        """The slot state of the job's slot range, and its COMPLETED, back to reset."""
+        job.completed = 0
+        for s in range(job.slot_base, min(job.slot_base + job.slot_count, self.slots)):
+            self.state[s] = [SlotCopy(), SlotCopy()]
 
     def _results(self, j: int, slot: int, version: int, copy: SlotCopy, ranks, offset: int):
+        """The result of a use of a slot copy, to each of `ranks` (RETH.va: the worker's base
+        address + `offset`)."""
         job = self.job[j]
-        imm = W.pack_imm(W.RESULT_IMM, job=j, count=copy.data,
-                         version=version, slot=slot, exponent=copy.exponent,
-                         overflow=int(copy.overflow))
-        lanes = struct.pack(f"<{len(copy.lanes)}i", *copy.lanes)
-        src = W.Endpoint(_ip_str(self.ip), self.udp_sport, self.mac)
+        imm = result_imm(j, copy.data, version, slot, copy.exponent, int(copy.overflow))
+        sums, limit = copy.sums.astype("<i4").tobytes(), job.limit
         out = []
         for rank in ranks:
             w = job.table[rank]
             if w.port >= self.ports:
                 continue                      # no such port: the result cannot leave
-            dst = W.Endpoint(_ip_str(w.ip), w.udp_port, w.mac)
-            pkt = W.Packet(W.OP_RESULT, w.qpn, job.limit, lanes, va=w.va + offset,
-                           rkey=w.rkey, imm=imm, src=src, dst=dst)
-            self.job_counters[j]["results"] += 1
-            out.append((w.port, pkt.frame()))
+            out.append((w.port, self._template(w, len(sums)).frame(limit, w.va + offset, imm,
+                                                                    sums)))
+        self.job_counters[j]["results"] += len(out)
         return out
+
+    def _template(self, w: Worker, length: int) -> ResultTemplate:
+        """The headers of results of `length` bytes to worker `w` (from the switch's MAC, IP
+        and UDP port; to the worker's MAC, IP, UDP port, QPN and R_Key)."""
+        key = (self.mac, self.ip, self.udp_sport, w.mac, w.ip, w.udp_port, w.qpn, w.rkey, length)
+        template = self._templates.get(key)
+        if template is None:
+            if len(self._templates) >= 4096:
+                self._templates.clear()
+            template = self._templates[key] = ResultTemplate(
+                (self.mac, self.ip, self.udp_sport), (w.mac, w.ip, w.udp_port), w.qpn, w.rkey,
+                length)
+        return template
 
     # --- control ----------------------------------------------------------------------------
 
-    def _control(self, port: int, pkt: W.Packet, payload: bytes) -> list:
+    def _control(self, port: int, frame: bytes, payload: bytes) -> list:
         if not 8 <= len(payload) <= 8 * W.MAX_CONTROL_RECORDS or len(payload) % 8:
             self.port_counters[port]["drop_bad_payload"] += 1
             return []
         self.port_counters[port]["control"] += 1
+        pkt = W.parse_frame(frame[:W.IP_OFFSET + struct.unpack_from("!H", frame, 16)[0]])
         replies = []
         for addr, value in W.unpack_records(payload):
             if addr & W.WRITE:
@@ -459,9 +453,7 @@ class GoldenSwitch:
             if off == W.JOB_CONFIG:
                 job.enable = bool(value >> 31)
                 job.workers = min(value & 0x3F, self.max_workers)
-                job.completed = 0
-                for s in range(job.slot_base, min(job.slot_base + job.slot_count, self.slots)):
-                    self.state[s] = [SlotCopy(), SlotCopy()]
+                self._clear(job)
             elif off == W.JOB_SLOT_BASE:
                 job.slot_base = value & 0xFFFF
             elif off == W.JOB_SLOT_COUNT:
@@ -495,16 +487,6 @@ class GoldenSwitch:
                 "jobs": [dict(c) for c in self.job_counters]}
 
 
-def _droppable(frame: bytes, verdict: int, info) -> bool:
+def _droppable(request: tuple[Extension, Request] | None) -> bool:
     """A contribution the parser takes, marked droppable in its ImmDt."""
-    return verdict == OK and info[0] == W.OP_CONTRIBUTION and bool(
-        W.unpack_imm(W.REQUEST_IMM, _contribution_imm(frame))["droppable"])
-
-
-def _contribution_imm(frame: bytes) -> int:
-    """The ImmDt of a contribution frame the parser took (after the BTH and the RETH)."""
-    return struct.unpack_from("!I", frame, W.BTH_OFFSET + W.BTH_LEN + W.RETH_LEN)[0]
-
-
-def _ip_str(ip: int) -> str:
-    return ".".join(str((ip >> s) & 0xFF) for s in (24, 16, 8, 0))
+    return request is not None and bool(request[1].droppable)

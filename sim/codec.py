@@ -1,0 +1,196 @@
+"""The golden model's frame codec: the parser's checks on a frame in one pass over its headers,
+and result frames written from per-destination header templates.
+
+Frames are those `host.wire` reads and writes, bit for bit (tests/test_codec.py compares
+them); this module only does it in few Python operations per frame:
+
+- `decode` applies the parser's checks (`hw.parser`) in the parser's order, with its
+  verdicts: those on the headers (one `struct` call reads them) are cached per headers and
+  frame length, which every frame of a sender repeats, so a frame costs a cache look-up;
+- the ICRC is one CRC-32 run: its lead and the masked headers from the IPv4 header to the
+  BTH's PSN (RoCEv2's masks: DSCP/ECN, TTL, the IPv4 and UDP checksums, BTH byte 4 set to
+  ones), whose CRC state is cached (a sender's packets share them), then the rest of the
+  packet;
+- `ResultTemplate` holds what every result to one worker shares (the headers up to the BTH's
+  PSN for one payload length, and the ICRC's state after them), so that a result is its
+  PSN, RETH and ImmDt, the payload and the ICRC.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import struct
+import zlib
+from typing import NamedTuple
+
+from host import wire as W
+
+# Parser verdicts, in hw.headers.Verdict's order (the model does not import the gateware).
+OK, NOT_ROCE, TRUNCATED, BAD_LENGTH, BAD_IP_CHECKSUM, BAD_OPCODE, BAD_ICRC, OVERSIZE = range(8)
+MIN_ETHERNET_FRAME = 60
+
+# Extension header length after the BTH, by opcode, and opcodes that carry no payload.
+_RC_EXT = {0x00: 0, 0x01: 0, 0x02: 0, 0x03: 4, 0x04: 0, 0x05: 4, 0x06: 16, 0x07: 0, 0x08: 0,
+           0x09: 4, 0x0A: 16, 0x0B: 20, 0x0C: 16, 0x0D: 4, 0x0E: 0, 0x0F: 4, 0x10: 4, 0x11: 4}
+EXT_LENGTH = {**_RC_EXT, **{0x20 + op: n for op, n in _RC_EXT.items() if op <= 0x0B}, 0x81: 0}
+NO_PAYLOAD = {0x0C, 0x11}
+
+# The headers the parser's checks read: from the EtherType to the BTH's destination QP
+# (IPv4 as ten 16-bit words). The checks read these and the frame's length, nothing else (the
+# ICRC aside): their outcome is cached per (headers, length), which a sender's frames share.
+HEADERS = struct.Struct("!H 10H HHHH BBHI")
+_CHECKED = slice(W.IP_OFFSET - 2, W.BTH_OFFSET + 8)
+_RETH_IMM = struct.Struct("!QIII")          # RETH (va, rkey, dma_length) and ImmDt
+_ICRC = struct.Struct("<I")
+_ICRC_LEAD = b"\xff" * 8                    # the LRH's place, all ones
+# The ICRC's masked headers: IPv4 (DSCP/ECN, TTL, header checksum), UDP (checksum), the BTH up
+# to its PSN (byte 4, reserved).
+ICRC_HEADERS = W.IP_LEN + W.UDP_LEN + 8
+_ICRC_MASK = int.from_bytes(bytes.fromhex("00ff" "0000" "0000" "0000" "ff00" "ffff"
+                                          "00000000" "00000000" "0000" "0000" "0000" "ffff"
+                                          "00000000" "ff000000"), "big")
+
+
+class Header(NamedTuple):
+    """What the switch reads from a frame its parser takes."""
+
+    opcode: int
+    dqpn: int
+    start: int          # offset of the payload in the frame
+    length: int         # payload bytes (pad excluded)
+    src_ip: int
+
+
+class Extension(NamedTuple):
+    """RETH and ImmDt of a WRITE with Immediate (a contribution)."""
+
+    va: int
+    rkey: int
+    dma_length: int
+    imm: int
+
+
+@functools.lru_cache(maxsize=4096)
+def icrc_state(headers: bytes) -> int:
+    """The ICRC's CRC-32 state after its lead and a packet's first ICRC_HEADERS bytes from its
+    IPv4 header, masked; the ICRC is `zlib.crc32(rest, state)` over the rest of the packet
+    (the ICRC excluded). Cached: a sender's packets to one destination share them."""
+    masked = (int.from_bytes(headers, "big") | _ICRC_MASK).to_bytes(ICRC_HEADERS, "big")
+    return zlib.crc32(_ICRC_LEAD + masked)
+
+
+def decode(frame: bytes) -> tuple[int, Header | None]:
+    """The parser's verdict on a frame, and its `Header` when the verdict is OK."""
+    verdict, header, body_end, state = checks(bytes(frame[_CHECKED]), len(frame))
+    if verdict == OK and _ICRC.unpack_from(frame, body_end)[0] != zlib.crc32(
+            frame[W.IP_OFFSET + ICRC_HEADERS:body_end], state):
+        return BAD_ICRC, None
+    return verdict, header
+
+
+@functools.lru_cache(maxsize=4096)
+def checks(headers: bytes, n: int) -> tuple[int, Header | None, int, int]:
+    """The parser's checks but the ICRC, in its order, on a frame of `n` bytes whose bytes
+    from its EtherType to its BTH's destination QP are `headers`: the verdict, and when it is
+    OK, the frame's `Header`, where its ICRC is, and the ICRC's state after the headers."""
+    if n < W.IP_OFFSET:
+        return TRUNCATED, None, 0, 0
+    # zeros beyond the frame are only read after a length check has failed
+    (ethertype, *ip, _sport, dport, udp_length, _udp_checksum, opcode, flags, _pkey,
+     dqpn) = HEADERS.unpack(headers + bytes(HEADERS.size - len(headers)))
+    if ethertype != 0x0800:
+        return NOT_ROCE, None, 0, 0
+    if n < W.UDP_OFFSET:
+        return TRUNCATED, None, 0, 0
+    if ip[0] >> 8 != 0x45 or ip[3] & 0x3FFF or ip[4] & 0xFF != 17:
+        return NOT_ROCE, None, 0, 0
+    if _ones_sum(ip) != 0xFFFF:
+        return BAD_IP_CHECKSUM, None, 0, 0
+    if n < W.BTH_OFFSET:
+        return TRUNCATED, None, 0, 0
+    if dport != W.ROCEV2_PORT:
+        return NOT_ROCE, None, 0, 0
+    if n < W.BTH_OFFSET + W.BTH_LEN:
+        return TRUNCATED, None, 0, 0
+    if flags & 0x0F:
+        return NOT_ROCE, None, 0, 0
+    ext = EXT_LENGTH.get(opcode)
+    if ext is None:
+        return BAD_OPCODE, None, 0, 0
+    total = ip[1]
+    ip_end = W.IP_OFFSET + total
+    if n < ip_end:
+        return TRUNCATED, None, 0, 0
+    padded = udp_length - (W.UDP_LEN + W.BTH_LEN + W.ICRC_LEN) - ext
+    padcnt = (flags >> 4) & 3
+    length_ok = n == ip_end or (n == MIN_ETHERNET_FRAME and ip_end < MIN_ETHERNET_FRAME)
+    if (not length_ok or udp_length != total - W.IP_LEN or padded < 0 or padded % 4
+            or padded < padcnt or (opcode in NO_PAYLOAD and padded)):
+        return BAD_LENGTH, None, 0, 0
+    header = Header(opcode, dqpn & 0xFFFFFF, W.BTH_OFFSET + W.BTH_LEN + ext, padded - padcnt,
+                    (ip[6] << 16) | ip[7])
+    return OK, header, ip_end - W.ICRC_LEN, icrc_state(headers[2:])
+
+
+Request = collections.namedtuple("Request", [name for name, _, _ in W.REQUEST_IMM])
+
+
+def contribution(frame: bytes, header: Header | None) -> tuple[Extension, Request] | None:
+    """The RETH and ImmDt of a contribution `decode` took, and its ImmDt's REQUEST_IMM
+    fields; None for any other frame."""
+    if header is None or header.opcode != W.OP_CONTRIBUTION:
+        return None
+    reth = Extension._make(_RETH_IMM.unpack_from(frame, W.BTH_OFFSET + W.BTH_LEN))
+    return reth, request(reth.imm)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def request(imm: int) -> Request:
+    """The REQUEST_IMM fields of an ImmDt (cached: a worker's contributions repeat them)."""
+    return Request(**W.unpack_imm(W.REQUEST_IMM, imm))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def result_imm(job: int, count: int, version: int, slot: int, exponent: int,
+               overflow: int) -> int:
+    """A result's ImmDt (RESULT_IMM; cached: a slot's results repeat it)."""
+    return W.pack_imm(W.RESULT_IMM, job=job, count=count, version=version, slot=slot,
+                      exponent=exponent, overflow=overflow)
+
+
+def _ones_sum(words) -> int:
+    total = sum(words)
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return total
+
+
+# What follows the first 8 bytes of a result's BTH: its PSN, the RETH and the ImmDt.
+_RESULT_TAIL = struct.Struct("!IQIII")
+
+
+class ResultTemplate:
+    """Every result to one destination with one payload length: from the switch's (mac, ip,
+    udp port) to the worker's (mac, ip, udp port, qpn, rkey). The headers up to the BTH's
+    PSN are the same in every such result, and so is the ICRC's state after them (BTH byte 4
+    masked); `frame` writes the rest."""
+
+    def __init__(self, src: tuple[int, int, int], dst: tuple[int, int, int], qpn: int,
+                 rkey: int, length: int):
+        (src_mac, src_ip, sport), (dst_mac, dst_ip, dport) = src, dst
+        ip_udp = W.ip_udp_header(W.ip_text(src_ip.to_bytes(4, "big")),
+                                 W.ip_text(dst_ip.to_bytes(4, "big")), sport, dport,
+                                 W.BTH_LEN + W.RETH_LEN + W.IMM_LEN + length + W.ICRC_LEN)
+        headers = ip_udp + W.bth(W.OP_RESULT, qpn, 0)[:8]
+        self.head = dst_mac.to_bytes(6, "big") + src_mac.to_bytes(6, "big") + b"\x08\x00" \
+            + headers
+        self.state = icrc_state(headers)
+        self.rkey, self.length = rkey & 0xFFFFFFFF, length
+
+    def frame(self, psn: int, va: int, imm: int, payload: bytes) -> bytes:
+        """A result: BTH.psn `psn`, RETH.va `va`, ImmDt `imm`, `payload` (the sums)."""
+        tail = _RESULT_TAIL.pack(psn & 0xFFFFFF, va & 0xFFFFFFFFFFFFFFFF, self.rkey,
+                                 self.length, imm)
+        crc = zlib.crc32(payload, zlib.crc32(tail, self.state))
+        return b"".join((self.head, tail, payload, _ICRC.pack(crc)))

@@ -1,0 +1,177 @@
+"""The echo switch (sim.echo): each contribution answered at once, to its sender alone, with
+the result a job of one worker gives; the golden model's control path and checks. Over UDP
+through `SimServer`, read with scapy; and `sim.bench` measuring it."""
+
+from __future__ import annotations
+
+import random
+import select
+import socket
+import uuid
+
+import numpy as np
+import pytest
+from scapy.contrib.roce import BTH
+from scapy.layers.inet import IP, UDP
+
+from host import SwitchControl, Worker
+from host import wire as W
+from host.serve import SimServer, make_backend
+from host.transport import IP_MTU_DISCOVER, IP_PMTUDISC_DO, switch_port_for
+from sim.bench import contributions_per_second
+from sim.echo import EchoSwitch
+from sim.golden import GoldenSwitch
+from tests.frames import RETH, ImmDt
+from tests.switch_traffic import (
+    SWITCH_IP,
+    control_frame,
+    dissect,
+    job_config_records,
+    make_workers,
+    scapy_rebuilds,
+    switch_records,
+)
+
+JOB, SLOT_BASE, SLOTS, CREDITS = 1, 4, 8, 3
+
+
+class Sender:
+    """A worker at the wire level: a UDP socket (Don't Fragment: the canonical IPv4 header the
+    ICRC covers), its rank and its job-table entry."""
+
+    def __init__(self, rank: int, server: SimServer):
+        self.rank, self.server = rank, server
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
+        self.sock.bind(("127.0.0.1", 0))
+        self.local = W.Endpoint(*self.sock.getsockname())
+        self.qpn, self.rkey, self.va = 0x120 + rank, 0xACE00000 + rank, (rank + 1) << 36
+
+    def row(self) -> list:
+        """Its job-table entry, as (register, value) pairs."""
+        port = switch_port_for(self.local.ip, self.local.port, self.server.ports)
+        return [(W.worker_reg(JOB, self.rank, reg), value) for reg, value in (
+            (W.WORKER_PORT, (port << 16) | self.local.port),
+            (W.WORKER_IP, W.ip_to_int(self.local.ip)), (W.WORKER_QPN, self.qpn),
+            (W.WORKER_RKEY, self.rkey), (W.WORKER_VA_HI, self.va >> 32),
+            (W.WORKER_VA_LO, self.va & 0xFFFFFFFF))]
+
+    def send(self, slot: int, version: int, lanes: np.ndarray, msn: int, **kw):
+        pkt = W.contribution(job=JOB, rank=self.rank, slot=slot, version=version,
+                             offset=0x40 * slot, lanes=lanes.astype("<i4").tobytes(),
+                             psn=100 + msn, src=self.local, dst=W.Endpoint(*self.server.address),
+                             msn=msn, **kw)
+        self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, pkt.dscp << 2)
+        self.sock.sendto(pkt.datagram(), self.server.address)
+
+    def result(self, timeout: float = 2.0):
+        """The next datagram: scapy's reading of it (as a frame with the canonical headers,
+        whose ICRC scapy recomputes to the same bytes) and where it came from."""
+        ready, _, _ = select.select([self.sock], [], [], timeout)
+        assert ready, f"rank {self.rank}: no result"
+        data, sender = self.sock.recvfrom(4096)
+        frame = W.wrap_datagram(W.Endpoint(*sender), self.local, data)
+        assert scapy_rebuilds(frame)
+        return dissect(frame), sender
+
+    def nothing_waiting(self) -> bool:
+        return not select.select([self.sock], [], [], 0.2)[0]
+
+
+def check_result(pkt, sender: Sender, slot: int, version: int, lanes, exponent: int,
+                 psn: int, count: int = 1):
+    """A result field by field: the sender's own lanes, count 1, its exponent, addressed from
+    its job-table entry, the credit limit in BTH.psn."""
+    bth = pkt[BTH]
+    body = bytes(bth.payload)
+    reth, imm = RETH(body[:16]), W.unpack_imm(W.RESULT_IMM, ImmDt(body[16:20]).data)
+    assert pkt[IP].dst == sender.local.ip and pkt[UDP].dport == sender.local.port
+    assert bth.opcode == W.OP_RESULT and bth.dqpn == sender.qpn and bth.psn == psn
+    assert reth.va == sender.va + 0x40 * slot and reth.rkey == sender.rkey
+    assert reth.dma_length == 4 * len(lanes)
+    assert imm == {"job": JOB, "count": count, "version": version, "slot": slot,
+                   "exponent": exponent, "overflow": 0}
+    assert np.array_equal(np.frombuffer(body[20:], "<i4"), lanes)
+
+
+def test_each_contribution_is_answered_at_once_to_its_sender_alone():
+    """Two ranks of a job: rank 0's contribution is answered before rank 1 sends, each with
+    its own lanes; a retransmission is a replay with the current credit limit, an older
+    message is dropped, a null is answered with zeros and count 0, and the counters and
+    COMPLETED count a use per contribution."""
+    with SimServer(make_backend("echo", jobs=2, max_workers=4, slots=16)).start() as server:
+        senders = [Sender(r, server) for r in range(2)]
+        ctl = SwitchControl(server.url)
+        ctl.write([(W.REG_IP, W.ip_to_int(server.bound_ip))]
+                  + [pair for s in senders for pair in s.row()]
+                  + [(W.job_reg(JOB, W.JOB_SLOT_BASE), SLOT_BASE),
+                     (W.job_reg(JOB, W.JOB_SLOT_COUNT), SLOTS),
+                     (W.job_reg(JOB, W.JOB_CREDITS), CREDITS),
+                     (W.job_reg(JOB, W.JOB_CONFIG), (1 << 31) | 2)])
+        rng = np.random.default_rng(5)
+        lanes = [rng.integers(-2**31, 2**31, 200, dtype=np.int64).astype(np.int32)
+                 for _ in senders]
+        for s, x in zip(senders, lanes):            # each answered before the next sends
+            s.send(slot=2, version=0, lanes=x, msn=2, exponent=s.rank - 3)
+            pkt, source = s.result()
+            assert source == (server.bound_ip, 0xC000)
+            check_result(pkt, s, 2, 0, x, s.rank - 3, psn=s.rank + 1 + CREDITS)
+        assert all(s.nothing_waiting() for s in senders)     # to the sender alone
+        a = senders[0]
+        a.send(slot=2, version=0, lanes=lanes[0], msn=2, exponent=-3)      # retransmission
+        check_result(a.result()[0], a, 2, 0, lanes[0], -3, psn=2 + CREDITS)
+        a.send(slot=2, version=0, lanes=lanes[0], msn=1)                   # older: dropped
+        assert a.nothing_waiting()
+        ctl.write([(W.drop_threshold(0), 0)])          # class 0 droppable: always nulled
+        a.send(slot=2, version=0, lanes=lanes[0], msn=4, droppable=True)   # within credit
+        check_result(a.result()[0], a, 2, 0, np.zeros(200, np.int32), 0, psn=3 + CREDITS,
+                     count=0)
+        c = ctl.counters(jobs=[JOB])["jobs"][JOB]
+        assert (c["contributions"], c["completed"], c["replays"], c["drop_stale"],
+                c["results"]) == (3, 3, 1, 1, 4)
+        assert ctl.read(W.job_reg(JOB, W.JOB_COMPLETED)) == [3]
+        ctl.close()
+        for s in senders:
+            s.sock.close()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_results_are_those_of_a_job_of_one_worker(seed):
+    """Frame for frame, the echo switch answers a rank of a job of three as the golden model
+    answers the same rank alone in a job of one (both from the rank's first use on)."""
+    rng = random.Random(seed)
+    [w] = make_workers(0, 1, 2, rng, slot_count=SLOTS)
+    echo, golden = EchoSwitch(ports=2, jobs=1, max_workers=4), GoldenSwitch(ports=2, jobs=1)
+    others = make_workers(0, 3, 2, rng, slot_count=SLOTS)[1:]           # ranks 1 and 2
+    for sw, ws in ((echo, [w, *others]), (golden, [w])):
+        for records in (switch_records(), job_config_records(0, ws, 0, SLOTS, SLOTS)):
+            sw.receive(0, control_frame(records))
+    for use in range(3):
+        for slot in rng.sample(range(SLOTS), SLOTS):
+            lanes = np.array([rng.randrange(-2**31, 2**31) for _ in range(64)], np.int32)
+            frame = w.contribution(slot, use % 2, 64 * slot, lanes, use,
+                                   exponent=rng.randrange(-8, 8))
+            expected = golden.receive(w.port, frame)
+            assert len(expected) == 1 and echo.receive(w.port, frame) == expected
+            assert dissect(expected[0][1])[IP].src == SWITCH_IP
+
+
+def test_a_worker_alone_gets_what_the_golden_model_gives():
+    """host.Worker, world size 1, over UDP: int32 exact, floats bit for bit the golden
+    model's."""
+    rng = np.random.default_rng(1)
+    ints = rng.integers(-2**24, 2**24, 5000, dtype=np.int32)
+    floats = rng.standard_normal(3000).astype(np.float32)
+    got = {}
+    for name in ("echo", "golden"):
+        with SimServer(make_backend(name)).start() as server:
+            with Worker(0, 1, server.url, session=uuid.uuid4().hex, timeout=10) as w:
+                got[name] = (w.allreduce(ints, timeout=20), w.allreduce(floats, timeout=20))
+    assert np.array_equal(got["echo"][0], ints)
+    assert np.array_equal(got["echo"][1], got["golden"][1])
+
+
+def test_bench_measures_the_echo_switch():
+    r = contributions_per_second("echo", senders=2, seconds=0.5, warmup=0.2)
+    assert r["errors"] == 0 and r["contributions"] > 0
+    assert r["contributions_per_second"] == r["contributions"] / r["seconds"]
