@@ -10,14 +10,12 @@ per-packet cycles, and the core's deepest paths (42 MHz after placement) meet it
 
 Size: one job of up to four workers, 64 slots (as many as the block RAM allows: each 16
 slots of 1 KB payloads take about 17 of the 108 block RAMs), 16 header entries per ingress
-queue, the ICRC in the MACs: 19,782 LUT4 positions of 43,848 (45 %), 11,978 flip-flops,
-94 block RAMs. Every clock meets its constraint after routing (core 42.9 MHz against 25,
-eth_tx 194.7, eth0_rx 200.8, eth1_rx 191.8 against 125). Routing takes router2 262 passes
+queue, the ICRC in the MACs: 19,686 LUT4 positions of 43,848 (45 %), 12,022 flip-flops,
+94 block RAMs. Every clock meets its constraint after routing (core 47.3 MHz against 25,
+eth_tx 191.9, eth0_rx 197.4, eth1_rx 191.8 against 125). Routing takes router2 371 passes
 with its alternative weights and a present-congestion weight that grows by 0.05 a pass
 (``router2/currCongWeightMult``, a setting `bitstreams.build` writes into the netlist).
-The alternative weights alone keep that weight fixed; with them alone the build had needed a
-chosen seed (``--seed 3``: 846 passes). The build takes 19 minutes on 2 cores, beside the
-Colorlight's.
+The build takes about 18 minutes on 2 cores, beside the Colorlight's.
 """
 
 from amaranth_boards.versa_ecp5_5g import VersaECP55GPlatform
