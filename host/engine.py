@@ -206,6 +206,7 @@ class Engine:
         if not self.joined:
             self._poll_join()
             return
+        started = False
         for st in self.slots:
             if st.inflight is None and st.queue and st.queue[0].ready():
                 msn = st.next_msn()
@@ -213,6 +214,10 @@ class Engine:
                     self.stats["credit_waits"] += 1
                     continue
                 self._start(st, st.queue.popleft(), msn)
+                started = True
+        if started:     # the most packets in flight at once (only starting adds to them)
+            sent = sum(1 for s in self.slots if s.inflight is not None and s.inflight.packet)
+            self.stats["max_inflight"] = max(self.stats["max_inflight"], sent)
 
     def _start(self, st: SlotState, m: Message, msn: int):
         st.begin(m, msn)
@@ -235,8 +240,6 @@ class Engine:
             self.stats["waited_uses"] += 1
             return
         m.packet = self._packet(m)
-        sent = sum(1 for s in self.slots if s.inflight is not None and s.inflight.packet)
-        self.stats["max_inflight"] = max(self.stats["max_inflight"], sent)
         self._transmit(m)
 
     def _packet(self, m: Message) -> W.Packet:

@@ -152,21 +152,29 @@ def ipv4_checksum(header: bytes) -> int:
     return ~total & 0xFFFF
 
 
-def icrc(ip_udp: bytes, transport: bytes) -> int:
-    """The ICRC of a packet: `ip_udp` its IPv4 and UDP headers (28 bytes), `transport` the BTH
-    onwards (payload and pad included, ICRC excluded). Masked fields are set to 0xFF here."""
+@functools.lru_cache(maxsize=4096)
+def _icrc_prefix(ip_udp: bytes) -> int:
+    """The CRC state after the ICRC's first 36 bytes: 8 bytes of 0xFF and the IPv4 and UDP
+    headers with their variant fields masked (cached: a worker's headers repeat)."""
     ip = bytearray(ip_udp[:IP_LEN])
     ip[1] = ip[8] = ip[10] = ip[11] = 0xFF
     udp = bytearray(ip_udp[IP_LEN:IP_LEN + UDP_LEN])
     udp[6] = udp[7] = 0xFF
-    bth = bytearray(transport[:BTH_LEN])
-    bth[4] = 0xFF
-    return zlib.crc32(b"\xff" * 8 + ip + udp + bth + transport[BTH_LEN:])
+    return zlib.crc32(b"\xff" * 8 + ip + udp)
 
 
+def icrc(ip_udp: bytes, transport: bytes) -> int:
+    """The ICRC of a packet: `ip_udp` its IPv4 and UDP headers (28 bytes), `transport` the BTH
+    onwards (payload and pad included, ICRC excluded). Masked fields are set to 0xFF here."""
+    crc = zlib.crc32(transport[:4] + b"\xff", _icrc_prefix(bytes(ip_udp)))
+    return zlib.crc32(transport[5:], crc)
+
+
+@functools.lru_cache(maxsize=4096)
 def ip_udp_header(src, dst, sport: int, dport: int, udp_payload_len: int, dscp: int = 0) -> bytes:
     """The canonical IPv4 (identification 0, DF, TTL 64, checksum computed) and UDP
-    (checksum 0) headers for a datagram of `udp_payload_len` bytes."""
+    (checksum 0) headers for a datagram of `udp_payload_len` bytes (cached: a worker's
+    repeat)."""
     total = IP_LEN + UDP_LEN + udp_payload_len
     ip = struct.pack("!BBHHHBBH4s4s", 0x45, dscp << 2, total, 0, IP_FLAGS_DF, TTL, 17, 0,
                      ip_packed(src), ip_packed(dst))
