@@ -176,9 +176,9 @@ def demo(workers: int = 4, nodes: int = 2, values: int = 2_000_000, backend: str
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from host.control import SwitchControl
     from host.probe import sources
     from host.serve import SimServer, make_backend
-    from host.worker import SwitchControl
 
     console = Console(stderr=True, quiet=as_json)
     server = None

@@ -30,7 +30,8 @@ import uuid
 import numpy as np
 
 from host import wire as W
-from host.worker import SwitchControl, Worker
+from host.control import SwitchControl
+from host.worker import Worker
 
 # Layer priorities: the first layer's weights (most of the gradient) in the default class,
 # its biases and the output layer higher.

@@ -71,7 +71,7 @@ from host import netif
 from host import numerics as N
 from host import transport as T
 from host import wire as W
-from host.control import ControlChannel
+from host.control import SwitchControl, make_transport, read_params
 from host.engine import Engine, JoinCheck
 from host.errors import NetaggError, NetaggTimeout
 from host.messages import DEFAULT_PRIORITY, Work
@@ -93,84 +93,12 @@ def _queue_pair() -> int:
     return random.SystemRandom().randrange(0x100, 1 << 24)
 
 
-def read_params(control: ControlChannel) -> dict:
-    """The switch's identity, size and own addresses, through the control path; `port` is the
-    switch port the request came in by."""
-    names = ("magic", "params", "slots", "max_payload", "mac_hi", "mac_lo", "ip", "udp_sport",
-             "port")
-    values = dict(zip(names, (v for _, v in control.request(
-        [(a, 0) for a in (W.REG_MAGIC, W.REG_PARAMS, W.REG_SLOTS, W.REG_MAX_PAYLOAD,
-                          W.REG_MAC_HI, W.REG_MAC_LO, W.REG_IP, W.REG_UDP_SPORT,
-                          W.REG_PORT)]))))
-    if values["magic"] != W.MAGIC:
-        raise NetaggError(f"the switch answered with magic {values['magic']:#x}, not "
-                          f"netagg's {W.MAGIC:#x}")
-    params = values["params"]
-    return {"ports": params >> 24, "jobs": (params >> 16) & 0xFF,
-            "max_workers": (params >> 8) & 0xFF, "width": 64 * (params & 0xFF),
-            "slots": values["slots"], "max_payload": values["max_payload"],
-            "mac": values["mac_hi"] << 32 | values["mac_lo"], "ip": _ip_str(values["ip"]),
-            "udp_sport": values["udp_sport"], "port": values["port"]}
-
-
-def _make_transport(switch, ip: str | None, paths: int = 1, bind: str | None = None):
-    if isinstance(switch, T.Transport):
-        if paths != 1 and switch.paths != paths:
-            raise ValueError(f"the transport given has {switch.paths} paths, not {paths}")
-        return switch
-    if isinstance(switch, str):
-        return T.UdpTransport(switch, bind_ip=bind, paths=paths)
-    if hasattr(switch, "send") and (hasattr(switch, "run") or isinstance(switch, T.InProcessHub)):
-        return T.InProcessTransport(switch, ip=ip, paths=paths)
-    raise TypeError(f"switch must be 'udp://host:port', a backend or a Transport, not {switch!r}")
-
-
-class SwitchControl:
-    """The switch's registers through control packets: the same code for the simulated and
-    the real switch. `switch` as for `Worker`."""
-
-    def __init__(self, switch, timeout: float = 5.0, ip: str = "10.0.255.254"):
-        self.transport = _make_transport(switch, ip)
-        self.control = ControlChannel(self.transport, timeout=timeout)
-        self.params = self.read_params()
-
-    def read(self, *addresses) -> list[int]:
-        return [v for _, v in self.control.request([(a, 0) for a in addresses])]
-
-    def write(self, pairs) -> list[int]:
-        """Write (address, value) pairs; returns the values read back."""
-        return [v for _, v in self.control.request([(a | W.WRITE, v) for a, v in pairs])]
-
-    def read_params(self) -> dict:
-        return read_params(self.control)
-
-    def counters(self, ports=None, jobs=None) -> dict:
-        """Port and job counters, by name."""
-        ports = range(self.params["ports"]) if ports is None else ports
-        jobs = range(self.params["jobs"]) if jobs is None else jobs
-        out = {"ports": {}, "jobs": {}}
-        for p in ports:
-            vals = self.read(*[W.port_counter(p, n) for n in W.PORT_COUNTERS])
-            out["ports"][p] = dict(zip(W.PORT_COUNTERS, vals))
-        for j in jobs:
-            vals = self.read(*[W.job_counter(j, n) for n in W.JOB_COUNTERS])
-            out["jobs"][j] = dict(zip(W.JOB_COUNTERS, vals))
-        return out
-
-    def close(self):
-        self.transport.close()
-
-
 def _per_tensor(value, n: int, name: str) -> list:
     if isinstance(value, (list, tuple)):
         if len(value) != n:
             raise ValueError(f"{name} has {len(value)} values for {n} tensors")
         return list(value)
     return [value] * n
-
-
-def _ip_str(ip: int) -> str:
-    return ".".join(str((ip >> s) & 0xFF) for s in (24, 16, 8, 0))
 
 
 class Handle:
@@ -240,7 +168,7 @@ class Worker:
         self._closed = False
         ip = f"10.{1 + self.switch_job}.{self.switch_rank // 250}.{self.switch_rank % 250 + 1}"
         T.Sprayer(paths, spray)        # checks both before any socket opens
-        transport = _make_transport(switch, ip, paths, bind)
+        transport = make_transport(switch, ip, paths, bind)
         if faults:
             transport = T.LossyTransport(transport, **faults)
         self.transport = transport
