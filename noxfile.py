@@ -21,13 +21,15 @@ def lint(session):
 @nox.session
 def bench(session):
     """The datapath and switch line-rate benchmarks, allreduce through the RTL (with the
-    simulator's Python-driven against C++ cycles per second), and allreduce under congestion
-    (priority drop off and on, spraying). Arguments go to the datapath's."""
-    session.install("-e", ".")
+    simulator's Python-driven against C++ cycles per second), allreduce under congestion
+    (priority drop off and on, spraying), and the host software alone beside torch's gloo.
+    Arguments go to the datapath's."""
+    session.install("-e", ".[bench]")
     session.run("netagg", "bench", "datapath", *session.posargs)
     session.run("netagg", "bench", "switch")
     session.run("netagg", "bench", "allreduce", "--backend", "rtl", "--sizes", "64K,1M")
     session.run("netagg", "bench", "congestion")
+    session.run("netagg", "bench", "host")
 
 
 @nox.session

@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="run a benchmark and print its figures")
     bench.add_argument("what", choices=["datapath", "switch", "allreduce", "congestion",
-                                        "board"])
+                                        "board", "host"])
     bench.add_argument("--ports", type=int, default=4, help="switch: ports")
     bench.add_argument("--width", type=int, default=512, help="switch: bits per port")
     bench.add_argument("--rounds", type=int, default=4,
@@ -105,8 +105,9 @@ def main(argv=None) -> int:
                        help="datapath: widths in bits, comma-separated")
     bench.add_argument("--sizes", default=None,
                        help="allreduce: tensor sizes (e.g. 4K,1M); default 4 KB..64 MB, "
-                            "capped at 4 MB for the golden model, 1 MB for the RTL")
-    bench.add_argument("--workers", type=int, default=4, help="allreduce: workers")
+                            "capped at 4 MB for the golden model, 1 MB for the RTL; "
+                            "host: default 1M,8M,32M")
+    bench.add_argument("--workers", type=int, default=4, help="allreduce, host: workers")
     bench.add_argument("--backend", choices=["golden", "rtl"], default="golden")
     bench.add_argument("--transports", default="inproc,udp", help="allreduce: inproc,udp")
     bench.add_argument("--paths", default="1,2,4",
@@ -208,6 +209,13 @@ def main(argv=None) -> int:
                      if s <= MAX_DEFAULT_SIZE.get(args.backend, s)]
         report = bench_allreduce(sizes, workers=args.workers, backend=args.backend,
                                  transports=args.transports.split(","), quiet=args.json)
+        if args.json:
+            print(json.dumps(report))
+        return 0
+    if args.command == "bench" and args.what == "host":
+        from host.bench_host import bench_host
+        report = bench_host([_size(s) for s in args.sizes.split(",")] if args.sizes else None,
+                            workers=args.workers)
         if args.json:
             print(json.dumps(report))
         return 0
