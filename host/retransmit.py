@@ -2,10 +2,13 @@
 
 A packet without its answer after its retransmission timeout (RTO) is sent again, its
 timeout doubled per retry up to `rto_max`. A first sending's timeout is the estimator's RTO:
-`rto_initial` until a round trip is measured, then the smoothed round trip plus four times
-its mean deviation (gains 1/8 and 1/4, as TCP's RFC 6298), kept within `rto_min` ..
-`rto_max`. Only a packet answered after its first sending is measured: the answer to a
-retransmitted one may be the first copy's (Karn's rule).
+`rto_initial` until a round trip is measured, then the smoothed round trip plus the larger of
+four times its mean deviation and `rto_min` (gains 1/8 and 1/4; RFC 6298's form, with
+`rto_min` where it has the clock granularity, as Linux does), at most `rto_max`. The margin
+on top of the round trip matters where a full window queues at the switch: round trips then
+change slowly and their deviation stays small, and a timeout near the mean itself sent
+half the packets again. Only a packet answered after its first sending is measured: the
+answer to a retransmitted one may be the first copy's (Karn's rule).
 
 Cost: a float pair per estimator, four numbers per packet awaiting its answer.
 """
@@ -32,7 +35,7 @@ class RttEstimator:
         else:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
             self.srtt = 0.875 * self.srtt + 0.125 * rtt
-        self.rto = min(self.rto_max, max(self.rto_min, self.srtt + 4 * self.rttvar))
+        self.rto = min(self.rto_max, self.srtt + max(self.rto_min, 4 * self.rttvar))
 
     def answered(self, timer: RetransmitTimer, now: float):
         """A packet's answer arrived at `now`: its round trip is a sample if it was sent
