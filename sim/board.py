@@ -41,6 +41,7 @@ from hw.headers import ROCEV2_PORT
 from .verilated import (
     ContractError,
     Harness,
+    LoadedModel,
     Signals,
     build_library,
     build_seconds,
@@ -131,7 +132,7 @@ def _load(library: Path) -> ctypes.CDLL:
     return lib
 
 
-class BoardSim:
+class BoardSim(LoadedModel):
     """`board`'s model (see the module docstring), built or taken from the cache, and reset.
 
     `serve` clocks it against one file descriptor per port, each carrying whole Ethernet
@@ -151,6 +152,7 @@ class BoardSim:
         self._lib = _load(self.library)
         self.ports = self._lib.nb_ports()
         self._stats = (ctypes.c_int64 * (1 + self.ports * len(PORT_STATS)))()
+        self._destroy = self._lib.nb_destroy
         self._h = self._lib.nb_create(self.ratio, self.tail)
         self.reset()
 
@@ -185,20 +187,6 @@ class BoardSim:
         return {"cycles": values[0],
                 "ports": [dict(zip(PORT_STATS, values[1 + n * width:1 + (n + 1) * width]))
                           for n in range(self.ports)]}
-
-    def close(self) -> None:
-        if getattr(self, "_h", None):
-            self._lib.nb_destroy(self._h)
-            self._h = None
-
-    def __del__(self):
-        self.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def _say(text: str) -> None:

@@ -43,7 +43,7 @@ import random
 import time
 from pathlib import Path
 
-from .verilated import ContractError, Harness, build_library, check_port
+from .verilated import ContractError, Harness, LoadedModel, build_library, check_port
 
 # Part of every model's key: bump it when what this module writes for the harness
 # (netagg_ports.h) or expects of it changes.
@@ -134,7 +134,7 @@ def _load(library: Path) -> ctypes.CDLL:
 _LIBRARIES: dict[Path, tuple[ctypes.CDLL, ctypes.PyDLL]] = {}
 
 
-class SwitchModel:
+class SwitchModel(LoadedModel):
     """A multi-port frame top in Verilator, clocked in C++, fed and drained from Python.
 
     `top` names a top of `sim.tops.TOPS`; `params` go to its constructor (for example
@@ -153,6 +153,7 @@ class SwitchModel:
         self._lib, self._pylib = _LIBRARIES[self.library]
         self.ports = self._lib.nm_ports()
         self.width = self._lib.nm_width()
+        self._destroy = self._lib.nm_destroy
         self._h = self._lib.nm_create()
         self._pend_ports: list[int] = []
         self._pend_frames: list[bytes] = []
@@ -341,22 +342,6 @@ class SwitchModel:
         self.reset()
         return {"cycles_per_s": done / seconds, "cpu_cycles_per_s": done / cpu, "cycles": done,
                 "frames": frames, "bytes": nbytes, "seconds": seconds}
-
-    # -- lifetime -------------------------------------------------------------------------
-
-    def close(self) -> None:
-        if getattr(self, "_h", None):
-            self._lib.nm_destroy(self._h)
-            self._h = None
-
-    def __del__(self):
-        self.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def random_traffic(ports: int, frame_len: int = 1024, per_port: int = 16,

@@ -176,3 +176,26 @@ def _call(args: list[str], cwd: Path, env: dict, what: str) -> None:
     if result.returncode:
         tail = "\n".join((result.stdout + result.stderr).splitlines()[-40:])
         raise RuntimeError(f"{what} failed (exit {result.returncode}):\n{tail}")
+
+
+class LoadedModel:
+    """A model's C++ instance (`_h`) in its loaded library, destroyed by `_destroy` (the
+    library's destroy function) on `close`, at the end of a `with` block, or when the object
+    goes."""
+
+    _h = None
+    _destroy: Callable = None
+
+    def close(self) -> None:
+        if self._h:
+            self._destroy(self._h)
+            self._h = None
+
+    def __del__(self):
+        self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
