@@ -90,18 +90,19 @@ _LD_W_ABS, _LD_H_IND, _LDX_B_MSH, _JEQ_K, _RET_K = 0x20, 0x48, 0xB1, 0x15, 0x06
 _NOTHING = [(_RET_K, 0, 0, 0)]
 
 
-def _datagrams_to(ip: bytes, port: int) -> list:
-    """A filter for a raw IPv4 socket: UDP datagrams to (ip, port) only."""
-    return [(_LD_W_ABS, 0, 0, 16),                             # IPv4 destination
+def datagrams_to(ip: bytes, port: int, offset: int = 0) -> list:
+    """A filter that keeps UDP datagrams to (ip, port) only, for a socket whose packets have
+    their IPv4 header at `offset` (0: a raw IPv4 socket; 14: Ethernet frames, AF_PACKET)."""
+    return [(_LD_W_ABS, 0, 0, offset + 16),                    # IPv4 destination
             (_JEQ_K, 0, 4, int.from_bytes(ip, "big")),
-            (_LDX_B_MSH, 0, 0, 0),                             # X: IPv4 header length
-            (_LD_H_IND, 0, 0, 2),                              # UDP destination port
+            (_LDX_B_MSH, 0, 0, offset),                        # X: IPv4 header length
+            (_LD_H_IND, 0, 0, offset + 2),                     # UDP destination port
             (_JEQ_K, 0, 1, port),
             (_RET_K, 0, 0, 0xFFFF),
             (_RET_K, 0, 0, 0)]
 
 
-def _attach_filter(sock: socket.socket, program: list) -> bool:
+def attach_filter(sock: socket.socket, program: list) -> bool:
     """Attach a classic BPF program of (code, jt, jf, k) to a socket; whether it could."""
     if SO_ATTACH_FILTER is None:
         return False
@@ -162,8 +163,8 @@ class SimServer:
         if self.raw is not None:
             # the raw socket sees every UDP datagram of the machine: the kernel keeps those
             # to this address and port, and the UDP socket's copies not at all
-            _attach_filter(self.raw, _datagrams_to(W.ip_packed(self.bound_ip), W.ROCEV2_PORT))
-            self._udp_copies = not _attach_filter(self.sock, _NOTHING)
+            attach_filter(self.raw, datagrams_to(W.ip_packed(self.bound_ip), W.ROCEV2_PORT))
+            self._udp_copies = not attach_filter(self.sock, _NOTHING)
         self.senders: dict[tuple[str, int], socket.socket | None] = {
             tuple(self.address): self.sock}
         self._routes: dict[bytes, tuple] = {}   # addresses and ports of a frame -> its route

@@ -22,7 +22,7 @@ from scapy.layers.l2 import Ether
 
 from host import SwitchControl, Worker
 from host import wire as W
-from host.serve import SimServer
+from host.serve import SimServer, attach_filter, datagrams_to
 from host.transport import UdpTransport
 from sim.golden import GoldenSwitch
 
@@ -33,8 +33,11 @@ needs_root = pytest.mark.skipif(not ROOT, reason="capturing on loopback and read
 
 def _capture(dst_ip: str):
     """An AF_PACKET socket on lo and a function returning the next frame to `dst_ip`."""
-    sniffer = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
-    sniffer.bind(("lo", 0))
+    sniffer = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)     # nothing until bound
+    # the kernel keeps only this test's frames: other tests' traffic on lo would fill the
+    # socket's buffer and crowd them out
+    assert attach_filter(sniffer, datagrams_to(socket.inet_aton(dst_ip), 4791, offset=14))
+    sniffer.bind(("lo", 0x0003))           # ETH_P_ALL (Python byte-swaps it here)
     sniffer.settimeout(2.0)
     want = socket.inet_aton(dst_ip)
 
