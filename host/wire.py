@@ -152,22 +152,30 @@ def ipv4_checksum(header: bytes) -> int:
     return ~total & 0xFFFF
 
 
+# What `icrc_state` covers: the IPv4 and UDP headers and the BTH up to its PSN, and the bits
+# of them the ICRC masks to ones: IPv4 DSCP/ECN, TTL and header checksum, the UDP checksum,
+# BTH byte 4 (FECN, BECN, reserved).
+ICRC_HEADERS = IP_LEN + UDP_LEN + 8
+_ICRC_MASK = int.from_bytes(bytes.fromhex("00ff" "0000" "0000" "0000" "ff00" "ffff"
+                                          "00000000" "00000000" "0000" "0000" "0000" "ffff"
+                                          "00000000" "ff000000"), "big")
+
+
 @functools.lru_cache(maxsize=4096)
-def _icrc_prefix(ip_udp: bytes) -> int:
-    """The CRC state after the ICRC's first 36 bytes: 8 bytes of 0xFF and the IPv4 and UDP
-    headers with their variant fields masked (cached: a worker's headers repeat)."""
-    ip = bytearray(ip_udp[:IP_LEN])
-    ip[1] = ip[8] = ip[10] = ip[11] = 0xFF
-    udp = bytearray(ip_udp[IP_LEN:IP_LEN + UDP_LEN])
-    udp[6] = udp[7] = 0xFF
-    return zlib.crc32(b"\xff" * 8 + ip + udp)
+def icrc_state(headers: bytes) -> int:
+    """The ICRC's CRC-32 state after its lead (8 bytes of ones, the LRH's place) and a
+    packet's first ICRC_HEADERS bytes from its IPv4 header, masked; the ICRC is
+    `zlib.crc32(rest, state)` over the rest of the packet (the ICRC excluded). Cached: an
+    endpoint's packets to one destination share them."""
+    masked = (int.from_bytes(headers, "big") | _ICRC_MASK).to_bytes(ICRC_HEADERS, "big")
+    return zlib.crc32(b"\xff" * 8 + masked)
 
 
 def icrc(ip_udp: bytes, transport: bytes) -> int:
     """The ICRC of a packet: `ip_udp` its IPv4 and UDP headers (28 bytes), `transport` the BTH
-    onwards (payload and pad included, ICRC excluded). Masked fields are set to 0xFF here."""
-    crc = zlib.crc32(transport[:4] + b"\xff", _icrc_prefix(bytes(ip_udp)))
-    return zlib.crc32(transport[5:], crc)
+    onwards (payload and pad included, ICRC excluded)."""
+    return zlib.crc32(transport[8:], icrc_state(bytes(ip_udp[:IP_LEN + UDP_LEN])
+                                                + bytes(transport[:8])))
 
 
 @functools.lru_cache(maxsize=4096)

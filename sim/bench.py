@@ -30,7 +30,6 @@ import psutil
 
 from host import wire as W
 from host.transport import IP_MTU_DISCOVER, IP_PMTUDISC_DO
-from sim.codec import icrc_state
 
 # BTH, RETH and ImmDt of a contribution: the header the senders write for each use.
 _HEAD = struct.Struct("!BBHIIQIII")
@@ -79,7 +78,7 @@ class _Sender:
         self.payload = struct.pack(f"<{lanes}i", *[rank + 1] * lanes)
         ip_udp = W.ip_udp_header(self.local.ip, switch[0], self.local.port, switch[1],
                                  _HEAD.size + len(self.payload) + W.ICRC_LEN)
-        self.icrc = icrc_state(ip_udp + W.bth(W.OP_CONTRIBUTION, _DQPN, 0)[:8])
+        self.icrc = W.icrc_state(ip_udp + W.bth(W.OP_CONTRIBUTION, _DQPN, 0)[:8])
         self.imm = [[W.pack_imm(W.REQUEST_IMM, job=job, rank=rank, version=version, slot=slot)
                      for version in (0, 1)] for slot in range(slots)]
         self.qpn, self.rkey = 0x100 + rank, 0x5EED0000 + rank

@@ -43,13 +43,6 @@ HEADERS = struct.Struct("!H 10H HHHH BBHI")
 _CHECKED = slice(W.IP_OFFSET - 2, W.BTH_OFFSET + 8)
 _RETH_IMM = struct.Struct("!QIII")          # RETH (va, rkey, dma_length) and ImmDt
 _ICRC = struct.Struct("<I")
-_ICRC_LEAD = b"\xff" * 8                    # the LRH's place, all ones
-# The ICRC's masked headers: IPv4 (DSCP/ECN, TTL, header checksum), UDP (checksum), the BTH up
-# to its PSN (byte 4, reserved).
-ICRC_HEADERS = W.IP_LEN + W.UDP_LEN + 8
-_ICRC_MASK = int.from_bytes(bytes.fromhex("00ff" "0000" "0000" "0000" "ff00" "ffff"
-                                          "00000000" "00000000" "0000" "0000" "0000" "ffff"
-                                          "00000000" "ff000000"), "big")
 
 
 class Header(NamedTuple):
@@ -71,20 +64,11 @@ class Extension(NamedTuple):
     imm: int
 
 
-@functools.lru_cache(maxsize=4096)
-def icrc_state(headers: bytes) -> int:
-    """The ICRC's CRC-32 state after its lead and a packet's first ICRC_HEADERS bytes from its
-    IPv4 header, masked; the ICRC is `zlib.crc32(rest, state)` over the rest of the packet
-    (the ICRC excluded). Cached: a sender's packets to one destination share them."""
-    masked = (int.from_bytes(headers, "big") | _ICRC_MASK).to_bytes(ICRC_HEADERS, "big")
-    return zlib.crc32(_ICRC_LEAD + masked)
-
-
 def decode(frame: bytes) -> tuple[int, Header | None]:
     """The parser's verdict on a frame, and its `Header` when the verdict is OK."""
     verdict, header, body_end, state = checks(bytes(frame[_CHECKED]), len(frame))
     if verdict == OK and _ICRC.unpack_from(frame, body_end)[0] != zlib.crc32(
-            frame[W.IP_OFFSET + ICRC_HEADERS:body_end], state):
+            frame[W.IP_OFFSET + W.ICRC_HEADERS:body_end], state):
         return BAD_ICRC, None
     return verdict, header
 
@@ -105,7 +89,7 @@ def checks(headers: bytes, n: int) -> tuple[int, Header | None, int, int]:
         return TRUNCATED, None, 0, 0
     if ip[0] >> 8 != 0x45 or ip[3] & 0x3FFF or ip[4] & 0xFF != 17:
         return NOT_ROCE, None, 0, 0
-    if _ones_sum(ip) != 0xFFFF:
+    if W.ipv4_checksum(headers[2:2 + W.IP_LEN]):
         return BAD_IP_CHECKSUM, None, 0, 0
     if n < W.BTH_OFFSET:
         return TRUNCATED, None, 0, 0
@@ -130,7 +114,7 @@ def checks(headers: bytes, n: int) -> tuple[int, Header | None, int, int]:
         return BAD_LENGTH, None, 0, 0
     header = Header(opcode, dqpn & 0xFFFFFF, W.BTH_OFFSET + W.BTH_LEN + ext, padded - padcnt,
                     (ip[6] << 16) | ip[7])
-    return OK, header, ip_end - W.ICRC_LEN, icrc_state(headers[2:])
+    return OK, header, ip_end - W.ICRC_LEN, W.icrc_state(headers[2:])
 
 
 Request = collections.namedtuple("Request", [name for name, _, _ in W.REQUEST_IMM])
@@ -159,13 +143,6 @@ def result_imm(job: int, count: int, version: int, slot: int, exponent: int,
                       exponent=exponent, overflow=overflow)
 
 
-def _ones_sum(words) -> int:
-    total = sum(words)
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return total
-
-
 # What follows the first 8 bytes of a result's BTH: its PSN, the RETH and the ImmDt.
 _RESULT_TAIL = struct.Struct("!IQIII")
 
@@ -185,7 +162,7 @@ class ResultTemplate:
         headers = ip_udp + W.bth(W.OP_RESULT, qpn, 0)[:8]
         self.head = dst_mac.to_bytes(6, "big") + src_mac.to_bytes(6, "big") + b"\x08\x00" \
             + headers
-        self.state = icrc_state(headers)
+        self.state = W.icrc_state(headers)
         self.rkey, self.length = rkey & 0xFFFFFFFF, length
 
     def frame(self, psn: int, va: int, imm: int, payload: bytes) -> bytes:
