@@ -315,25 +315,9 @@ class UdpTransport(Transport):
 
     def ingress_port(self, sock, source: W.Endpoint, tries: int = 5) -> int:
         """REG_PORT as read by a control request from `sock` (its answer comes back there)."""
-        psn = random.getrandbits(24)
-        pkt = W.control_request([(W.REG_PORT, 0)], psn, source, self.switch)
-        for _ in range(tries):
-            sock.sendto(pkt.datagram(), self._addr)
-            deadline = time.monotonic() + 0.5
-            while (left := deadline - time.monotonic()) > 0:
-                select.select([sock], [], [], left)
-                try:
-                    data, sender = sock.recvfrom(2048)
-                except BlockingIOError:
-                    continue
-                try:
-                    answer = W.parse_transport(data, W.Endpoint(*sender), source)
-                except W.WireError:
-                    continue
-                if answer.opcode == W.OP_CONTROL and answer.psn == psn:
-                    return W.unpack_records(answer.payload)[0][1]
-        raise TimeoutError(f"the switch at {self.url} did not answer a control request from "
-                           f"{source.ip}:{source.port}")
+        [(_, port)] = request_on(sock, self._addr, source, self.switch, [(W.REG_PORT, 0)],
+                                 tries=tries)
+        return port
 
     def send(self, pkt: W.Packet, path: int = 0):
         if path:
@@ -372,6 +356,33 @@ class UdpTransport(Transport):
     def close(self):
         for sock in self.socks:
             sock.close()
+
+
+def request_on(sock, addr, source: W.Endpoint, switch: W.Endpoint, records,
+               tries: int = 5, wait: float = 0.5) -> list[tuple[int, int]]:
+    """One control request from `sock` (whose address is `source`) to the switch at `addr`,
+    sent up to `tries` times, `wait` seconds apart, until its answer comes back to `sock`:
+    the answer's (address, value) records. For a socket no engine reads (a path socket, a
+    benchmark's sender); an engine's requests go through its control channel."""
+    psn = random.getrandbits(24)
+    request = W.control_request(records, psn, source, switch).datagram()
+    for _ in range(tries):
+        sock.sendto(request, addr)
+        deadline = time.monotonic() + wait
+        while (left := deadline - time.monotonic()) > 0:
+            select.select([sock], [], [], left)
+            try:
+                data, sender = sock.recvfrom(4096)
+            except BlockingIOError:
+                continue
+            try:
+                answer = W.parse_transport(data, W.Endpoint(*sender), source)
+            except W.WireError:
+                continue
+            if answer.opcode == W.OP_CONTROL and answer.psn == psn:
+                return W.unpack_records(answer.payload)
+    raise TimeoutError(f"the switch at {addr[0]}:{addr[1]} did not answer a control request "
+                       f"from {source.ip}:{source.port}")
 
 
 def route_source(addr) -> str:

@@ -29,7 +29,7 @@ import zlib
 import psutil
 
 from host import wire as W
-from host.transport import IP_MTU_DISCOVER, IP_PMTUDISC_DO
+from host.transport import IP_MTU_DISCOVER, IP_PMTUDISC_DO, request_on
 
 # BTH, RETH and ImmDt of a contribution: the header the senders write for each use.
 _HEAD = struct.Struct("!BBHIIQIII")
@@ -85,26 +85,11 @@ class _Sender:
         self.use = [0] * slots              # the use of each slot in flight
         self.sent_at = [0.0] * slots
 
-    def control(self, records, psn: int = 1, timeout: float = 2.0) -> list[int]:
+    def control(self, records) -> list[int]:
         """Apply control records from this sender's socket; the values of the answer."""
-        switch = W.Endpoint(*self.switch)
-        request = W.control_request(records, psn, self.local, switch).datagram()
-        for _ in range(5):
-            self.sock.sendto(request, self.switch)
-            deadline = time.monotonic() + timeout / 5
-            while (left := deadline - time.monotonic()) > 0:
-                select.select([self.sock], [], [], left)
-                try:
-                    data, sender = self.sock.recvfrom(4096)
-                except BlockingIOError:
-                    continue
-                try:
-                    answer = W.parse_transport(data, W.Endpoint(*sender), self.local)
-                except W.WireError:
-                    continue
-                if answer.opcode == W.OP_CONTROL and answer.psn == psn:
-                    return [v for _, v in W.unpack_records(answer.payload)]
-        raise TimeoutError(f"the switch at {self.switch} did not answer a control request")
+        answer = request_on(self.sock, self.switch, self.local, W.Endpoint(*self.switch),
+                            records, wait=0.4)
+        return [v for _, v in answer]
 
     def send(self, slot: int, now: float):
         """The contribution of the slot's use in flight (MSN use * slots + slot)."""
