@@ -5,7 +5,7 @@ the length is zero), and sends the frame: Ethernet, IPv4, UDP, BTH and the exten
 of the opcode's class (`hw.headers.OpClass`), the payload, PadCnt zero bytes to a multiple
 of four, and the ICRC. It computes the IPv4 total length and header checksum, the UDP length,
 the BTH PadCnt and the ICRC (with ``icrc="mac"``, four zero bytes that the MAC fills in,
-`hw.mac.IcrcFill`); every other field is sent as the header entry gives it.
+`hw.mac_icrc.IcrcFill`); every other field is sent as the header entry gives it.
 The payload stream must carry exactly `payload_length` bytes for each entry.
 
 Throughput: one beat out per cycle with no gap between frames, whenever the inputs keep up

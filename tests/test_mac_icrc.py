@@ -1,4 +1,4 @@
-"""The MAC's byte-serial ICRC stages (hw.mac.IcrcCheck, hw.mac.IcrcFill) in amaranth.sim,
+"""The MAC's byte-serial ICRC stages (hw.mac_icrc.IcrcCheck, hw.mac_icrc.IcrcFill) in amaranth.sim,
 against scapy's ICRC (scapy.contrib.roce computes it for every frame of tests/frames.py)."""
 
 import random
@@ -9,7 +9,7 @@ from scapy.layers.l2 import ARP, Ether
 
 from host import wire as W
 from hw import headers as H
-from hw.mac import IcrcCheck, IcrcFill
+from hw.mac_icrc import IcrcCheck, IcrcFill
 from tests import frames as F
 
 
