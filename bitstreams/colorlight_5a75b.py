@@ -17,7 +17,7 @@ and with other seeds one of their paths misses it (the default: eth_tx 106.2; se
 121.0). router2 converges in 568 passes with its alternative weights and a present-
 congestion weight that grows by 0.05 a pass (``router2/currCongWeightMult``, a setting
 `bitstreams.build` writes into the netlist). The block RAM would hold 16 slots of 1 KB (43
-block RAMs), but that netlist does not route. See the README's Boards section.
+block RAMs), but that netlist does not route. See docs/boards.md.
 """
 
 from amaranth.build import Resource
@@ -49,6 +49,6 @@ TARGET = Target(
     rx_delay=2e-9, tx_delay=0.0,
     leds=1,
     # Placement seed: the 125 MHz domains have a few percent of margin on this part, and
-    # which of their paths routes longest depends on the placement (see the README).
+    # which of their paths routes longest depends on the placement (see docs/boards.md).
     nextpnr_opts=("--seed", "2"),
 )
