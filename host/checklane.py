@@ -48,9 +48,6 @@ import math
 import struct
 import zlib
 
-import numpy as np
-
-from host import numerics as N
 from host.messages import MessageKind, Result, Send, SlotState
 from host.retransmit import RttEstimator
 
@@ -113,9 +110,12 @@ class CheckLane:
         if res.limit < st.last_psn:
             return Match.STALE, None
         m = st.inflight
-        if m is not None and (m.use & 1) == res.version and (
-                res.overflow or self.shows(res, m.use)):
-            return Match.CURRENT, m.use
+        if m is not None and (m.use & 1) == res.version:
+            if res.overflow:
+                return Match.CURRENT, m.use
+            res.members = self.members(res.check, res.count, m.tag)
+            if res.members is not None:
+                return Match.CURRENT, m.use
         # not this use's: a use this worker has not begun (others closed it with a quorum),
         # an earlier use's (a late copy), or a mix
         if not res.overflow and res.count > 0:
@@ -129,18 +129,10 @@ class CheckLane:
         # for none of them (the worker retransmits and gets its use's result again)
         return Match.UNRECOGNIZED, None
 
-    def seal(self, lanes: np.ndarray, slot: int, use: int, rank: int):
-        """Clip a contribution's lanes to int32 and set its check lane: the tag (and rank
-        bit), or the saturation marker if a sum did not fit."""
-        tag = self.tag(slot, use)
-        if self.membership:
-            tag += 1 << rank
-        # the check lane is still 0 here, so the extremes are the sums' (two reductions cost
-        # a third of a clip and two comparisons, and a sum rarely saturates)
-        saturated = lanes.max() > N.INT32_MAX or lanes.min() < N.INT32_MIN
-        if saturated:
-            np.clip(lanes, N.INT32_MIN, N.INT32_MAX, out=lanes)
-        lanes[-1] = N.INT32_MAX if saturated else tag
+    def seal(self, tag: int, rank: int) -> int:
+        """A contribution's check lane for its use's tag: the tag, plus the rank bit with
+        membership. (A worker whose lanes saturated sends the saturation marker instead.)"""
+        return tag + (1 << rank) if self.membership else tag
 
     def allowance(self, loss_budget: float) -> int:
         """Contributions a data chunk may lose: ceil(loss_budget * workers), 0 for 0."""

@@ -37,6 +37,7 @@ from host.retransmit import RetransmitTimer, RttEstimator
 CONTROL_RTO_MIN = 0.05      # the shortest wait for a control answer, in seconds
 
 Records = list[tuple[int, int]]
+_CONTROL = bytes([W.OP_CONTROL])
 
 
 class PsnCounter:
@@ -54,7 +55,7 @@ class PsnCounter:
 class PendingRequest:
     """A control request awaiting its answer: `callback(records)` gets the answer."""
 
-    packet: W.Packet
+    datagram: bytes
     callback: Callable[[Records], None]
     timer: RetransmitTimer
 
@@ -84,8 +85,8 @@ class ControlChannel:
             timer = RetransmitTimer()
             timer.sent(time.monotonic(), self.rtt, CONTROL_RTO_MIN)
             cb = callback if i + W.MAX_CONTROL_RECORDS >= len(records) else (lambda r: None)
-            self.pending[psn] = PendingRequest(pkt, cb, timer)
-            self.transport.send(pkt)
+            self.pending[psn] = PendingRequest(pkt.datagram(), cb, timer)
+            self.transport.send(self.pending[psn].datagram)
 
     def request(self, records, timeout: float | None = None) -> Records:
         """Send control records and wait for the answer: (address, value after) pairs."""
@@ -118,10 +119,16 @@ class ControlChannel:
         else:
             self.owner.step(timeout)
 
-    def take_answer(self, pkt: W.Packet) -> bool:
-        """Whether `pkt` is a control answer (then it is taken: its request's callback gets
-        the records, none if they do not parse)."""
-        if pkt.opcode != W.OP_CONTROL or pkt.dqpn != W.CONTROL_QPN:
+    def take_answer(self, datagram: bytes) -> bool:
+        """Whether a datagram (its ICRC checked) is a control answer (then it is taken: its
+        request's callback gets the records, none if they do not parse)."""
+        if datagram[:1] != _CONTROL:
+            return False
+        try:
+            pkt = W.parse_transport(datagram, icrc_checked=True)
+        except W.WireError:
+            return False
+        if pkt.dqpn != W.CONTROL_QPN:
             return False
         pending = self.pending.pop(pkt.psn, None)
         if pending is None:
@@ -143,15 +150,15 @@ class ControlChannel:
             if c.timer.due(now):
                 c.timer.sent(now, self.rtt)
                 self.stats["control_retransmissions"] += 1
-                self.transport.send(c.packet)
+                self.transport.send(c.datagram)
 
     def step(self, timeout: float = 0.0):
         """Alone: take the answers that arrive within `timeout` (at most until the next
         retransmission), then retransmit what is late."""
         now = time.monotonic()
         deadline = min(self.deadlines(), default=now + 0.05)
-        for pkt in self.transport.recv(min(timeout, max(0.0, deadline - now))):
-            self.take_answer(pkt)
+        for datagram in self.transport.recv(min(timeout, max(0.0, deadline - now))):
+            self.take_answer(datagram)
         self.retransmit(time.monotonic())
 
     def probe(self, records, within: float = 0.5) -> Records | None:
@@ -163,11 +170,8 @@ class ControlChannel:
             self.request_async(records, box.append)
             deadline = time.monotonic() + within
             while not box and time.monotonic() < deadline:
-                for pkt in self.transport.recv(0.02):
-                    if pkt.opcode == W.OP_CONTROL:
-                        c = self.pending.pop(pkt.psn, None)
-                        if c is not None:
-                            c.callback(W.unpack_records(pkt.payload))
+                for datagram in self.transport.recv(0.02):
+                    self.take_answer(datagram)
         except Exception:
             pass
         finally:

@@ -62,6 +62,7 @@ from host.messages import (
     Send,
     SlotState,
     Work,
+    deliver,
     messages_of,
     plan_droppable,
 )
@@ -70,7 +71,7 @@ from host.retransmit import RttEstimator
 __all__ = ["Engine", "JoinCheck", "Work", "NetaggError", "NetaggTimeout", "DEFAULT_PRIORITY",
            "plan_droppable"]
 
-WIRE_OVERHEAD = W.BTH_LEN + W.RETH_LEN + W.IMM_LEN + W.ICRC_LEN    # UDP payload beyond lanes
+_DSCP = [W.priority_dscp(c) for c in range(W.PRIORITY_CLASSES)]   # by priority class
 
 
 @dataclasses.dataclass
@@ -122,6 +123,10 @@ class Engine:
         self.last_progress = time.monotonic()
         self.failed: BaseException | None = None
         self.pending_works = 0
+        self.writer: W.ContributionWriter | None = None
+        self.idle: list[SlotState] = []     # slots with messages dealt and none in flight
+        self.earliest = float("inf")        # no retransmission is due before this
+        self.delivering: list[tuple[Message, int]] = []     # completed, sums not yet out
         if slots is not None:
             self.set_job(slots, credits, quorum)
 
@@ -137,6 +142,8 @@ class Engine:
             raise NetaggError(f"job {self.job} has no slots")
         self.slots = [SlotState() for _ in range(slots)]
         self.nslots = slots
+        self.writer = W.ContributionWriter(self.job, self.rank, self.transport.path_endpoints(),
+                                           self.transport.switch)
         self.credits, self.quorum = credits, quorum
         self.needed = quorum if 0 < quorum < self.workers else self.workers
         self.limit = completed + credits        # also the reference to unwrap result PSNs
@@ -170,6 +177,7 @@ class Engine:
             self.pending_works -= 1
             return
         self.dealer.deal(messages_of(work, self.nslots), self.slots)
+        self.idle = [st for st in self.slots if st.inflight is None and st.queue]
 
     # --- one step -----------------------------------------------------------------------
 
@@ -183,22 +191,26 @@ class Engine:
         try:
             self._send_ready()
             wait = min(timeout, max(0.0, self._next_deadline() - time.monotonic()))
-            for pkt in self.transport.recv(wait):
-                self._receive(pkt)
+            datagrams = self.transport.recv(wait)
+            if datagrams:
+                self.stats["packets_received"] += len(datagrams)
+                self.stats["bytes_received"] += sum(map(len, datagrams))
+                for datagram in datagrams:
+                    self._receive(datagram)
             self._send_ready()
             self._retransmit()
+            self._deliver_all()
             self._check_progress()
         except NetaggError as e:
             self.failed = e
             raise
 
     def _next_deadline(self) -> float:
-        now = time.monotonic()
-        times = [s.inflight.timer.deadline for s in self.slots if s.inflight]
-        times += self.control.deadlines()
+        times = [self.earliest, *self.control.deadlines()]
         if not self.joined:
             times.append(self._join_next)
-        return min(times) if times else now + 0.05
+        deadline = min(times)
+        return deadline if deadline < float("inf") else time.monotonic() + 0.05
 
     # --- sending ------------------------------------------------------------------------
 
@@ -206,25 +218,35 @@ class Engine:
         if not self.joined:
             self._poll_join()
             return
+        if not self.idle:
+            return
+        idle, self.idle = dict.fromkeys(self.idle), []
         started = False
-        for st in self.slots:
-            if st.inflight is None and st.queue and st.queue[0].ready():
-                msn = st.next_msn()
-                if self.credits and msn >= self.limit:
-                    self.stats["credit_waits"] += 1
-                    continue
-                self._start(st, st.queue.popleft(), msn)
-                started = True
+        for st in idle:
+            if st.inflight is not None or not st.queue:
+                continue
+            if not st.queue[0].ready():
+                self.idle.append(st)
+                continue
+            msn = st.next_msn()
+            if self.credits and msn >= self.limit:
+                self.stats["credit_waits"] += 1
+                self.idle.append(st)
+                continue
+            self._start(st, st.queue.popleft(), msn)
+            started = True
         if started:     # the most packets in flight at once (only starting adds to them)
             sent = sum(1 for s in self.slots if s.inflight is not None and s.inflight.packet)
-            self.stats["max_inflight"] = max(self.stats["max_inflight"], sent)
+            if sent > self.stats["max_inflight"]:
+                self.stats["max_inflight"] = sent
 
     def _start(self, st: SlotState, m: Message, msn: int):
         st.begin(m, msn)
+        m.tag = self.check_lane.tag(m.slot, m.use)
         w = m.work
         if m.kind is MessageKind.DATA and w.fmt.kind == "fixed":
             m.exponent = w.exponents[m.block] + m.bump
-        early = st.take_early(m.use)
+        early = st.take_early(m.use) if st.early else None
         if early is not None:
             # the use closed (a quorum) before this worker began it: what it would send now
             # could not count any more, and the result is here
@@ -237,38 +259,49 @@ class Engine:
             # not come, send zeros, which only asks for it)
             m.packet = None
             m.timer.deadline = time.monotonic() + poke_delay(self.rtt)
+            self.earliest = min(self.earliest, m.timer.deadline)
             self.stats["waited_uses"] += 1
             return
-        m.packet = self._packet(m)
-        self._transmit(m)
+        self._transmit(m, self._lanes(m))
 
-    def _packet(self, m: Message) -> W.Packet:
-        lanes, exponent, va = m.payload()
-        self.check_lane.seal(lanes, m.slot, m.use, self.rank)
-        return W.contribution(
-            job=self.job, rank=self.rank, slot=m.slot, version=m.use & 1, offset=va,
-            lanes=lanes.astype("<i4").tobytes(), psn=self.psns.next(),
-            src=self.transport.local, dst=self.transport.switch, exponent=exponent,
-            msn=m.msn, droppable=m.sends_droppable, dscp=W.priority_dscp(m.pclass))
+    def _lanes(self, m: Message) -> bytes:
+        """This round's lanes of the message, its check lane sealed; its exponent field and
+        offset go into `m` for its packets."""
+        lanes, saturated, m.exp_field, m.va = m.payload()
+        lanes[-1] = N.INT32_MAX if saturated else self.check_lane.seal(m.tag, self.rank)
+        return lanes.tobytes()
 
-    def _transmit(self, m: Message):
-        if m.timer.sent(time.monotonic(), self.rtt):
+    def _transmit(self, m: Message, lanes: bytes | None = None):
+        """Send the message's packet (built from `lanes`, or the one in flight again), by
+        the path the sprayer picks."""
+        now = time.monotonic()
+        if m.timer.sent(now, self.rtt):
             self.stats["retransmissions"] += 1
+        if m.timer.deadline < self.earliest:
+            self.earliest = m.timer.deadline
+        path = 0
+        sp = self.sprayer
+        if sp.paths > 1:
+            last = m.path
+            self._answered(m)
+            path = sp.pick()
+            sp.sent(path)
+            self.stats[f"packets_sent_path{path}"] += 1
+            if lanes is None and path != last:      # the packet again, from another source
+                lanes = m.packet[W.WRITE_IMM_HEAD_LEN:-W.ICRC_LEN]
+            m.path = path
+        if lanes is not None:
+            m.packet = self.writer.datagram(
+                path, slot=m.slot, version=m.use & 1, offset=m.va, msn=m.msn,
+                psn=self.psns.next(), exponent=m.exp_field, droppable=m.sends_droppable,
+                lanes=lanes)
         self.stats["packets_sent"] += 1
-        self.stats["bytes_sent"] += len(m.packet.payload) + WIRE_OVERHEAD
+        self.stats["bytes_sent"] += len(m.packet)
         if m.kind is MessageKind.DATA and m.sends_droppable:
             m.work.droppable_sent += 1
             self.stats["droppable_sent"] += 1
             self.stats[f"droppable_sent_class{m.pclass}"] += 1
-        sp = self.sprayer
-        if sp.paths == 1:
-            self.transport.send(m.packet)
-            return
-        self._answered(m)
-        m.path = sp.pick()
-        sp.sent(m.path)
-        self.stats[f"packets_sent_path{m.path}"] += 1
-        self.transport.send(m.packet, m.path)
+        self.transport.send(m.packet, path, _DSCP[m.pclass])
 
     def _answered(self, m: Message):
         if m.path is not None:
@@ -277,44 +310,53 @@ class Engine:
 
     def _retransmit(self):
         now = time.monotonic()
-        for st in self.slots:
-            m = st.inflight
-            if m is not None and m.timer.due(now):
-                if m.packet is None:            # a round this rank waits out: ask
-                    m.send = Send.ZEROS
-                    m.packet = self._packet(m)
-                    self.stats["pokes"] += 1
-                self._transmit(m)
+        if now >= self.earliest:
+            self.earliest = float("inf")
+            for st in self.slots:
+                m = st.inflight
+                if m is None:
+                    continue
+                if m.timer.due(now):
+                    if m.packet is None:            # a round this rank waits out: ask
+                        m.send = Send.ZEROS
+                        self.stats["pokes"] += 1
+                        self._transmit(m, self._lanes(m))
+                    else:
+                        self._transmit(m)
+                self.earliest = min(self.earliest, m.timer.deadline)
         self.control.retransmit(now)
 
     # --- receiving ----------------------------------------------------------------------
 
-    def _receive(self, pkt: W.Packet):
-        self.stats["packets_received"] += 1
-        self.stats["bytes_received"] += len(pkt.payload) + WIRE_OVERHEAD
-        if self.control.take_answer(pkt):
+    def _receive(self, datagram: bytes):
+        if datagram[0] == W.OP_CONTROL and self.control.take_answer(datagram):
             return
-        if pkt.opcode != W.OP_RESULT or pkt.imm is None or pkt.dqpn != self.qpn:
+        try:
+            dqpn, psn, rkey, imm, payload = W.read_write_imm(datagram)
+        except W.WireError:
             self.stats["ignored"] += 1
             return
-        if pkt.rkey != self.session_tag:    # the R_Key the session wrote in the job table
+        if dqpn != self.qpn:
+            self.stats["ignored"] += 1
+            return
+        if rkey != self.session_tag:        # the R_Key the session wrote in the job table
             self.stats["foreign_results"] += 1
             return
-        r = W.unpack_imm(W.RESULT_IMM, pkt.imm)
-        if r["job"] != self.job or not self.nslots:
+        job, count, version, slot, exponent, overflow = W.unpack_result_imm(imm)
+        if job != self.job or not self.nslots:
             self.stats["ignored"] += 1
             return
-        limit = W.unwrap(pkt.psn, self.limit)
-        self.limit = max(self.limit, limit)
-        if r["slot"] >= self.nslots or len(pkt.payload) != 4 * (self.lanes + 1):
+        limit = W.unwrap(psn, self.limit)
+        if limit > self.limit:
+            self.limit = limit
+        if slot >= self.nslots or len(payload) != 4 * (self.lanes + 1):
             self.stats["ignored"] += 1
             return
-        lanes = np.frombuffer(pkt.payload, "<i4")
-        res = Result(slot=r["slot"], version=r["version"], count=r["count"],
-                     exponent=int(r["exponent"]),
-                     overflow=bool(r["overflow"]) or int(lanes[-1]) == N.INT32_MAX,
-                     lanes=lanes, limit=limit)
-        st = self.slots[res.slot]
+        lanes = np.frombuffer(payload, "<i4")
+        check = int(lanes[-1])
+        res = Result(slot, version, count, exponent, bool(overflow) or check == N.INT32_MAX,
+                     lanes, limit, check)
+        st = self.slots[slot]
         match, use = self.check_lane.classify(res, st)
         if match is Match.CURRENT:
             self._take(st, st.inflight, res)
@@ -328,18 +370,21 @@ class Engine:
 
     def _take(self, st: SlotState, m: Message, res: Result):
         """Apply the result of the message's use (its check lane verified)."""
-        tag = self.check_lane.tag(m.slot, m.use)
-        members = None if res.overflow else self.check_lane.members(res.check, res.count, tag)
-        self.rtt.answered(m.timer, time.monotonic())
+        members = res.members
+        if members is None and not res.overflow:        # a result kept early
+            members = self.check_lane.members(res.check, res.count, m.tag)
+        now = time.monotonic()
+        self.rtt.answered(m.timer, now)
         st.inflight = None
+        self.idle.append(st)
         st.last_psn = max(st.last_psn, res.limit)
         self._answered(m)
-        st.recent.append(tag)
+        st.recent.append(m.tag)
         w = m.work
         # progress: a round that adds data (a round of zeros only does not: a peer that
         # stopped must end in NetaggTimeout, not in fill rounds forever)
         if res.overflow or m.acc is None or (members or 0) & ~m.members:
-            self.last_progress = time.monotonic()
+            self.last_progress = now
         if res.exponent != N.EXP_NONE:
             m.exp_max = max(m.exp_max, res.exponent)
         if res.overflow and m.kind is MessageKind.DATA:
@@ -355,7 +400,7 @@ class Engine:
             self._finish_chunk(w)
             return
         if self.check_lane.membership and m.acc is not None:
-            m.acc += res.sums
+            m.acc = m.acc + res.sums.astype(np.int64)
             m.members |= members or 0
             have = m.members.bit_count()
         else:
@@ -372,12 +417,11 @@ class Engine:
         if m.kind is MessageKind.EXPONENT:
             w.exponents[m.index] = m.exp_max
             return
-        if w.fmt.kind == "fixed":
+        if w.fmt.kind == "fixed" and m.index % w.block == 0:
             nb = m.piggybacked_block()
             if nb is not None and m.exp_max != N.EXP_NONE:
                 w.exponents.setdefault(nb, m.exp_max)
-        self._deliver(m, have)
-        self._finish_chunk(w)
+        self.delivering.append((m, have))
 
     def _finish_chunk(self, w: Work):
         w.remaining -= 1
@@ -405,32 +449,20 @@ class Engine:
             self.stats["filled_chunks"] += 1
         self._next_round(st, m, send=send, filled=True)
 
-    def _deliver(self, m: Message, have: int):
-        w = m.work
-        part = w.values(m.index)
-        lo, hi = part.start, part.stop
-        sums = m.acc[:hi - lo]
-        lost = self.workers - have
-        w.lost_contributions += lost
-        self.stats["lost_contributions"] += lost
-        self.stats["tensor_bytes"] += (hi - lo) * w.out.itemsize
-        if w.fmt.kind == "int":
-            if np.any(sums > N.INT32_MAX) or np.any(sums < N.INT32_MIN):
-                if w.error is None:
-                    w.error = OverflowError(
-                        f"the int32 sum of chunk {m.index} (values {lo}..{hi - 1}) does not "
-                        f"fit in int32")
-                return
-            w.out[lo:hi] = sums
+    def _deliver_all(self):
+        """Write the sums of the chunks completed since the last call into their tensors
+        (`deliver`, a tensor at a time), then count the chunks done."""
+        if not self.delivering:
             return
-        values = N.dequantize(sums, m.exponent, w.frac)
-        if lost:
-            values = values * (self.workers / have)
-            w.rescaled_chunks += 1
-            self.stats["rescaled_chunks"] += 1
-        if w.mean:
-            values = values / w.world_size
-        w.out[lo:hi] = N.from_float64(values, w.fmt, w.out)
+        done, self.delivering = self.delivering, []
+        by_work: dict[int, list[tuple[Message, int]]] = {}
+        for m, have in done:
+            by_work.setdefault(id(m.work), []).append((m, have))
+        for chunks in by_work.values():
+            w = chunks[0][0].work
+            self.stats.update(deliver(w, chunks, self.workers))
+            for _ in chunks:
+                self._finish_chunk(w)
 
     # --- joining and bounded waiting ----------------------------------------------------
 

@@ -92,6 +92,8 @@ class Work:
     lost_contributions: int = 0     # over its chunks: workers - contributions in the sum
     rescaled_chunks: int = 0
     filled_chunks: int = 0
+    rows: dict[int, tuple[int, np.ndarray, np.ndarray]] = dataclasses.field(
+        default_factory=dict)       # block -> (exponent, its chunks' lanes, saturated)
 
     @property
     def chunks(self) -> int:
@@ -102,6 +104,40 @@ class Work:
         lo = chunk * self.lanes
         return slice(lo, min(lo + self.lanes, self.n))
 
+    def chunk_lanes(self, chunk: int, exponent: int) -> tuple[np.ndarray, bool]:
+        """This worker's lanes of a data chunk (int32, the check lane last, 0 until sealed)
+        at `exponent` (fixed point; ignored for int32), and whether a sum of its sources
+        saturated them. A block's chunks are quantised together, on its first chunk, and
+        kept while the tensor is in flight; a chunk at another exponent (redone after an
+        overflow) alone."""
+        b = chunk // self.block
+        first = b * self.block
+        cached = self.rows.get(b)
+        if cached is None:
+            cached = self.rows[b] = (exponent, *self._quantize(
+                first, min(first + self.block, self.chunks), exponent))
+        if cached[0] != exponent and self.fmt.kind == "fixed":
+            rows, saturated = self._quantize(chunk, chunk + 1, exponent)
+            return rows[0], bool(saturated[0])
+        return cached[1][chunk - first], bool(cached[2][chunk - first])
+
+    def _quantize(self, c0: int, c1: int, exponent: int) -> tuple[np.ndarray, np.ndarray]:
+        """Chunks c0..c1-1 as int32 rows of lanes + 1 (the check lane 0), and per row
+        whether a sum over the sources saturated (then its lanes are clipped)."""
+        lo, hi = c0 * self.lanes, min(c1 * self.lanes, self.n)
+        acc = np.zeros((c1 - c0) * self.lanes, np.int64)
+        for src in self.sources:
+            if self.fmt.kind == "int":
+                acc[:hi - lo] += src[lo:hi]
+            else:
+                acc[:hi - lo] += N.quantize(N.to_float64(src[lo:hi], self.fmt), exponent,
+                                            self.frac)
+        acc = acc.reshape(c1 - c0, self.lanes)
+        saturated = (acc.max(axis=1) > N.INT32_MAX) | (acc.min(axis=1) < N.INT32_MIN)
+        rows = np.zeros((c1 - c0, self.lanes + 1), np.int32)
+        rows[:, :-1] = np.clip(acc, N.INT32_MIN, N.INT32_MAX) if saturated.any() else acc
+        return rows, saturated
+
     def stats(self) -> dict:
         return {"values": self.n, "chunks": self.chunks, "droppable": len(self.droppable),
                 "droppable_sent": self.droppable_sent,
@@ -109,7 +145,7 @@ class Work:
                 "rescaled_chunks": self.rescaled_chunks, "filled_chunks": self.filled_chunks}
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Message:
     """An exponent message (a block's proposal) or a data chunk of a tensor, through the
     rounds of its slot's uses: the round's numbers (slot, use, msn), what this worker sends
@@ -131,7 +167,10 @@ class Message:
     members: int = 0                # ranks whose data `acc` holds
     exp_max: int = N.EXP_NONE       # the largest exponent field of its results
     filled: bool = False            # filled in at least once
-    packet: W.Packet | None = None
+    tag: int = 0                    # the check lane's tag of its use (`CheckLane.tag`)
+    exp_field: int = N.EXP_NONE     # the ImmDt exponent field and RETH.va of its packets
+    va: int = 0
+    packet: bytes | None = None     # the datagram in flight (None: none yet, or waiting)
     timer: RetransmitTimer = dataclasses.field(default_factory=RetransmitTimer)
     path: int | None = None         # the path of the copy in flight (spraying)
 
@@ -169,32 +208,25 @@ class Message:
             return nb
         return None
 
-    def payload(self) -> tuple[np.ndarray, int, int]:
-        """This round's lanes (int64, the check lane 0), exponent field and byte offset."""
+    def payload(self) -> tuple[np.ndarray, bool, int, int]:
+        """This round's lanes (int32, the check lane last: the caller seals it), whether
+        they saturated, the exponent field and the byte offset."""
         w = self.work
-        lanes = np.zeros(w.lanes + 1, np.int64)
         exponent = N.EXP_NONE
-        va = 0
-        if self.kind is MessageKind.DATA:
-            part = w.values(self.index)
-            va = part.start * 4
-        if self.send is Send.DATA:
-            if self.kind is MessageKind.EXPONENT:
+        va = w.lanes * 4 * self.index if self.kind is MessageKind.DATA else 0
+        if self.send is not Send.DATA or self.kind is MessageKind.EXPONENT:
+            if self.send is Send.DATA:
                 exponent = int(w.proposals[self.index])
-            elif w.fmt.kind == "int":
-                for src in w.sources:
-                    lanes[:part.stop - part.start] += src[part]
-            else:
-                for src in w.sources:
-                    lanes[:part.stop - part.start] += N.quantize(
-                        N.to_float64(src[part], w.fmt), self.exponent, w.frac)
-                nb = self.piggybacked_block()
-                if nb is not None:
-                    exponent = int(w.proposals[nb])
-        return lanes, exponent, va
+            return np.zeros(w.lanes + 1, np.int32), False, exponent, va
+        lanes, saturated = w.chunk_lanes(self.index, self.exponent)
+        if w.fmt.kind == "fixed":
+            nb = self.piggybacked_block()
+            if nb is not None:
+                exponent = int(w.proposals[nb])
+        return lanes, saturated, exponent, va
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Result:
     """A result packet of a slot's use: the sums and the check lane (`lanes`), the
     contributions with data (`count`, ImmDt), the largest exponent field, whether it
@@ -208,14 +240,12 @@ class Result:
     overflow: bool
     lanes: np.ndarray
     limit: int
-
-    @property
-    def check(self) -> int:
-        return int(self.lanes[-1])
+    check: int                      # the check lane
+    members: int | None = None      # the ranks its sums hold, once the check lane showed it
 
     @property
     def sums(self) -> np.ndarray:
-        return self.lanes[:-1].astype(np.int64)
+        return self.lanes[:-1]
 
 
 class SlotState:
@@ -268,6 +298,52 @@ class Dealer:
             self.dealt += 1
             slots[m.slot].queue.append(m)
             self.next_slot = (self.next_slot + 1) % len(slots)
+
+
+def deliver(work: Work, chunks: list[tuple[Message, int]], workers: int) -> dict:
+    """Write the sums of completed data chunks into the tensor, all at once: (message,
+    contributions with data in its sums) pairs, the sums in `Message.acc`. Fixed point:
+    dequantised at each chunk's exponent, scaled by workers / contributions where some are
+    missing, divided by the world size for a mean, rounded to the tensor's dtype; int32:
+    as they are, or `OverflowError` on the tensor where a sum over rounds left int32.
+    The counters it adds to the engine's."""
+    w, lanes = work, work.lanes
+    index = np.fromiter((m.index for m, _ in chunks), np.int64, len(chunks))
+    have = np.fromiter((h for _, h in chunks), np.int64, len(chunks))
+    sums = np.stack([m.acc for m, _ in chunks])
+    lost = workers - have
+    rescaled = int(np.count_nonzero(lost))
+    w.lost_contributions += int(lost.sum())
+    counts = {"lost_contributions": int(lost.sum()), "tensor_bytes": 0}
+    if w.fmt.kind == "int":
+        bad = (sums > N.INT32_MAX).any(axis=1) | (sums < N.INT32_MIN).any(axis=1)
+        if bad.any():
+            c = int(index[bad][0])
+            part = w.values(c)
+            if w.error is None:
+                w.error = OverflowError(f"the int32 sum of chunk {c} (values {part.start}.."
+                                        f"{part.stop - 1}) does not fit in int32")
+            index, sums = index[~bad], sums[~bad]
+        values = sums
+    else:
+        scale = np.ldexp(1.0, np.fromiter((m.exponent for m, _ in chunks), np.int64,
+                                          len(chunks)) - w.frac)
+        values = sums * scale[:, None]
+        if rescaled:
+            values[lost > 0] *= (workers / have[lost > 0])[:, None]
+            w.rescaled_chunks += rescaled
+            counts["rescaled_chunks"] = rescaled
+        if w.mean:
+            values = values / w.world_size
+        values = N.from_float64(values, w.fmt, w.out)
+    full = w.n // lanes                 # chunks of `lanes` values; the last may be shorter
+    whole = index < full
+    w.out[:full * lanes].reshape(full, lanes)[index[whole]] = values[whole]
+    for row in np.flatnonzero(~whole):
+        w.out[full * lanes:] = values[row][:w.n - full * lanes]
+    counts["tensor_bytes"] = (int(whole.sum()) * lanes + int((~whole).sum()) * (
+        w.n - full * lanes)) * w.out.itemsize
+    return counts
 
 
 def messages_of(work: Work, nslots: int) -> list[Message]:

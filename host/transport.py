@@ -1,9 +1,11 @@
 """Transports: how a worker's packets reach the switch and come back.
 
-A transport moves `wire.Packet`s. It knows the worker's own address (`local`, what the job
-table's per-worker entry must hold), the switch port its frames enter (`switch_port`, which
-the switch itself tells: REG_PORT, read by a control request), and returns only packets whose
-ICRC checked out (the others are counted in `bad`).
+A transport moves datagrams: the UDP payload of a RoCEv2 packet, BTH .. ICRC, the ICRC
+computed over the IPv4 and UDP headers the datagram travels with (`wire`'s canonical headers
+from the path's source address to the switch's). It knows the worker's own address (`local`,
+what the job table's per-worker entry must hold), the switch port its frames enter
+(`switch_port`, which the switch itself tells: REG_PORT, read by a control request), and
+returns only datagrams whose ICRC checked out (the others are counted in `bad`).
 
 - `InProcessTransport`: a backend object (`send(port, frame)` / `run()`) shared by the workers
   of one process through an `InProcessHub`, which runs the backend and hands each output frame
@@ -29,7 +31,6 @@ switch answers the address a request came from.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import random
 import select
@@ -44,6 +45,7 @@ from host import wire as W
 IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
 IP_PMTUDISC_DO = getattr(socket, "IP_PMTUDISC_DO", 2)
 SWITCH_IP = "10.0.0.1"          # the switch's address for in-process workers
+_CONTROL = bytes([W.OP_CONTROL])
 
 
 def switch_port_for(ip: str, udp_port: int, ports: int) -> int:
@@ -100,7 +102,9 @@ class Transport:
         self.bad = 0               # packets dropped here: bad ICRC, malformed
         self.result_source = W.Endpoint("0.0.0.0", 0xC000)
 
-    def send(self, pkt: W.Packet, path: int = 0):
+    def send(self, datagram: bytes, path: int = 0, dscp: int = 0):
+        """Send a datagram (BTH .. ICRC, its ICRC for path `path`'s source address) from path
+        `path` with DSCP `dscp` (its priority class; the ICRC masks it)."""
         raise NotImplementedError
 
     def path_endpoints(self) -> list[W.Endpoint]:
@@ -113,8 +117,9 @@ class Transport:
         can, spread the other paths over other ports."""
         self.switch_port = port
 
-    def recv(self, timeout: float) -> list[W.Packet]:
-        """Packets that arrived; waits up to `timeout` seconds for the first one."""
+    def recv(self, timeout: float) -> list[bytes]:
+        """Datagrams that arrived, their ICRC checked; waits up to `timeout` seconds for the
+        first one."""
         raise NotImplementedError
 
     def close(self):
@@ -206,25 +211,26 @@ class InProcessTransport(Transport):
     def path_endpoints(self) -> list[W.Endpoint]:
         return list(self._sources)
 
-    def send(self, pkt: W.Packet, path: int = 0):
-        if path:
-            pkt = dataclasses.replace(pkt, src=self._sources[path])
-            port = self._ports[path]
-        else:
-            port = self.switch_port
-        frame = pkt.frame()
+    def send(self, datagram: bytes, path: int = 0, dscp: int = 0):
+        port = self._ports[path] if path else self.switch_port
+        frame = W.wrap_datagram(self._sources[path], self.switch, datagram, dscp)
         with self.hub.lock:
             self.hub.backend.send(port, frame)
 
-    def recv(self, timeout: float) -> list[W.Packet]:
+    def recv(self, timeout: float) -> list[bytes]:
         with self.hub.lock:
             self.hub.pump()
             frames, self.inbox = self.inbox, []
         out = []
         for frame in frames:
             try:
-                out.append(W.parse_frame(frame))
+                body, ip_udp = W.frame_datagram(frame)
             except W.WireError:
+                self.bad += 1
+                continue
+            if W.icrc_holds(body, ip_udp):
+                out.append(body)
+            else:
                 self.bad += 1
         if not out and timeout > 0:
             time.sleep(min(timeout, 0.0005))
@@ -272,12 +278,13 @@ class UdpTransport(Transport):
         self.local = W.Endpoint(ip, lport, itf.mac if itf else 0)
         self.switch = W.Endpoint(addr[0], addr[1], 0)
         self.switch_port = None
+        self._icrc = W.IcrcCheck(self.local)
         self.url = url
         self.paths = paths
         self.stray = 0
         self.socks = [self.sock] + [self._open(0) for _ in range(paths - 1)]
         self._sources = [self.local] + [self._source(s) for s in self.socks[1:]]
-        self._tos = {}              # socket -> the TOS byte it sends with
+        self._tos = [0] * paths     # the TOS byte each path's socket sends with
 
     def _open(self, bind_port: int, rcvbuf: bool = False) -> socket.socket:
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -311,6 +318,7 @@ class UdpTransport(Transport):
                     break
                 self.socks[i].close()
                 self.socks[i] = self._open(0)
+                self._tos[i] = 0
                 self._sources[i] = self._source(self.socks[i])
 
     def ingress_port(self, sock, source: W.Endpoint, tries: int = 5) -> int:
@@ -319,37 +327,34 @@ class UdpTransport(Transport):
                                  tries=tries)
         return port
 
-    def send(self, pkt: W.Packet, path: int = 0):
-        if path:
-            pkt = dataclasses.replace(pkt, src=self._sources[path])
+    def send(self, datagram: bytes, path: int = 0, dscp: int = 0):
         sock = self.socks[path]
-        tos = (pkt.dscp & 0x3F) << 2
-        if self._tos.get(sock, 0) != tos:
+        tos = (dscp & 0x3F) << 2
+        if self._tos[path] != tos:
             sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
-            self._tos[sock] = tos
+            self._tos[path] = tos
         try:
-            sock.sendto(pkt.datagram(), self._addr)
+            sock.sendto(datagram, self._addr)
         except BlockingIOError:
             pass        # a full buffer: as a lost packet
 
-    def recv(self, timeout: float) -> list[W.Packet]:
+    def recv(self, timeout: float) -> list[bytes]:
         out = []
         if timeout > 0:
             select.select([self.sock], [], [], timeout)
         switch = (self.switch.ip, self.switch.port)
         results = (self.result_source.ip, self.result_source.port)
+        recvfrom, holds = self.sock.recvfrom, self._icrc.holds
         for _ in range(256):
             try:
-                data, sender = self.sock.recvfrom(2048)
+                data, sender = recvfrom(2048)
             except (BlockingIOError, InterruptedError):
                 break
-            expected = switch if data[:1] == bytes([W.OP_CONTROL]) else results
-            if sender != expected:
+            if sender != (switch if data[:1] == _CONTROL else results):
                 self.stray += 1
-                continue
-            try:
-                out.append(W.parse_transport(data, W.Endpoint(*sender), self.local))
-            except W.WireError:
+            elif holds(data, sender):
+                out.append(data)
+            else:
                 self.bad += 1
         return out
 
@@ -454,12 +459,12 @@ class LossyTransport(Transport):
         while self._out and self._out[0][0] <= now:
             self.inner.send(*heapq.heappop(self._out)[2])
 
-    def send(self, pkt: W.Packet, path: int = 0):
+    def send(self, datagram: bytes, path: int = 0, dscp: int = 0):
         now = time.monotonic()
-        self._fault(self._out, (pkt, path), now, path * self.path_delay)
+        self._fault(self._out, (datagram, path, dscp), now, path * self.path_delay)
         self._flush(now)
 
-    def recv(self, timeout: float) -> list[W.Packet]:
+    def recv(self, timeout: float) -> list[bytes]:
         now = time.monotonic()
         self._flush(now)
         if self._in or self._out:

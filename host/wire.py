@@ -256,9 +256,11 @@ _HAS_IMM = {0x03, 0x05, 0x09, 0x0B, 0x23, 0x25, 0x29, 0x2B}
 
 
 def parse_transport(body: bytes, src: Endpoint | None = None, dst: Endpoint | None = None,
-                    ip_udp: bytes | None = None, dscp: int = 0) -> Packet:
+                    ip_udp: bytes | None = None, dscp: int = 0,
+                    icrc_checked: bool = False) -> Packet:
     """Read BTH .. ICRC. When `ip_udp` (the packet's IPv4 and UDP headers) is given, the
-    ICRC is checked against it; else against the canonical headers for `src` and `dst`."""
+    ICRC is checked against it; else against the canonical headers for `src` and `dst`;
+    not at all with `icrc_checked` (a transport checked it)."""
     if len(body) < BTH_LEN + ICRC_LEN:
         raise WireError(f"{len(body)} bytes is too short for a BTH and an ICRC")
     opcode, flags, _pkey, dqpn, psn = struct.unpack_from("!BBHII", body)
@@ -282,6 +284,8 @@ def parse_transport(body: bytes, src: Endpoint | None = None, dst: Endpoint | No
     if end - pos < padcnt:
         raise WireError("PadCnt larger than the payload")
     pkt.payload = body[pos:end - padcnt]
+    if icrc_checked:
+        return pkt
     if ip_udp is None:
         if src is None or dst is None:
             raise WireError("the ICRC needs the packet's addresses")
@@ -294,23 +298,9 @@ def parse_transport(body: bytes, src: Endpoint | None = None, dst: Endpoint | No
 
 def parse_frame(frame: bytes) -> Packet:
     """Read a whole Ethernet frame (no FCS) of RoCEv2 over IPv4, checking lengths and ICRC."""
-    if len(frame) < BTH_OFFSET + BTH_LEN + ICRC_LEN:
-        raise WireError(f"frame of {len(frame)} bytes is too short for RoCEv2")
-    if frame[12:14] != b"\x08\x00" or frame[IP_OFFSET] != 0x45:
-        raise WireError("not IPv4 without options")
-    total = struct.unpack_from("!H", frame, IP_OFFSET + 2)[0]
-    if frame[IP_OFFSET + 9] != 17 or total > len(frame) - ETH_LEN:
-        raise WireError("not UDP, or IPv4 length beyond the frame")
-    sport, dport, ulen = struct.unpack_from("!HHH", frame, UDP_OFFSET)
-    if ulen + IP_LEN != total:
-        raise WireError("UDP length disagrees with the IPv4 length")
-    src = Endpoint(ip_text(frame[IP_OFFSET + 12:IP_OFFSET + 16]), sport,
-                   int.from_bytes(frame[6:12], "big"))
-    dst = Endpoint(ip_text(frame[IP_OFFSET + 16:IP_OFFSET + 20]), dport,
-                   int.from_bytes(frame[0:6], "big"))
-    end = ETH_LEN + total
-    return parse_transport(frame[BTH_OFFSET:end], src, dst, ip_udp=frame[IP_OFFSET:BTH_OFFSET],
-                           dscp=frame[IP_OFFSET + 1] >> 2)
+    body, ip_udp = frame_datagram(frame)
+    src, dst, _ = strip_frame(frame)
+    return parse_transport(body, src, dst, ip_udp=ip_udp, dscp=frame[IP_OFFSET + 1] >> 2)
 
 
 def strip_frame(frame: bytes):
@@ -342,6 +332,130 @@ def contribution(*, job: int, rank: int, slot: int, version: int, offset: int,
                    exponent=exponent, droppable=int(droppable))
     return Packet(OP_CONTRIBUTION, dqpn, psn, lanes, va=offset, rkey=msn & 0xFFFFFFFF,
                   imm=imm, src=src, dst=dst, dscp=dscp)
+
+
+_WRITE_IMM_HEAD = struct.Struct("!BBHIIQIII")    # BTH, RETH and ImmDt of a WRITE with Imm
+_ICRC_FIELD = struct.Struct("<I")
+WRITE_IMM_HEAD_LEN = BTH_LEN + RETH_LEN + IMM_LEN
+_REQUEST_SHIFT = {name: shift for name, shift, _ in REQUEST_IMM}
+_RESULT_SHIFTS = tuple(shift for _, shift, _ in RESULT_IMM)
+_RESULT_MASKS = tuple((1 << width) - 1 for _, _, width in RESULT_IMM)
+assert [name for name, _, _ in RESULT_IMM] == ["job", "count", "version", "slot", "exponent",
+                                               "overflow"]
+
+
+def unpack_result_imm(imm: int) -> tuple[int, int, int, int, int, int]:
+    """A result ImmDt's (job, count, version, slot, exponent, overflow): `unpack_imm`'s
+    values as a tuple, for the per-packet path."""
+    (sj, sc, sv, ss, se, so), (mj, mc, mv, ms, me, mo) = _RESULT_SHIFTS, _RESULT_MASKS
+    e = imm >> se & me
+    return (imm >> sj & mj, imm >> sc & mc, imm >> sv & mv, imm >> ss & ms,
+            e - 256 if e & 0x80 else e, imm >> so & mo)
+
+
+class ContributionWriter:
+    """The contribution datagrams of one worker of one job (BTH .. ICRC, for a UDP socket or a
+    bridge to add the canonical IPv4 and UDP headers): the same bytes as `contribution(...)
+    .datagram()`, built from a struct, the ImmDt's fixed fields and the ICRC state of each
+    source endpoint's headers cached. Cost: one struct.pack and two CRC-32 calls a packet."""
+
+    def __init__(self, job: int, rank: int, sources: list[Endpoint], switch: Endpoint,
+                 dqpn: int = 2):
+        self.sources, self.switch, self.dqpn = sources, switch, dqpn
+        self.imm = pack_imm(REQUEST_IMM, job=job, rank=rank)
+        self._states: dict[tuple[int, int], int] = {}       # (path, payload bytes) -> ICRC
+
+    def _state(self, path: int, length: int) -> int:
+        src, dst = self.sources[path], self.switch
+        ip_udp = ip_udp_header(src.ip, dst.ip, src.port, dst.port,
+                               WRITE_IMM_HEAD_LEN + length + ICRC_LEN)
+        state = icrc_state(ip_udp + bth(OP_CONTRIBUTION, self.dqpn, 0)[:8])
+        self._states[path, length] = state
+        return state
+
+    def datagram(self, path: int, *, slot: int, version: int, offset: int, msn: int,
+                 psn: int, exponent: int, droppable: bool, lanes: bytes) -> bytes:
+        """A contribution from the path's source; `lanes` the little-endian int32 lanes."""
+        n = len(lanes)
+        if not 4 <= n <= MAX_PAYLOAD or n % 4:
+            raise ValueError(f"a contribution carries 4..{MAX_PAYLOAD} bytes of int32 lanes")
+        if not -128 <= exponent < 128 or not 0 <= slot < MAX_SLOTS:
+            raise ValueError(f"exponent {exponent} or slot {slot} does not fit its field")
+        imm = (self.imm | version << _REQUEST_SHIFT["version"] | slot << _REQUEST_SHIFT["slot"]
+               | (exponent & 0xFF) << _REQUEST_SHIFT["exponent"]
+               | int(droppable) << _REQUEST_SHIFT["droppable"])
+        head = _WRITE_IMM_HEAD.pack(OP_CONTRIBUTION, 0, PKEY_DEFAULT, self.dqpn,
+                                    psn & 0xFFFFFF, offset, msn & 0xFFFFFFFF, n, imm)
+        state = self._states.get((path, n))
+        if state is None:
+            state = self._state(path, n)
+        crc = zlib.crc32(lanes, zlib.crc32(memoryview(head)[8:], state))
+        return b"".join((head, lanes, _ICRC_FIELD.pack(crc)))
+
+
+def icrc_holds(body: bytes, ip_udp: bytes) -> bool:
+    """Whether a datagram (BTH .. ICRC) carries the ICRC of its IPv4 and UDP headers
+    `ip_udp`."""
+    end = len(body) - ICRC_LEN
+    if end < 8:
+        return False
+    state = icrc_state(bytes(ip_udp[:IP_LEN + UDP_LEN]) + body[:8])
+    return zlib.crc32(memoryview(body)[8:end], state) == _ICRC_FIELD.unpack_from(body, end)[0]
+
+
+class IcrcCheck:
+    """Checks the ICRC of the datagrams a UDP socket receives, for the canonical IPv4 and UDP
+    headers from their sender to the socket: the CRC state of each (sender, length, BTH
+    start) is cached, so a datagram costs one CRC-32 over its BTH onwards."""
+
+    def __init__(self, local: Endpoint):
+        self.local = local
+        self._states: dict[tuple, int] = {}
+
+    def holds(self, body: bytes, sender: tuple[str, int]) -> bool:
+        end = len(body) - ICRC_LEN
+        if end < 8:
+            return False
+        key = (sender, end, body[:8])
+        state = self._states.get(key)
+        if state is None:
+            if len(self._states) > 4096:
+                self._states.clear()
+            ip_udp = ip_udp_header(sender[0], self.local.ip, sender[1], self.local.port,
+                                   len(body))
+            state = self._states[key] = icrc_state(ip_udp + body[:8])
+        return zlib.crc32(memoryview(body)[8:end], state) == \
+            _ICRC_FIELD.unpack_from(body, end)[0]
+
+
+def read_write_imm(body: bytes) -> tuple[int, int, int, int, bytes]:
+    """(dqpn, psn, rkey, imm, payload) of an RDMA WRITE Only with Immediate without padding,
+    the form of every result (its ICRC already checked); `WireError` for anything else. The
+    fast reading of results; `parse_transport` reads any packet."""
+    end = len(body) - ICRC_LEN
+    if end < WRITE_IMM_HEAD_LEN:
+        raise WireError(f"{len(body)} bytes is too short for a WRITE with Immediate")
+    opcode, flags, _pkey, dqpn, psn, _va, rkey, _length, imm = \
+        _WRITE_IMM_HEAD.unpack_from(body)
+    if opcode != OP_WRITE_ONLY_IMM_UC or flags & 0x3F:
+        raise WireError(f"opcode {opcode:#x} with flags {flags:#x} is not an unpadded "
+                        f"WRITE Only with Immediate")
+    return dqpn & 0xFFFFFF, psn & 0xFFFFFF, rkey, imm, body[WRITE_IMM_HEAD_LEN:end]
+
+
+def frame_datagram(frame: bytes) -> tuple[bytes, bytes]:
+    """(UDP payload, IPv4 and UDP headers) of a whole Ethernet frame of RoCEv2 over IPv4,
+    its lengths checked (`WireError` if they do not hold); the ICRC is the reader's."""
+    if len(frame) < BTH_OFFSET + BTH_LEN + ICRC_LEN:
+        raise WireError(f"frame of {len(frame)} bytes is too short for RoCEv2")
+    if frame[12:14] != b"\x08\x00" or frame[IP_OFFSET] != 0x45:
+        raise WireError("not IPv4 without options")
+    total = struct.unpack_from("!H", frame, IP_OFFSET + 2)[0]
+    if frame[IP_OFFSET + 9] != 17 or total > len(frame) - ETH_LEN:
+        raise WireError("not UDP, or IPv4 length beyond the frame")
+    if struct.unpack_from("!H", frame, UDP_OFFSET + 4)[0] + IP_LEN != total:
+        raise WireError("UDP length disagrees with the IPv4 length")
+    return frame[BTH_OFFSET:ETH_LEN + total], frame[IP_OFFSET:BTH_OFFSET]
 
 
 def priority_dscp(priority_class: int) -> int:

@@ -232,16 +232,17 @@ def test_stray_contribution_from_an_earlier_use_is_refused_by_its_msn():
     sent = []
     inner_send = ws[0].transport.send
 
-    def record(pkt):
-        sent.append(pkt)
-        inner_send(pkt)
+    def record(datagram, path=0, dscp=0):
+        sent.append(datagram)
+        inner_send(datagram, path, dscp)
     ws[0].transport.send = record
     a = [np.arange(N.LANES, dtype=np.int32) * (r + 1) for r in range(2)]
     allreduce_all(ws, a)                       # use 0 of slot 0 (version 0, msn 0)
     b = [np.full(N.LANES, 7 * (r + 1), np.int32) for r in range(2)]
     allreduce_all(ws, b)                       # use 1 (version 1, msn 1)
     ws[0].transport.send = inner_send
-    assert [p.rkey for p in sent] == [0, 1]
+    t = ws[0].transport
+    assert [W.parse_transport(d, t.local, t.switch).rkey for d in sent] == [0, 1]
     inner_send(sent[0])                        # use 0 again, late: its result again
     c = [np.full(N.LANES, 100 * (r + 1), np.int32) for r in range(2)]
     results = allreduce_all(ws, c)             # use 2 (version 0, msn 2)

@@ -77,7 +77,7 @@ def test_kernel_sends_the_ipv4_header_the_icrc_covers():
     try:
         for pkt in (_contribution(t), W.control_request([(W.REG_MAGIC, 0)], 3, t.local,
                                                         t.switch)):
-            t.send(pkt)
+            t.send(pkt.datagram())
             frame = next_frame()
             ip = Ether(frame)[IP]
             assert ip.id == 0 and ip.flags.DF
