@@ -82,6 +82,15 @@ class CheckLane:
         self.membership = workers <= MEMBERSHIP_MAX_WORKERS
         self.tag_bits = 30 - (workers - 1).bit_length() if self.membership else 22
 
+    @property
+    def everyone(self) -> int:
+        """The bitmap of every rank (0 without membership)."""
+        return (1 << self.workers) - 1 if self.membership else 0
+
+    def whole(self, tag: int) -> int:
+        """The check lane of a result that holds every worker's data, for `tag`."""
+        return self.workers * tag + self.everyone
+
     def tag(self, slot: int, use: int) -> int:
         h = zlib.crc32(struct.pack("<IIII", self.session_tag, self.job, slot, use))
         return h & ((1 << self.tag_bits) - 1)

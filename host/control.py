@@ -50,6 +50,10 @@ class PsnCounter:
         self.psn = (self.psn + 1) & 0xFFFFFF
         return self.psn
 
+    def take(self, count: int) -> list[int]:
+        """The next `count` PSNs."""
+        return [self.next() for _ in range(count)]
+
 
 @dataclasses.dataclass
 class PendingRequest:

@@ -67,6 +67,7 @@ from host.messages import (
     plan_droppable,
 )
 from host.retransmit import RttEstimator
+from host.wire_arrays import ContributionWriter, read_results
 
 __all__ = ["Engine", "JoinCheck", "Work", "NetaggError", "NetaggTimeout", "DEFAULT_PRIORITY",
            "plan_droppable"]
@@ -123,7 +124,7 @@ class Engine:
         self.last_progress = time.monotonic()
         self.failed: BaseException | None = None
         self.pending_works = 0
-        self.writer: W.ContributionWriter | None = None
+        self.writer: ContributionWriter | None = None
         self.idle: list[SlotState] = []     # slots with messages dealt and none in flight
         self.earliest = float("inf")        # no retransmission is due before this
         self.delivering: list[tuple[Message, int]] = []     # completed, sums not yet out
@@ -142,7 +143,7 @@ class Engine:
             raise NetaggError(f"job {self.job} has no slots")
         self.slots = [SlotState() for _ in range(slots)]
         self.nslots = slots
-        self.writer = W.ContributionWriter(self.job, self.rank, self.transport.path_endpoints(),
+        self.writer = ContributionWriter(self.job, self.rank, self.transport.path_endpoints(),
                                            self.transport.switch)
         self.credits, self.quorum = credits, quorum
         self.needed = quorum if 0 < quorum < self.workers else self.workers
@@ -193,10 +194,7 @@ class Engine:
             wait = min(timeout, max(0.0, self._next_deadline() - time.monotonic()))
             datagrams = self.transport.recv(wait)
             if datagrams:
-                self.stats["packets_received"] += len(datagrams)
-                self.stats["bytes_received"] += sum(map(len, datagrams))
-                for datagram in datagrams:
-                    self._receive(datagram)
+                self._receive_all(datagrams)
             self._send_ready()
             self._retransmit()
             self._deliver_all()
@@ -221,39 +219,46 @@ class Engine:
         if not self.idle:
             return
         idle, self.idle = dict.fromkeys(self.idle), []
-        started = False
+        sending = []
+        credits, limit = self.credits, self.limit
         for st in idle:
-            if st.inflight is not None or not st.queue:
+            queue = st.queue
+            if st.inflight is not None or not queue:
                 continue
-            if not st.queue[0].ready():
+            m = queue[0]
+            msn = max(m.seq, st.last_msn + 1)
+            if not m.ready() or (credits and msn >= limit):
+                if credits and msn >= limit:
+                    self.stats["credit_waits"] += 1
                 self.idle.append(st)
                 continue
-            msn = st.next_msn()
-            if self.credits and msn >= self.limit:
-                self.stats["credit_waits"] += 1
-                self.idle.append(st)
-                continue
-            self._start(st, st.queue.popleft(), msn)
-            started = True
-        if started:     # the most packets in flight at once (only starting adds to them)
+            queue.popleft()
+            if self._start(st, m, msn):
+                sending.append(m)
+        if sending:
+            self._send(sending)
+            # the most packets in flight at once (only sending adds to them)
             sent = sum(1 for s in self.slots if s.inflight is not None and s.inflight.packet)
             if sent > self.stats["max_inflight"]:
                 self.stats["max_inflight"] = sent
 
-    def _start(self, st: SlotState, m: Message, msn: int):
+    def _start(self, st: SlotState, m: Message, msn: int) -> bool:
+        """Begin the message's round in the slot's next use; whether to send it now."""
         st.begin(m, msn)
         m.tag = self.check_lane.tag(m.slot, m.use)
         w = m.work
         if m.kind is MessageKind.DATA and w.fmt.kind == "fixed":
-            m.exponent = w.exponents[m.block] + m.bump
-        early = st.take_early(m.use) if st.early else None
-        if early is not None:
-            # the use closed (a quorum) before this worker began it: what it would send now
-            # could not count any more, and the result is here
-            m.packet = None
-            self.stats["early_results"] += 1
-            self._take(st, m, early)
-            return
+            m.exponent = w.exponents[m.index // w.block] + m.bump
+        if st.early:
+            early = st.take_early(m.use)
+            if early is not None:
+                # the use closed (a quorum) before this worker began it: what it would send
+                # now could not count any more, and the result is here
+                m.packet = None
+                self.stats["early_results"] += 1
+                self._take(st, m, early)
+                return False
+        m.expect = (m.use & 1, self.check_lane.whole(m.tag)) if m.acc is None else None
         if m.send is Send.NOTHING:
             # this round needs other ranks' data only: wait for the result (and, if it does
             # not come, send zeros, which only asks for it)
@@ -261,47 +266,67 @@ class Engine:
             m.timer.deadline = time.monotonic() + poke_delay(self.rtt)
             self.earliest = min(self.earliest, m.timer.deadline)
             self.stats["waited_uses"] += 1
-            return
-        self._transmit(m, self._lanes(m))
+            return False
+        return True
 
-    def _lanes(self, m: Message) -> bytes:
-        """This round's lanes of the message, its check lane sealed; its exponent field and
-        offset go into `m` for its packets."""
-        lanes, saturated, m.exp_field, m.va = m.payload()
-        lanes[-1] = N.INT32_MAX if saturated else self.check_lane.seal(m.tag, self.rank)
-        return lanes.tobytes()
+    def _send(self, msgs: list[Message]):
+        """Send the rounds of messages just started: their lanes, check lanes sealed, and
+        their packets built as one batch."""
+        rows, checks = [], []
+        seal = self.check_lane.seal
+        for m in msgs:
+            lanes, saturated, m.exp_field, m.va = m.payload()
+            rows.append(lanes)
+            checks.append(N.INT32_MAX if saturated else seal(m.tag, self.rank))
+        lanes = np.stack(rows)
+        lanes[:, -1] = checks
+        paths = [self._pick(m) for m in msgs] if self.sprayer.paths > 1 else [0] * len(msgs)
+        now = time.monotonic()
+        send, rtt = self.transport.send, self.rtt
+        for m, datagram, path in zip(msgs, self._datagrams(msgs, lanes, paths), paths):
+            m.packet = datagram
+            m.timer.sent(now, rtt)
+            self._count_sending(m, path)
+            send(datagram, path, _DSCP[m.pclass])
+        self.earliest = min(self.earliest, now + rtt.rto)
 
-    def _transmit(self, m: Message, lanes: bytes | None = None):
-        """Send the message's packet (built from `lanes`, or the one in flight again), by
-        the path the sprayer picks."""
+    def _datagrams(self, msgs: list[Message], lanes: np.ndarray, paths: list[int]):
+        return self.writer.datagrams(
+            lanes, paths=paths, slot=[m.slot for m in msgs], version=[m.use & 1 for m in msgs],
+            offset=[m.va for m in msgs], msn=[m.msn for m in msgs],
+            psn=self.psns.take(len(msgs)), exponent=[m.exp_field for m in msgs],
+            droppable=[m.sends_droppable for m in msgs])
+
+    def _pick(self, m: Message) -> int:
+        """The path of the message's next packet (the sprayer's choice)."""
+        sp = self.sprayer
+        if sp.paths == 1:
+            return 0
+        self._answered(m)
+        path = sp.pick()
+        sp.sent(path)
+        self.stats[f"packets_sent_path{path}"] += 1
+        return path
+
+    def _transmit(self, m: Message, path: int):
+        """Send the message's packet in flight again, from `path`."""
         now = time.monotonic()
         if m.timer.sent(now, self.rtt):
             self.stats["retransmissions"] += 1
-        if m.timer.deadline < self.earliest:
-            self.earliest = m.timer.deadline
-        path = 0
-        sp = self.sprayer
-        if sp.paths > 1:
-            last = m.path
-            self._answered(m)
-            path = sp.pick()
-            sp.sent(path)
-            self.stats[f"packets_sent_path{path}"] += 1
-            if lanes is None and path != last:      # the packet again, from another source
-                lanes = m.packet[W.WRITE_IMM_HEAD_LEN:-W.ICRC_LEN]
-            m.path = path
-        if lanes is not None:
-            m.packet = self.writer.datagram(
-                path, slot=m.slot, version=m.use & 1, offset=m.va, msn=m.msn,
-                psn=self.psns.next(), exponent=m.exp_field, droppable=m.sends_droppable,
-                lanes=lanes)
-        self.stats["packets_sent"] += 1
-        self.stats["bytes_sent"] += len(m.packet)
-        if m.kind is MessageKind.DATA and m.sends_droppable:
-            m.work.droppable_sent += 1
-            self.stats["droppable_sent"] += 1
-            self.stats[f"droppable_sent_class{m.pclass}"] += 1
+        self.earliest = min(self.earliest, m.timer.deadline)
+        self._count_sending(m, path)
         self.transport.send(m.packet, path, _DSCP[m.pclass])
+
+    def _count_sending(self, m: Message, path: int):
+        if self.sprayer.paths > 1:
+            m.path = path
+        stats = self.stats
+        stats["packets_sent"] += 1
+        stats["bytes_sent"] += len(m.packet)
+        if m.droppable and m.send is Send.DATA and m.kind is MessageKind.DATA:
+            m.work.droppable_sent += 1
+            stats["droppable_sent"] += 1
+            stats[f"droppable_sent_class{m.pclass}"] += 1
 
     def _answered(self, m: Message):
         if m.path is not None:
@@ -320,13 +345,80 @@ class Engine:
                     if m.packet is None:            # a round this rank waits out: ask
                         m.send = Send.ZEROS
                         self.stats["pokes"] += 1
-                        self._transmit(m, self._lanes(m))
+                        self._send([m])
                     else:
-                        self._transmit(m)
+                        self._resend(m)
                 self.earliest = min(self.earliest, m.timer.deadline)
         self.control.retransmit(now)
 
+    def _resend(self, m: Message):
+        """The message's packet in flight again (rebuilt if it leaves by another path)."""
+        last = m.path or 0
+        path = self._pick(m)
+        if path != last:
+            lanes = np.frombuffer(m.packet, "<i4", self.lanes + 1, W.WRITE_IMM_HEAD_LEN)
+            [m.packet] = self._datagrams([m], lanes[None, :], [path])
+        self._transmit(m, path)
+
     # --- receiving ----------------------------------------------------------------------
+
+    def _receive_all(self, datagrams: list[bytes]):
+        """Take a step's datagrams: the job's results as a batch (`host.results`), each
+        that completes its use with every worker's data at once (`_take_whole`), the rest
+        one at a time."""
+        self.stats["packets_received"] += len(datagrams)
+        self.stats["bytes_received"] += sum(map(len, datagrams))
+        batch, rest = read_results(datagrams, lanes=self.lanes, qpn=self.qpn,
+                                   rkey=self.session_tag, job=self.job, slots=self.nslots,
+                                   near=self.limit)
+        for datagram in rest:
+            self._receive(datagram)
+        if batch is None:
+            return
+        top = max(batch.limit)
+        if top > self.limit:
+            self.limit = top
+        now = time.monotonic()
+        slots, workers, idle, delivering = self.slots, self.workers, self.idle, self.delivering
+        everyone, others, sampled = self.check_lane.everyone, [], False
+        lanes, limits, exponents = batch.lanes, batch.limit, batch.exponent
+        for i, s in enumerate(batch.slot):
+            st = slots[s]
+            m = st.inflight
+            if m is None or m.expect != (batch.version[i], batch.check[i]) \
+                    or batch.count[i] != workers or batch.overflow[i] \
+                    or limits[i] < st.last_psn:
+                others.append(i)
+                continue
+            # the use holds every worker's data (its check lane shows it, not saturated):
+            # the message is complete (`_take`'s common case, inline)
+            if not sampled and m.timer.attempts == 1:     # a round trip sample a batch
+                self.rtt.sample(now - m.timer.sent_at)
+                sampled = True
+            st.inflight = None
+            idle.append(st)
+            st.last_psn = limits[i]
+            if m.path is not None:
+                self._answered(m)
+            st.recent.append(m.tag)
+            e = exponents[i]
+            if e > m.exp_max:                   # (EXP_NONE is the smallest)
+                m.exp_max = e
+            m.members = everyone
+            w = m.work
+            if m.kind is MessageKind.EXPONENT:
+                w.exponents[m.index] = m.exp_max
+                continue
+            m.acc = lanes[i, :-1]
+            if m.index % w.block == 0 and w.fmt.kind == "fixed":
+                nb = m.piggybacked_block()
+                if nb is not None and m.exp_max != N.EXP_NONE:
+                    w.exponents.setdefault(nb, m.exp_max)
+            delivering.append((m, workers))
+        if len(others) < len(batch):
+            self.last_progress = now
+        for i in others:
+            self._classify(batch.result(i))
 
     def _receive(self, datagram: bytes):
         if datagram[0] == W.OP_CONTROL and self.control.take_answer(datagram):
@@ -354,9 +446,13 @@ class Engine:
             return
         lanes = np.frombuffer(payload, "<i4")
         check = int(lanes[-1])
-        res = Result(slot, version, count, exponent, bool(overflow) or check == N.INT32_MAX,
-                     lanes, limit, check)
-        st = self.slots[slot]
+        self._classify(Result(slot, version, count, exponent,
+                              bool(overflow) or check == N.INT32_MAX, lanes, limit, check))
+
+    def _classify(self, res: Result):
+        """Take a result if it is its slot's current use's, keep it if it is a later one's,
+        count it otherwise."""
+        st = self.slots[res.slot]
         match, use = self.check_lane.classify(res, st)
         if match is Match.CURRENT:
             self._take(st, st.inflight, res)

@@ -168,10 +168,12 @@ class Message:
     exp_max: int = N.EXP_NONE       # the largest exponent field of its results
     filled: bool = False            # filled in at least once
     tag: int = 0                    # the check lane's tag of its use (`CheckLane.tag`)
+    expect: tuple[int, int] | None = None   # (version, check lane) of a result that holds
+    #                                         every worker's data (first rounds only)
     exp_field: int = N.EXP_NONE     # the ImmDt exponent field and RETH.va of its packets
     va: int = 0
     packet: bytes | None = None     # the datagram in flight (None: none yet, or waiting)
-    timer: RetransmitTimer = dataclasses.field(default_factory=RetransmitTimer)
+    timer: RetransmitTimer | None = None     # from the start of its round
     path: int | None = None         # the path of the copy in flight (spraying)
 
     def again(self, **changes) -> Message:
@@ -271,6 +273,7 @@ class SlotState:
     def begin(self, m: Message, msn: int):
         """`m` is the slot's next use, numbered `msn`."""
         m.use = self.use
+        m.timer = RetransmitTimer()
         self.use += 1
         m.msn = self.last_msn = msn
         self.inflight = m

@@ -3,8 +3,8 @@
 
 The engine is only ever touched under `lock`: the thread holds it for one `Engine.step`
 (which waits for the socket at most `POLL` seconds), the caller for a submission or a look
-at the counters. Waiters sleep on `changed`, which the thread notifies after every step, so
-a finished allreduce, or the engine's failure (`Engine.failed`: a timeout naming what is
+at the counters. Waiters sleep on `changed`, which the thread notifies after a step that
+finished a work or failed, so a finished allreduce, or the engine's failure (`Engine.failed`: a timeout naming what is
 missing), reaches them within a step. The thread idles on an event while the engine has
 nothing to do, and stops with `stop()`.
 
@@ -41,11 +41,14 @@ class Progress:
                 self._work.clear()
                 continue
             with self.lock:
+                pending = self.engine.pending_works
                 try:
                     self.engine.step(POLL)
-                except Exception:       # kept in engine.failed, raised to the waiters
-                    pass
-                self.changed.notify_all()
+                except Exception as e:  # raised to the waiters (a NetaggError is kept
+                    if self.engine.failed is None:      # by the engine itself)
+                        self.engine.failed = e
+                if self.engine.pending_works != pending or self.engine.failed:
+                    self.changed.notify_all()
 
     def wait_for(self, ready, timeout: float | None) -> bool:
         """Wait until `ready()` (called under the lock) or the engine failed; False if

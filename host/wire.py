@@ -337,7 +337,6 @@ def contribution(*, job: int, rank: int, slot: int, version: int, offset: int,
 _WRITE_IMM_HEAD = struct.Struct("!BBHIIQIII")    # BTH, RETH and ImmDt of a WRITE with Imm
 _ICRC_FIELD = struct.Struct("<I")
 WRITE_IMM_HEAD_LEN = BTH_LEN + RETH_LEN + IMM_LEN
-_REQUEST_SHIFT = {name: shift for name, shift, _ in REQUEST_IMM}
 _RESULT_SHIFTS = tuple(shift for _, shift, _ in RESULT_IMM)
 _RESULT_MASKS = tuple((1 << width) - 1 for _, _, width in RESULT_IMM)
 assert [name for name, _, _ in RESULT_IMM] == ["job", "count", "version", "slot", "exponent",
@@ -351,46 +350,6 @@ def unpack_result_imm(imm: int) -> tuple[int, int, int, int, int, int]:
     e = imm >> se & me
     return (imm >> sj & mj, imm >> sc & mc, imm >> sv & mv, imm >> ss & ms,
             e - 256 if e & 0x80 else e, imm >> so & mo)
-
-
-class ContributionWriter:
-    """The contribution datagrams of one worker of one job (BTH .. ICRC, for a UDP socket or a
-    bridge to add the canonical IPv4 and UDP headers): the same bytes as `contribution(...)
-    .datagram()`, built from a struct, the ImmDt's fixed fields and the ICRC state of each
-    source endpoint's headers cached. Cost: one struct.pack and two CRC-32 calls a packet."""
-
-    def __init__(self, job: int, rank: int, sources: list[Endpoint], switch: Endpoint,
-                 dqpn: int = 2):
-        self.sources, self.switch, self.dqpn = sources, switch, dqpn
-        self.imm = pack_imm(REQUEST_IMM, job=job, rank=rank)
-        self._states: dict[tuple[int, int], int] = {}       # (path, payload bytes) -> ICRC
-
-    def _state(self, path: int, length: int) -> int:
-        src, dst = self.sources[path], self.switch
-        ip_udp = ip_udp_header(src.ip, dst.ip, src.port, dst.port,
-                               WRITE_IMM_HEAD_LEN + length + ICRC_LEN)
-        state = icrc_state(ip_udp + bth(OP_CONTRIBUTION, self.dqpn, 0)[:8])
-        self._states[path, length] = state
-        return state
-
-    def datagram(self, path: int, *, slot: int, version: int, offset: int, msn: int,
-                 psn: int, exponent: int, droppable: bool, lanes: bytes) -> bytes:
-        """A contribution from the path's source; `lanes` the little-endian int32 lanes."""
-        n = len(lanes)
-        if not 4 <= n <= MAX_PAYLOAD or n % 4:
-            raise ValueError(f"a contribution carries 4..{MAX_PAYLOAD} bytes of int32 lanes")
-        if not -128 <= exponent < 128 or not 0 <= slot < MAX_SLOTS:
-            raise ValueError(f"exponent {exponent} or slot {slot} does not fit its field")
-        imm = (self.imm | version << _REQUEST_SHIFT["version"] | slot << _REQUEST_SHIFT["slot"]
-               | (exponent & 0xFF) << _REQUEST_SHIFT["exponent"]
-               | int(droppable) << _REQUEST_SHIFT["droppable"])
-        head = _WRITE_IMM_HEAD.pack(OP_CONTRIBUTION, 0, PKEY_DEFAULT, self.dqpn,
-                                    psn & 0xFFFFFF, offset, msn & 0xFFFFFFFF, n, imm)
-        state = self._states.get((path, n))
-        if state is None:
-            state = self._state(path, n)
-        crc = zlib.crc32(lanes, zlib.crc32(memoryview(head)[8:], state))
-        return b"".join((head, lanes, _ICRC_FIELD.pack(crc)))
 
 
 def icrc_holds(body: bytes, ip_udp: bytes) -> bool:

@@ -1,0 +1,155 @@
+"""The wire format as numpy records: a step's contributions written, and its results read,
+a batch at a time. The bytes are `host.wire`'s, field for field.
+
+`ContributionWriter` writes the contributions a worker starts in one step into one buffer:
+the BTH, RETH and ImmDt of all of them as array assignments, the lanes (each with its check
+lane) as one copy, then the ICRC of each, a CRC-32 continued from the cached state of its
+source path's IPv4 and UDP headers (`wire.icrc_state`). Each datagram is a memoryview of
+that buffer.
+
+`read_results` takes the datagrams of one step (their ICRC already checked by the
+transport) and reads, in one numpy pass over their concatenation, every result of the job:
+a WRITE Only with Immediate of the job's result length (BTH, RETH, ImmDt, `lanes + 1` int32
+lanes, ICRC), to this worker's queue pair (BTH.dqpn), with the session's R_Key
+(RETH.rkey), of this job and of one of its slots (ImmDt). What passes is a `ResultBatch`:
+per result its slot, version, count, exponent, overflow flag, check lane, the job's credit
+limit it carries (BTH.psn unwrapped near the engine's) and its lanes, a view of the one
+buffer. Everything else (control answers, foreign or malformed packets) comes back as it
+was, for the engine to read one at a time and count.
+
+Cost: a handful of array operations a batch, and per packet one CRC-32 call (writing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import zlib
+
+import numpy as np
+
+from host import numerics as N
+from host import wire as W
+from host.messages import Result
+
+_HEAD = [("opcode", "u1"), ("flags", "u1"), ("pkey", ">u2"), ("dqpn", ">u4"), ("psn", ">u4"),
+         ("va", ">u8"), ("rkey", ">u4"), ("dma_length", ">u4"), ("imm", ">u4")]
+assert np.dtype(_HEAD).itemsize == W.WRITE_IMM_HEAD_LEN
+
+
+@functools.lru_cache(maxsize=64)
+def write_imm_dtype(lanes: int) -> np.dtype:
+    """A contribution or result datagram of `lanes` data lanes (and the check lane) as a
+    numpy record: BTH, RETH, ImmDt, lanes, ICRC."""
+    return np.dtype(_HEAD + [("lanes", "<i4", (lanes + 1,)), ("icrc", "<u4")])
+
+
+_REQUEST = {name: (shift, (1 << width) - 1) for name, shift, width in W.REQUEST_IMM}
+
+
+class ContributionWriter:
+    """The contribution datagrams of one worker of one job, for a UDP socket or a bridge to
+    add the canonical IPv4 and UDP headers from path `p`'s source (`sources[p]`) to the
+    switch."""
+
+    def __init__(self, job: int, rank: int, sources: list[W.Endpoint], switch: W.Endpoint,
+                 dqpn: int = 2):
+        self.sources, self.switch, self.dqpn = sources, switch, dqpn
+        self.imm = W.pack_imm(W.REQUEST_IMM, job=job, rank=rank)
+        self._states: dict[tuple[int, int], int] = {}       # (path, lanes) -> ICRC state
+
+    def _state(self, path: int, lanes: int) -> int:
+        state = self._states.get((path, lanes))
+        if state is None:
+            src, dst = self.sources[path], self.switch
+            ip_udp = W.ip_udp_header(src.ip, dst.ip, src.port, dst.port,
+                                     write_imm_dtype(lanes).itemsize)
+            state = W.icrc_state(ip_udp + W.bth(W.OP_CONTRIBUTION, self.dqpn, 0)[:8])
+            self._states[path, lanes] = state
+        return state
+
+    def datagrams(self, lanes: np.ndarray, *, paths: list[int], slot: list[int],
+                  version: list[int], offset: list[int], msn: list[int], psn: list[int],
+                  exponent: list[int], droppable: list[bool]) -> list[memoryview]:
+        """Contributions of `lanes` (one int32 row each, the check lane last), one per
+        entry of the field lists, each from its path's source."""
+        k, width = lanes.shape
+        if not 2 <= width <= W.MAX_PAYLOAD // 4:
+            raise ValueError(f"a contribution carries 4..{W.MAX_PAYLOAD} bytes of int32 "
+                             f"lanes, not {4 * width}")
+        slot_ = np.asarray(slot, np.int64)
+        exponent_ = np.asarray(exponent, np.int64)
+        if (slot_ >= W.MAX_SLOTS).any() or (exponent_ < -128).any() \
+                or (exponent_ > 127).any():
+            raise ValueError("a slot or an exponent does not fit its ImmDt field")
+        recs = np.empty(k, write_imm_dtype(width - 1))
+        recs["opcode"], recs["flags"], recs["pkey"] = W.OP_CONTRIBUTION, 0, W.PKEY_DEFAULT
+        recs["dqpn"], recs["dma_length"] = self.dqpn, 4 * width
+        recs["psn"] = np.asarray(psn, np.int64) & 0xFFFFFF
+        recs["va"] = offset
+        recs["rkey"] = np.asarray(msn, np.int64) & 0xFFFFFFFF
+        field = {name: shift for name, (shift, _) in _REQUEST.items()}
+        recs["imm"] = (self.imm | np.asarray(version, np.int64) << field["version"]
+                       | slot_ << field["slot"] | (exponent_ & 0xFF) << field["exponent"]
+                       | np.asarray(droppable, np.int64) << field["droppable"])
+        recs["lanes"] = lanes
+        buf, size = memoryview(recs.view(np.uint8)), recs.itemsize
+        icrc = recs["icrc"]
+        states = [self._state(p, width - 1) for p in range(len(self.sources))]
+        for i, p in enumerate(paths):
+            icrc[i] = zlib.crc32(buf[i * size + 8:(i + 1) * size - W.ICRC_LEN], states[p])
+        return [buf[i * size:(i + 1) * size] for i in range(k)]
+
+
+@dataclasses.dataclass
+class ResultBatch:
+    """The results of a step, as arrays (one entry per result, in arrival order)."""
+
+    slot: list[int]
+    version: list[int]
+    count: list[int]
+    exponent: list[int]
+    overflow: list[bool]        # the overflow flag, or a worker's saturation marker
+    check: list[int]            # the check lane
+    limit: list[int]            # the job's credit limit (BTH.psn, unwrapped)
+    lanes: np.ndarray           # (results, lanes + 1) int32: the sums, then the check lane
+
+    def __len__(self) -> int:
+        return len(self.slot)
+
+    def result(self, i: int) -> Result:
+        """Result `i` as the engine's one-at-a-time reading makes it."""
+        return Result(self.slot[i], self.version[i], self.count[i], self.exponent[i],
+                      self.overflow[i], self.lanes[i], self.limit[i], self.check[i])
+
+
+def read_results(datagrams: list[bytes], *, lanes: int, qpn: int, rkey: int, job: int,
+                 slots: int, near: int) -> tuple[ResultBatch | None, list[bytes]]:
+    """The job's results among `datagrams` (None if there are none), and the others."""
+    dtype = write_imm_dtype(lanes)
+    size = dtype.itemsize
+    mine = [d for d in datagrams if len(d) == size and d[0] == W.OP_RESULT]
+    if not mine or not slots:
+        return None, datagrams
+    rest = [d for d in datagrams if len(d) != size or d[0] != W.OP_RESULT] \
+        if len(mine) < len(datagrams) else []
+    recs = np.frombuffer(b"".join(mine), dtype)
+    imm = recs["imm"].astype(np.int64)
+    f = {name: imm >> shift & ((1 << width) - 1) for name, shift, width in W.RESULT_IMM}
+    ok = ((recs["flags"] & 0x3F) == 0) & ((recs["dqpn"] & 0xFFFFFF) == qpn) \
+        & (recs["rkey"] == rkey) & (f["job"] == job) & (f["slot"] < slots)
+    if not ok.all():
+        rest += [d for d, good in zip(mine, ok.tolist()) if not good]
+        recs, f = recs[ok], {name: v[ok] for name, v in f.items()}
+        if not len(recs):
+            return None, rest
+    span = 1 << 24                      # BTH.psn unwrapped near `near`, as `wire.unwrap`
+    delta = (recs["psn"].astype(np.int64) - near) % span
+    limit = near + np.where(delta >= span // 2, delta - span, delta)
+    sums = recs["lanes"]
+    check = sums[:, -1]
+    exponent = f["exponent"] - ((f["exponent"] & 0x80) << 1)
+    overflow = (f["overflow"] != 0) | (check == N.INT32_MAX)
+    return ResultBatch(f["slot"].tolist(), f["version"].tolist(), f["count"].tolist(),
+                       exponent.tolist(), overflow.tolist(), check.tolist(), limit.tolist(),
+                       sums), rest
