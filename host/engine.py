@@ -7,8 +7,14 @@ the credits allow, sends each contribution with its check lane (`host.checklane`
 lane, and the rounds that fill in a chunk short of contributions) by the path the sprayer
 picks, sends again what is late (`host.retransmit`: timeouts from measured round trips),
 takes each result the check lane shows to be its use's, and delivers the sums into the
-tensor. Control requests share its transport, PSNs and round-trip estimate
-(`host.control`).
+tensor (`host.taking`: the receiving half). Control requests share its transport, PSNs and
+round-trip estimate (`host.control`).
+
+- **A step.** Each `step` receives what arrived, starts every slot that may start, sends
+  their contributions as one batch (`host.wire_arrays.ContributionWriter`: headers as
+  arrays, a block's chunks quantised at once), sends again what is late, and writes the
+  sums of the chunks completed into their tensors; the costs that do not depend on the
+  packet count are paid once a step, not once a packet.
 
 - **Credits.** The engine keeps the job's credit limit L (a running total: the job's
   CREDITS, then, from every result of the job, max(L, the result's BTH.psn unwrapped near
@@ -35,7 +41,8 @@ tensor. Control requests share its transport, PSNs and round-trip estimate
   answers control requests (then a peer is missing) or not.
 
 Cost: per worker, one packet of state per slot in flight, and per tensor one exponent per
-block. `step` is non-blocking beyond its `timeout` argument.
+block and its quantised lanes while it is in flight. `step` is non-blocking beyond its
+`timeout` argument.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ import numpy as np
 from host import numerics as N
 from host import transport as T
 from host import wire as W
-from host.checklane import MEMBERSHIP_MAX_WORKERS, CheckLane, Match, Outcome, poke_delay
+from host.checklane import MEMBERSHIP_MAX_WORKERS, CheckLane, poke_delay
 from host.control import ControlChannel, PsnCounter
 from host.errors import NetaggError, NetaggTimeout
 from host.messages import (
@@ -58,16 +65,15 @@ from host.messages import (
     Dealer,
     Message,
     MessageKind,
-    Result,
     Send,
     SlotState,
     Work,
-    deliver,
     messages_of,
     plan_droppable,
 )
 from host.retransmit import RttEstimator
-from host.wire_arrays import ContributionWriter, read_results
+from host.taking import Taking
+from host.wire_arrays import ContributionWriter
 
 __all__ = ["Engine", "JoinCheck", "Work", "NetaggError", "NetaggTimeout", "DEFAULT_PRIORITY",
            "plan_droppable"]
@@ -91,7 +97,7 @@ def _shared(part: str, name: str) -> property:
                     lambda self, value: setattr(getattr(self, part), name, value))
 
 
-class Engine:
+class Engine(Taking):
     """One worker's side of one switch job: `submit` works, `step` until they are done;
     `control` is its control channel, `stats` its counters."""
 
@@ -359,206 +365,6 @@ class Engine:
             lanes = np.frombuffer(m.packet, "<i4", self.lanes + 1, W.WRITE_IMM_HEAD_LEN)
             [m.packet] = self._datagrams([m], lanes[None, :], [path])
         self._transmit(m, path)
-
-    # --- receiving ----------------------------------------------------------------------
-
-    def _receive_all(self, datagrams: list[bytes]):
-        """Take a step's datagrams: the job's results as a batch (`host.results`), each
-        that completes its use with every worker's data at once (`_take_whole`), the rest
-        one at a time."""
-        self.stats["packets_received"] += len(datagrams)
-        self.stats["bytes_received"] += sum(map(len, datagrams))
-        batch, rest = read_results(datagrams, lanes=self.lanes, qpn=self.qpn,
-                                   rkey=self.session_tag, job=self.job, slots=self.nslots,
-                                   near=self.limit)
-        for datagram in rest:
-            self._receive(datagram)
-        if batch is None:
-            return
-        top = max(batch.limit)
-        if top > self.limit:
-            self.limit = top
-        now = time.monotonic()
-        slots, workers, idle, delivering = self.slots, self.workers, self.idle, self.delivering
-        everyone, others, sampled = self.check_lane.everyone, [], False
-        lanes, limits, exponents = batch.lanes, batch.limit, batch.exponent
-        for i, s in enumerate(batch.slot):
-            st = slots[s]
-            m = st.inflight
-            if m is None or m.expect != (batch.version[i], batch.check[i]) \
-                    or batch.count[i] != workers or batch.overflow[i] \
-                    or limits[i] < st.last_psn:
-                others.append(i)
-                continue
-            # the use holds every worker's data (its check lane shows it, not saturated):
-            # the message is complete (`_take`'s common case, inline)
-            if not sampled and m.timer.attempts == 1:     # a round trip sample a batch
-                self.rtt.sample(now - m.timer.sent_at)
-                sampled = True
-            st.inflight = None
-            idle.append(st)
-            st.last_psn = limits[i]
-            if m.path is not None:
-                self._answered(m)
-            st.recent.append(m.tag)
-            e = exponents[i]
-            if e > m.exp_max:                   # (EXP_NONE is the smallest)
-                m.exp_max = e
-            m.members = everyone
-            w = m.work
-            if m.kind is MessageKind.EXPONENT:
-                w.exponents[m.index] = m.exp_max
-                continue
-            m.acc = lanes[i, :-1]
-            if m.index % w.block == 0 and w.fmt.kind == "fixed":
-                nb = m.piggybacked_block()
-                if nb is not None and m.exp_max != N.EXP_NONE:
-                    w.exponents.setdefault(nb, m.exp_max)
-            delivering.append((m, workers))
-        if len(others) < len(batch):
-            self.last_progress = now
-        for i in others:
-            self._classify(batch.result(i))
-
-    def _receive(self, datagram: bytes):
-        if datagram[0] == W.OP_CONTROL and self.control.take_answer(datagram):
-            return
-        try:
-            dqpn, psn, rkey, imm, payload = W.read_write_imm(datagram)
-        except W.WireError:
-            self.stats["ignored"] += 1
-            return
-        if dqpn != self.qpn:
-            self.stats["ignored"] += 1
-            return
-        if rkey != self.session_tag:        # the R_Key the session wrote in the job table
-            self.stats["foreign_results"] += 1
-            return
-        job, count, version, slot, exponent, overflow = W.unpack_result_imm(imm)
-        if job != self.job or not self.nslots:
-            self.stats["ignored"] += 1
-            return
-        limit = W.unwrap(psn, self.limit)
-        if limit > self.limit:
-            self.limit = limit
-        if slot >= self.nslots or len(payload) != 4 * (self.lanes + 1):
-            self.stats["ignored"] += 1
-            return
-        lanes = np.frombuffer(payload, "<i4")
-        check = int(lanes[-1])
-        self._classify(Result(slot, version, count, exponent,
-                              bool(overflow) or check == N.INT32_MAX, lanes, limit, check))
-
-    def _classify(self, res: Result):
-        """Take a result if it is its slot's current use's, keep it if it is a later one's,
-        count it otherwise."""
-        st = self.slots[res.slot]
-        match, use = self.check_lane.classify(res, st)
-        if match is Match.CURRENT:
-            self._take(st, st.inflight, res)
-        elif match is Match.EARLY:
-            st.early[use] = res
-            self.stats["early_results_kept"] += 1
-        elif match is Match.STALE:
-            self.stats["stale_results"] += 1
-        else:
-            self.stats["unrecognized_results"] += 1
-
-    def _take(self, st: SlotState, m: Message, res: Result):
-        """Apply the result of the message's use (its check lane verified)."""
-        members = res.members
-        if members is None and not res.overflow:        # a result kept early
-            members = self.check_lane.members(res.check, res.count, m.tag)
-        now = time.monotonic()
-        self.rtt.answered(m.timer, now)
-        st.inflight = None
-        self.idle.append(st)
-        st.last_psn = max(st.last_psn, res.limit)
-        self._answered(m)
-        st.recent.append(m.tag)
-        w = m.work
-        # progress: a round that adds data (a round of zeros only does not: a peer that
-        # stopped must end in NetaggTimeout, not in fill rounds forever)
-        if res.overflow or m.acc is None or (members or 0) & ~m.members:
-            self.last_progress = now
-        if res.exponent != N.EXP_NONE:
-            m.exp_max = max(m.exp_max, res.exponent)
-        if res.overflow and m.kind is MessageKind.DATA:
-            self.stats["overflows"] += 1
-            if w.fmt.kind == "fixed" and m.bump < 64:
-                self._redo(st, m, bump=m.bump + 1)
-                return
-            if w.error is None:
-                part = w.values(m.index)
-                w.error = OverflowError(
-                    f"the int32 sum saturated in chunk {m.index} (values {part.start}.."
-                    f"{part.stop - 1}): the exact sum does not fit")
-            self._finish_chunk(w)
-            return
-        if self.check_lane.membership and m.acc is not None:
-            m.acc = m.acc + res.sums.astype(np.int64)
-            m.members |= members or 0
-            have = m.members.bit_count()
-        else:
-            m.acc = res.sums
-            m.members = members or 0
-            have = m.members.bit_count() if self.check_lane.membership else res.count
-        outcome = self.check_lane.outcome(have, w.loss_budget, m.kind)
-        if outcome is Outcome.FILL_IN:
-            self._fill(st, m)
-            return
-        if outcome is Outcome.REDO:
-            self._redo(st, m, bump=m.bump)
-            return
-        if m.kind is MessageKind.EXPONENT:
-            w.exponents[m.index] = m.exp_max
-            return
-        if w.fmt.kind == "fixed" and m.index % w.block == 0:
-            nb = m.piggybacked_block()
-            if nb is not None and m.exp_max != N.EXP_NONE:
-                w.exponents.setdefault(nb, m.exp_max)
-        self.delivering.append((m, have))
-
-    def _finish_chunk(self, w: Work):
-        w.remaining -= 1
-        if w.remaining == 0:
-            w.done = True
-            self.pending_works -= 1
-
-    def _next_round(self, st: SlotState, m: Message, **changes):
-        """The message again, in the slot's next use (every worker decides the same)."""
-        st.inflight = None
-        self._answered(m)
-        st.queue.appendleft(m.again(**changes))
-
-    def _redo(self, st: SlotState, m: Message, bump: int):
-        """The message again, whole: every rank sends its data."""
-        self.stats["redone"] += 1
-        self._next_round(st, m, bump=bump, send=Send.DATA, acc=None, members=0)
-
-    def _fill(self, st: SlotState, m: Message):
-        """Fill the chunk in (see `CheckLane.fill_in` for who sends what)."""
-        send = self.check_lane.fill_in(m.members, self.rank, self.needed)
-        self.stats["fill_rounds"] += 1
-        if m.kind is MessageKind.DATA and not m.filled:
-            m.work.filled_chunks += 1
-            self.stats["filled_chunks"] += 1
-        self._next_round(st, m, send=send, filled=True)
-
-    def _deliver_all(self):
-        """Write the sums of the chunks completed since the last call into their tensors
-        (`deliver`, a tensor at a time), then count the chunks done."""
-        if not self.delivering:
-            return
-        done, self.delivering = self.delivering, []
-        by_work: dict[int, list[tuple[Message, int]]] = {}
-        for m, have in done:
-            by_work.setdefault(id(m.work), []).append((m, have))
-        for chunks in by_work.values():
-            w = chunks[0][0].work
-            self.stats.update(deliver(w, chunks, self.workers))
-            for _ in chunks:
-                self._finish_chunk(w)
 
     # --- joining and bounded waiting ----------------------------------------------------
 

@@ -4,9 +4,10 @@
 The engine is only ever touched under `lock`: the thread holds it for one `Engine.step`
 (which waits for the socket at most `POLL` seconds), the caller for a submission or a look
 at the counters. Waiters sleep on `changed`, which the thread notifies after a step that
-finished a work or failed, so a finished allreduce, or the engine's failure (`Engine.failed`: a timeout naming what is
-missing), reaches them within a step. The thread idles on an event while the engine has
-nothing to do, and stops with `stop()`.
+finished a work or failed, so a finished allreduce, or the engine's failure
+(`Engine.failed`: a timeout naming what is missing, or any error a step raised), reaches
+them within a step. The thread idles on an event while the engine has nothing to do, and
+stops with `stop()`.
 
 Used for workers whose transport has no driver of its own (UDP); in-process workers keep
 being driven cooperatively from `wait`.
