@@ -40,9 +40,9 @@ NO_PAYLOAD = {0x0C, 0x11}
 # (IPv4 as ten 16-bit words). The checks read these and the frame's length, nothing else (the
 # ICRC aside): their outcome is cached per (headers, length), which a sender's frames share.
 HEADERS = struct.Struct("!H 10H HHHH BBHI")
-_CHECKED = slice(W.IP_OFFSET - 2, W.BTH_OFFSET + 8)
-_RETH_IMM = struct.Struct("!QIII")          # RETH (va, rkey, dma_length) and ImmDt
-_ICRC = struct.Struct("<I")
+CHECKED = slice(W.IP_OFFSET - 2, W.BTH_OFFSET + 8)
+RETH_IMM = struct.Struct("!QIII")          # RETH (va, rkey, dma_length) and ImmDt
+ICRC_WORD = struct.Struct("<I")
 
 
 class Header(NamedTuple):
@@ -66,11 +66,17 @@ class Extension(NamedTuple):
 
 def decode(frame: bytes) -> tuple[int, Header | None]:
     """The parser's verdict on a frame, and its `Header` when the verdict is OK."""
-    verdict, header, body_end, state = checks(bytes(frame[_CHECKED]), len(frame))
-    if verdict == OK and _ICRC.unpack_from(frame, body_end)[0] != zlib.crc32(
-            frame[W.IP_OFFSET + W.ICRC_HEADERS:body_end], state):
+    verdict, header, body_end, state = checks(bytes(frame[CHECKED]), len(frame))
+    if verdict == OK and not icrc_matches(frame, body_end, state):
         return BAD_ICRC, None
     return verdict, header
+
+
+def icrc_matches(frame: bytes, body_end: int, state: int) -> bool:
+    """Whether the ICRC at `body_end` is the frame's, with `state` the ICRC's state after its
+    headers (`checks`)."""
+    return ICRC_WORD.unpack_from(frame, body_end)[0] == zlib.crc32(
+        frame[W.IP_OFFSET + W.ICRC_HEADERS:body_end], state)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -125,7 +131,7 @@ def contribution(frame: bytes, header: Header | None) -> tuple[Extension, Reques
     fields; None for any other frame."""
     if header is None or header.opcode != W.OP_CONTRIBUTION:
         return None
-    reth = Extension._make(_RETH_IMM.unpack_from(frame, W.BTH_OFFSET + W.BTH_LEN))
+    reth = Extension._make(RETH_IMM.unpack_from(frame, W.BTH_OFFSET + W.BTH_LEN))
     return reth, request(reth.imm)
 
 
@@ -170,4 +176,4 @@ class ResultTemplate:
         tail = _RESULT_TAIL.pack(psn & 0xFFFFFF, va & 0xFFFFFFFFFFFFFFFF, self.rkey,
                                  self.length, imm)
         crc = zlib.crc32(payload, zlib.crc32(tail, self.state))
-        return b"".join((self.head, tail, payload, _ICRC.pack(crc)))
+        return b"".join((self.head, tail, payload, ICRC_WORD.pack(crc)))

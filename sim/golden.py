@@ -93,6 +93,7 @@ VERDICT_COUNTERS = {
     BAD_ICRC: "drop_bad_icrc", OVERSIZE: "drop_oversize",
 }
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+PORT_REFUSALS = {"drop_bad_payload", "drop_bad_job"}     # counted on the port, not the job
 
 
 def parse(frame: bytes):
@@ -150,6 +151,13 @@ class SlotCopy:
     msn16: int = 0                    # low 16 bits of the use's MSN
     exponent: int = 0
     overflow: bool = False
+
+    def begin(self, bit: int, sums: np.ndarray, null: bool, msn: int, exponent: int):
+        """A new use, begun by one contribution (its rank's `bit`) with its lanes as the
+        `sums` (a null's are zeros)."""
+        self.bitmap, self.count, self.data = bit, 1, int(not null)
+        self.sums, self.length, self.msn16 = sums, 4 * len(sums), msn & 0xFFFF
+        self.exponent, self.overflow = exponent, False
 
     def __eq__(self, other):
         if not isinstance(other, SlotCopy):
@@ -269,28 +277,19 @@ class GoldenSwitch:
 
     def _contribution(self, port: int, header: Header, reth: Extension, req: Request,
                       payload: bytes, null: bool) -> list:
-        length = len(payload)
-        if not (4 <= length <= self.max_payload and length % 4 == 0
-                and reth.dma_length == length):
-            self.port_counters[port]["drop_bad_payload"] += 1
+        refusal = self._refusal(header.src_ip, reth.dma_length, req, len(payload))
+        if refusal is not None:
+            scope = self.port_counters[port] if refusal in PORT_REFUSALS else \
+                self.job_counters[req.job]
+            scope[refusal] += 1
             return []
         j, rank, slot, version = req.job, req.rank, req.slot, req.version
-        if j >= self.jobs or not self.job[j].enable:
-            self.port_counters[port]["drop_bad_job"] += 1
-            return []
         job, counters = self.job[j], self.job_counters[j]
-        if rank >= job.workers or header.src_ip != job.table[rank].ip:
-            counters["drop_bad_worker"] += 1
-            return []
-        index = job.slot_base + slot
-        if slot >= job.slot_count or index >= self.slots:
-            counters["drop_bad_slot"] += 1
-            return []
         msn = reth.rkey
         if job.credits and _signed(msn - job.completed, 32) >= job.credits:
             counters["drop_credit"] += 1
             return []
-        copy, needed, ranks = self._aggregation(job, index, version, rank)
+        copy, needed, ranks = self._aggregation(job, job.slot_base + slot, version, rank)
         bit = 1 << rank
         d = _signed(msn - copy.msn16, 16)
         if copy.count == 0:
@@ -300,16 +299,14 @@ class GoldenSwitch:
             if copy.bitmap and d < 0:
                 counters["drop_stale"] += 1
                 return []
-            copy.bitmap, copy.count, copy.data = bit, 1, int(not null)
-            copy.sums, copy.length, copy.msn16 = _lanes(payload), length, msn & 0xFFFF
-            copy.exponent, copy.overflow = req.exponent, False
+            copy.begin(bit, _lanes(payload), null, msn, req.exponent)
         elif d != 0:
             counters["drop_stale"] += 1
             return []
         elif copy.bitmap & bit:
             counters["duplicates"] += 1
             return []
-        elif length != copy.length:
+        elif len(payload) != copy.length:
             counters["drop_bad_length"] += 1
             return []
         else:
@@ -321,11 +318,31 @@ class GoldenSwitch:
         counters["contributions"] += 1
         if copy.count < needed:
             return []
+        self._complete(job, counters, copy)
+        return self._results(j, slot, version, copy, ranks, reth.va)
+
+    def _refusal(self, src_ip: int, dma_length: int, req: Request, length: int) -> str | None:
+        """The drop counter of a contribution of `length` bytes of payload that its length
+        or the job table refuses (payload, job, worker, slot), or None: the checks that
+        neither the slot's state nor the credit take part in. The first two count on the
+        port, the others on the job (`PORT_REFUSALS`)."""
+        if not (4 <= length <= self.max_payload and length % 4 == 0 and dma_length == length):
+            return "drop_bad_payload"
+        if req.job >= self.jobs or not self.job[req.job].enable:
+            return "drop_bad_job"
+        job = self.job[req.job]
+        if req.rank >= job.workers or src_ip != job.table[req.rank].ip:
+            return "drop_bad_worker"
+        if req.slot >= job.slot_count or job.slot_base + req.slot >= self.slots:
+            return "drop_bad_slot"
+        return None
+
+    def _complete(self, job: Job, counters: dict, copy: SlotCopy):
+        """A use of a slot copy is complete: counted, and the job's COMPLETED + 1."""
         copy.count = 0
         counters["completed"] += 1
         job.completed = (job.completed + 1) & 0xFFFFFFFF
         counters["overflows"] += int(copy.overflow)
-        return self._results(j, slot, version, copy, ranks, reth.va)
 
     def _aggregation(self, job: Job, index: int, version: int, rank: int):
         """Where a contribution of `rank` to slot `index` goes: the slot copy it adds to, the

@@ -20,7 +20,7 @@ from host.serve import SimServer, make_backend
 from host.transport import IP_MTU_DISCOVER, IP_PMTUDISC_DO, switch_port_for
 from sim.bench import contributions_per_second
 from sim.echo import EchoSwitch
-from sim.golden import GoldenSwitch
+from sim.golden import GoldenSwitch, SlotCopy
 from tests.frames import RETH, ImmDt
 from tests.switch_traffic import (
     SWITCH_IP,
@@ -29,6 +29,7 @@ from tests.switch_traffic import (
     job_config_records,
     make_workers,
     scapy_rebuilds,
+    scenario,
     switch_records,
 )
 
@@ -154,6 +155,41 @@ def test_results_are_those_of_a_job_of_one_worker(seed):
             expected = golden.receive(w.port, frame)
             assert len(expected) == 1 and echo.receive(w.port, frame) == expected
             assert dissect(expected[0][1])[IP].src == SWITCH_IP
+
+
+class _Frames(EchoSwitch):
+    """An echo switch that applies every frame through the golden model's `receive` only."""
+
+    def _answer(self, port, frame):
+        return None
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_lean_path_sends_and_counts_what_receive_does(seed):
+    """Frame for frame, `send` (the lean path for new uses) gives what `receive` gives, with
+    the same counters and COMPLETED, over a stream with duplicates (replays), malformed
+    frames, stale messages and messages beyond the credit, droppable ones nulled from the
+    second round (a class's threshold 0, written between rounds), and a job reconfigured."""
+    sc = scenario(random.Random(seed), ports=4, jobs=2, workers=3, slots=8, rounds=4,
+                  max_lanes=64, duplicates=0.2, malformed=0.1, credits=8, stale=0.2,
+                  droppable=0.3)
+    lean, frames = EchoSwitch(ports=4), _Frames(ports=4)
+    between = [[(0, control_frame([(W.WRITE | W.drop_threshold(c), 0) for c in range(8)]))],
+               [(1, control_frame(job_config_records(1, sc.workers[1], 8, 8, 8)))], []]
+    for batch in [[(0, f) for f in sc.config], *(b + m for b, m in zip(sc.rounds, between))]:
+        for port, frame in batch:
+            lean.send(port, frame)
+            assert lean.run() == frames.receive(port, frame)
+    assert lean.counters() == frames.counters()
+    assert [job.completed for job in lean.job] == [job.completed for job in frames.job]
+    used = [{key: c for key, c in sw.own.items() if c != SlotCopy()} for sw in (lean, frames)]
+    assert used[0] == used[1]                   # (the lean path may hold fresh copies too)
+    assert lean._replies and not frames._replies        # the lean path was taken
+    c = lean.counters()
+    assert all(sum(scope[name] for scope in c["jobs"]) for name in (
+        "contributions", "replays", "drop_credit", "drop_stale", "drop_bad_worker"))
+    assert all(sum(scope[name] for scope in c["ports"]) for name in (
+        "drop_priority", "drop_bad_icrc", "control"))
 
 
 def test_a_worker_alone_gets_what_the_golden_model_gives():
