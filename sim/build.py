@@ -58,8 +58,13 @@ def _source_hash(top: str) -> str:
 
 
 def build_key(top: str, params: dict, simulator: str) -> str:
+    """The cache key of a top's build: the gateware's source, its parameters, the simulator,
+    and where cocotb is installed (the build's Makefile names cocotb's runtime sources by
+    their path, so a build made from another environment would not rebuild)."""
+    import cocotb
     text = json.dumps({"top": top, "params": params, "sim": simulator,
-                       "src": _source_hash(top)}, sort_keys=True)
+                       "src": _source_hash(top),
+                       "cocotb": str(Path(cocotb.__file__).resolve().parent)}, sort_keys=True)
     name = "-".join([top, simulator, *(f"{k}{v}" for k, v in sorted(params.items()))])
     return f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
