@@ -171,6 +171,11 @@ class SimServer:
             self.raw.bind((self.bound_ip, 0))
             attach_filter(self.raw, datagrams_to(W.ip_packed(self.bound_ip), W.ROCEV2_PORT))
             self._udp_copies = not attach_filter(self.sock, _NOTHING)
+            while True:     # what the raw socket queued before its filter: anyone's datagrams
+                try:
+                    self.raw.recv(65536)
+                except BlockingIOError:
+                    break
         self.senders: dict[tuple[str, int], socket.socket | None] = {
             tuple(self.address): self.sock}
         self._routes: dict[bytes, tuple] = {}   # addresses and ports of a frame -> its route

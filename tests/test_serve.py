@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 
 import pytest
@@ -15,9 +16,29 @@ from host.serve import SimServer
 from sim.golden import GoldenSwitch
 
 
+def _other_traffic(stop: threading.Event):
+    """UDP datagrams between two other sockets of this machine, until `stop`: what a raw
+    socket sees until its filter is attached."""
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.0.0.1", 0))
+    out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    while not stop.is_set():
+        out.sendto(bytes(64), sink.getsockname())
+    sink.close()
+    out.close()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="a raw socket needs CAP_NET_RAW (root)")
 def test_only_datagrams_to_the_switch_are_queued_once():
-    with SimServer(GoldenSwitch()) as server:
+    stop = threading.Event()
+    noise = threading.Thread(target=_other_traffic, args=(stop,))
+    noise.start()
+    try:
+        server = SimServer(GoldenSwitch())     # opened while other datagrams fly
+    finally:
+        stop.set()
+        noise.join()
+    with server:
         assert server.headers_as_received
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         sock.bind(("127.0.0.1", 0))
