@@ -37,16 +37,17 @@ whose result holds too few.
   or not. Per tensor: `Work.droppable_sent`, `lost_contributions` (workers - c_total, summed
   over its chunks), `rescaled_chunks`, `filled_chunks`; the engine's `stats` sum them.
 
-Cost: a CRC-32 per packet sent, and per result one per use it is checked against (the
-current use, then up to `EARLY_USES` later ones).
+Cost: the tags of a step's packets in one array operation (`tags`), and per result that
+is not its use's at once, one tag per use it is checked against (the current use, then up
+to `EARLY_USES` later ones).
 """
 
 from __future__ import annotations
 
 import enum
 import math
-import struct
-import zlib
+
+import numpy as np
 
 from host.messages import MessageKind, Result, Send, SlotState
 from host.retransmit import RttEstimator
@@ -91,9 +92,25 @@ class CheckLane:
         """The check lane of a result that holds every worker's data, for `tag`."""
         return self.workers * tag + self.everyone
 
+    def tags(self, slots, uses) -> np.ndarray:
+        """`tag` of each (slot, use): a 64-bit mix (splitmix64's finaliser) of the session,
+        the job, the slot and the use, cut to `tag_bits`, as int64 (every worker computes
+        the same)."""
+        with np.errstate(over="ignore"):
+            x = (np.asarray(slots, np.uint64) << np.uint64(32)) \
+                | np.asarray(uses, np.uint64) & np.uint64(0xFFFFFFFF)
+            x ^= np.uint64(self.session_tag << 8 | self.job)
+            x *= np.uint64(0x9E3779B97F4A7C15)
+            x ^= x >> np.uint64(30)
+            x *= np.uint64(0xBF58476D1CE4E5B9)
+            x ^= x >> np.uint64(27)
+            x *= np.uint64(0x94D049BB133111EB)
+            x ^= x >> np.uint64(31)
+        return (x & np.uint64((1 << self.tag_bits) - 1)).astype(np.int64)
+
     def tag(self, slot: int, use: int) -> int:
-        h = zlib.crc32(struct.pack("<IIII", self.session_tag, self.job, slot, use))
-        return h & ((1 << self.tag_bits) - 1)
+        """The check lane's hash of (session, job, slot, use) (`tags`)."""
+        return int(self.tags([slot], [use])[0])
 
     def members(self, check: int, count: int, tag: int) -> int | None:
         """The bitmap of contributors a check lane shows for `count` contributions with data
@@ -138,9 +155,10 @@ class CheckLane:
         # for none of them (the worker retransmits and gets its use's result again)
         return Match.UNRECOGNIZED, None
 
-    def seal(self, tag: int, rank: int) -> int:
-        """A contribution's check lane for its use's tag: the tag, plus the rank bit with
-        membership. (A worker whose lanes saturated sends the saturation marker instead.)"""
+    def seal(self, tag, rank: int):
+        """A contribution's check lane for its use's tag (or an array of them): the tag, plus
+        the rank bit with membership. (A worker whose lanes saturated sends the saturation
+        marker instead.)"""
         return tag + (1 << rank) if self.membership else tag
 
     def allowance(self, loss_budget: float) -> int:

@@ -225,7 +225,7 @@ class Engine(Taking):
         if not self.idle:
             return
         idle, self.idle = dict.fromkeys(self.idle), []
-        sending = []
+        started = []
         credits, limit = self.credits, self.limit
         for st in idle:
             queue = st.queue
@@ -239,8 +239,12 @@ class Engine(Taking):
                 self.idle.append(st)
                 continue
             queue.popleft()
-            if self._start(st, m, msn):
-                sending.append(m)
+            st.begin(m, msn)
+            started.append(m)
+        if not started:
+            return
+        tags = self.check_lane.tags([m.slot for m in started], [m.use for m in started])
+        sending = [m for m, tag in zip(started, tags.tolist()) if self._start(m, tag)]
         if sending:
             self._send(sending)
             # the most packets in flight at once (only sending adds to them)
@@ -248,13 +252,14 @@ class Engine(Taking):
             if sent > self.stats["max_inflight"]:
                 self.stats["max_inflight"] = sent
 
-    def _start(self, st: SlotState, m: Message, msn: int) -> bool:
-        """Begin the message's round in the slot's next use; whether to send it now."""
-        st.begin(m, msn)
-        m.tag = self.check_lane.tag(m.slot, m.use)
+    def _start(self, m: Message, tag: int) -> bool:
+        """The message's round has begun in its slot's next use, with check-lane tag `tag`:
+        whether to send it now."""
+        m.tag = tag
         w = m.work
         if m.kind is MessageKind.DATA and w.fmt.kind == "fixed":
             m.exponent = w.exponents[m.index // w.block] + m.bump
+        st = self.slots[m.slot]
         if st.early:
             early = st.take_early(m.use)
             if early is not None:
@@ -264,7 +269,7 @@ class Engine(Taking):
                 self.stats["early_results"] += 1
                 self._take(st, m, early)
                 return False
-        m.expect = (m.use & 1, self.check_lane.whole(m.tag)) if m.acc is None else None
+        m.expect = (m.use & 1, self.check_lane.whole(tag)) if m.acc is None else None
         if m.send is Send.NOTHING:
             # this round needs other ranks' data only: wait for the result (and, if it does
             # not come, send zeros, which only asks for it)
@@ -278,22 +283,26 @@ class Engine(Taking):
     def _send(self, msgs: list[Message]):
         """Send the rounds of messages just started: their lanes, check lanes sealed, and
         their packets built as one batch."""
-        rows, checks = [], []
-        seal = self.check_lane.seal
+        rows, saturated = [], []
         for m in msgs:
-            lanes, saturated, m.exp_field, m.va = m.payload()
+            lanes, sat, m.exp_field, m.va = m.payload()
             rows.append(lanes)
-            checks.append(N.INT32_MAX if saturated else seal(m.tag, self.rank))
+            saturated.append(sat)
         lanes = np.stack(rows)
-        lanes[:, -1] = checks
+        lanes[:, -1] = np.where(saturated, N.INT32_MAX,
+                                self.check_lane.seal(np.array([m.tag for m in msgs]),
+                                                     self.rank))
         paths = [self._pick(m) for m in msgs] if self.sprayer.paths > 1 else [0] * len(msgs)
         now = time.monotonic()
-        send, rtt = self.transport.send, self.rtt
+        send, rtt, counted = self.transport.send, self.rtt, self.sprayer.paths > 1
         for m, datagram, path in zip(msgs, self._datagrams(msgs, lanes, paths), paths):
             m.packet = datagram
             m.timer.sent(now, rtt)
-            self._count_sending(m, path)
+            if counted or m.droppable:
+                self._count_sending(m, path)
             send(datagram, path, _DSCP[m.pclass])
+        self.stats["packets_sent"] += len(msgs)
+        self.stats["bytes_sent"] += len(msgs) * len(datagram)
         self.earliest = min(self.earliest, now + rtt.rto)
 
     def _datagrams(self, msgs: list[Message], lanes: np.ndarray, paths: list[int]):
@@ -321,18 +330,19 @@ class Engine(Taking):
             self.stats["retransmissions"] += 1
         self.earliest = min(self.earliest, m.timer.deadline)
         self._count_sending(m, path)
+        self.stats["packets_sent"] += 1
+        self.stats["bytes_sent"] += len(m.packet)
         self.transport.send(m.packet, path, _DSCP[m.pclass])
 
     def _count_sending(self, m: Message, path: int):
+        """The path and the droppable counts of a sending (packets and bytes are the
+        caller's)."""
         if self.sprayer.paths > 1:
             m.path = path
-        stats = self.stats
-        stats["packets_sent"] += 1
-        stats["bytes_sent"] += len(m.packet)
         if m.droppable and m.send is Send.DATA and m.kind is MessageKind.DATA:
             m.work.droppable_sent += 1
-            stats["droppable_sent"] += 1
-            stats[f"droppable_sent_class{m.pclass}"] += 1
+            self.stats["droppable_sent"] += 1
+            self.stats[f"droppable_sent_class{m.pclass}"] += 1
 
     def _answered(self, m: Message):
         if m.path is not None:
