@@ -257,8 +257,8 @@ class Engine(Taking):
         whether to send it now."""
         m.tag = tag
         w = m.work
-        if m.kind is MessageKind.DATA and w.fmt.kind == "fixed":
-            m.exponent = w.exponents[m.index // w.block] + m.bump
+        if m.needs >= 0:
+            m.exponent = w.exponents[m.needs] + m.bump
         st = self.slots[m.slot]
         if st.early:
             early = st.take_early(m.use)
@@ -282,20 +282,35 @@ class Engine(Taking):
 
     def _send(self, msgs: list[Message]):
         """Send the rounds of messages just started: their lanes, check lanes sealed, and
-        their packets built as one batch."""
-        rows, saturated = [], []
-        for m in msgs:
-            lanes, sat, m.exp_field, m.va = m.payload()
-            rows.append(lanes)
-            saturated.append(sat)
-        lanes = np.stack(rows)
+        their packets built as one batch (the lanes of a tensor's plain rounds gathered at
+        once, `Work.lanes_of`)."""
+        w = msgs[0].work
+        if all(m.work is w and m.plain for m in msgs):
+            index = np.array([m.index for m in msgs])
+            lanes, saturated = w.lanes_of(index)
+            carries = np.array([m.carries for m in msgs])
+            exponent = np.full(len(msgs), N.EXP_NONE, np.int64)
+            if w.proposals is not None:
+                exponent = np.where(carries >= 0, w.proposals[np.maximum(carries, 0)],
+                                    exponent)
+            offset = index * (4 * w.lanes)
+        else:
+            rows, saturated, fields = [], [], []
+            for m in msgs:
+                row, sat = m.payload()
+                rows.append(row)
+                saturated.append(sat)
+                fields.append(m.fields())
+            lanes = np.stack(rows)
+            exponent, offset = zip(*fields)
         lanes[:, -1] = np.where(saturated, N.INT32_MAX,
                                 self.check_lane.seal(np.array([m.tag for m in msgs]),
                                                      self.rank))
         paths = [self._pick(m) for m in msgs] if self.sprayer.paths > 1 else [0] * len(msgs)
         now = time.monotonic()
         send, rtt, counted = self.transport.send, self.rtt, self.sprayer.paths > 1
-        for m, datagram, path in zip(msgs, self._datagrams(msgs, lanes, paths), paths):
+        for m, datagram, path in zip(msgs, self._datagrams(msgs, lanes, paths, exponent,
+                                                           offset), paths):
             m.packet = datagram
             m.timer.sent(now, rtt)
             if counted or m.droppable:
@@ -305,12 +320,12 @@ class Engine(Taking):
         self.stats["bytes_sent"] += len(msgs) * len(datagram)
         self.earliest = min(self.earliest, now + rtt.rto)
 
-    def _datagrams(self, msgs: list[Message], lanes: np.ndarray, paths: list[int]):
+    def _datagrams(self, msgs: list[Message], lanes: np.ndarray, paths: list[int],
+                   exponent, offset):
         return self.writer.datagrams(
             lanes, paths=paths, slot=[m.slot for m in msgs], version=[m.use & 1 for m in msgs],
-            offset=[m.va for m in msgs], msn=[m.msn for m in msgs],
-            psn=self.psns.take(len(msgs)), exponent=[m.exp_field for m in msgs],
-            droppable=[m.sends_droppable for m in msgs])
+            offset=offset, msn=[m.msn for m in msgs], psn=self.psns.take(len(msgs)),
+            exponent=exponent, droppable=[m.sends_droppable for m in msgs])
 
     def _pick(self, m: Message) -> int:
         """The path of the message's next packet (the sprayer's choice)."""
@@ -373,7 +388,8 @@ class Engine(Taking):
         path = self._pick(m)
         if path != last:
             lanes = np.frombuffer(m.packet, "<i4", self.lanes + 1, W.WRITE_IMM_HEAD_LEN)
-            [m.packet] = self._datagrams([m], lanes[None, :], [path])
+            exponent, offset = m.fields()
+            [m.packet] = self._datagrams([m], lanes[None, :], [path], [exponent], [offset])
         self._transmit(m, path)
 
     # --- joining and bounded waiting ----------------------------------------------------

@@ -92,8 +92,9 @@ class Work:
     lost_contributions: int = 0     # over its chunks: workers - contributions in the sum
     rescaled_chunks: int = 0
     filled_chunks: int = 0
-    rows: dict[int, tuple[int, np.ndarray, np.ndarray]] = dataclasses.field(
-        default_factory=dict)       # block -> (exponent, its chunks' lanes, saturated)
+    quantised: np.ndarray | None = None     # (chunks, lanes + 1) int32, by `lanes_of`
+    saturated: np.ndarray | None = None     # per chunk: its lanes saturated
+    blocks_done: set[int] | None = None     # blocks quantised into `quantised`
 
     @property
     def chunks(self) -> int:
@@ -104,22 +105,31 @@ class Work:
         lo = chunk * self.lanes
         return slice(lo, min(lo + self.lanes, self.n))
 
-    def chunk_lanes(self, chunk: int, exponent: int) -> tuple[np.ndarray, bool]:
-        """This worker's lanes of a data chunk (int32, the check lane last, 0 until sealed)
-        at `exponent` (fixed point; ignored for int32), and whether a sum of its sources
-        saturated them. A block's chunks are quantised together, on its first chunk, and
-        kept while the tensor is in flight; a chunk at another exponent (redone after an
-        overflow) alone."""
-        b = chunk // self.block
-        first = b * self.block
-        cached = self.rows.get(b)
-        if cached is None:
-            cached = self.rows[b] = (exponent, *self._quantize(
-                first, min(first + self.block, self.chunks), exponent))
-        if cached[0] != exponent and self.fmt.kind == "fixed":
+    def lanes_of(self, chunks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """This worker's lanes of data chunks at their block's shared exponent (fixed point)
+        or as they are (int32): int32 rows, the check lane last (0 until sealed), and per
+        row whether a sum over the sources saturated it. A block is quantised once, all its
+        chunks at once, the first time one of them is asked for; the tensor's lanes are
+        kept while it is in flight."""
+        if self.quantised is None:
+            self.quantised = np.zeros((self.chunks, self.lanes + 1), np.int32)
+            self.saturated = np.zeros(self.chunks, bool)
+            self.blocks_done = set()
+        for b in set((chunks // self.block).tolist()) - self.blocks_done:
+            c0, c1 = b * self.block, min((b + 1) * self.block, self.chunks)
+            self.quantised[c0:c1], self.saturated[c0:c1] = self._quantize(
+                c0, c1, self.exponents.get(b))
+            self.blocks_done.add(b)
+        return self.quantised[chunks], self.saturated[chunks]
+
+    def chunk_lanes(self, chunk: int, exponent: int | None) -> tuple[np.ndarray, bool]:
+        """One data chunk's lanes (as `lanes_of`) at `exponent`: its block's shared one, or
+        another (a chunk redone after an overflow, quantised alone)."""
+        if self.fmt.kind == "fixed" and exponent != self.exponents[chunk // self.block]:
             rows, saturated = self._quantize(chunk, chunk + 1, exponent)
-            return rows[0], bool(saturated[0])
-        return cached[1][chunk - first], bool(cached[2][chunk - first])
+        else:
+            rows, saturated = self.lanes_of(np.array([chunk]))
+        return rows[0], bool(saturated[0])
 
     def _quantize(self, c0: int, c1: int, exponent: int) -> tuple[np.ndarray, np.ndarray]:
         """Chunks c0..c1-1 as int32 rows of lanes + 1 (the check lane 0), and per row
@@ -155,6 +165,10 @@ class Message:
     kind: MessageKind
     index: int                      # block (exponent) or chunk (data)
     seq: int = 0                    # dealing order in the job: the msn unless redone
+    needs: int = -1                 # the block whose shared exponent it waits for (fixed
+    #                                 point data), -1 for none
+    carries: int = -1               # the block whose proposal it carries (the first chunk of
+    #                                 block b: b + lookahead, if there is one), -1 for none
     exponent: int | None = None     # scale of a data chunk once known (fixed point)
     bump: int = 0                   # overflow retries: exponent + bump
     slot: int = 0
@@ -170,15 +184,14 @@ class Message:
     tag: int = 0                    # the check lane's tag of its use (`CheckLane.tag`)
     expect: tuple[int, int] | None = None   # (version, check lane) of a result that holds
     #                                         every worker's data (first rounds only)
-    exp_field: int = N.EXP_NONE     # the ImmDt exponent field and RETH.va of its packets
-    va: int = 0
     packet: bytes | None = None     # the datagram in flight (None: none yet, or waiting)
     timer: RetransmitTimer | None = None     # from the start of its round
     path: int | None = None         # the path of the copy in flight (spraying)
 
     def again(self, **changes) -> Message:
         """The message for another round of its chunk (or block), never droppable."""
-        nm = Message(self.work, self.kind, self.index, seq=self.seq, bump=self.bump,
+        nm = Message(self.work, self.kind, self.index, seq=self.seq, needs=self.needs,
+                     carries=self.carries, bump=self.bump,
                      slot=self.slot,
                      pclass=self.work.priority if self.kind is MessageKind.DATA else self.pclass,
                      send=self.send, acc=self.acc, members=self.members, exp_max=self.exp_max,
@@ -196,36 +209,31 @@ class Message:
 
     def ready(self) -> bool:
         """Whether it can be sent: a fixed-point chunk needs its block's shared exponent."""
-        w = self.work
-        if self.kind is MessageKind.EXPONENT or w.fmt.kind == "int":
-            return True
-        return self.block in w.exponents
+        return self.needs < 0 or self.needs in self.work.exponents
 
-    def piggybacked_block(self) -> int | None:
-        """The block whose proposal this data chunk carries (and whose maximum its result
-        brings back): b + lookahead for the first chunk of block b, if there is one."""
-        w = self.work
-        nb = self.block + w.lookahead
-        if self.index % w.block == 0 and nb < len(w.proposals):
-            return nb
-        return None
+    @property
+    def plain(self) -> bool:
+        """Whether this round sends the chunk's data at its block's shared exponent (the
+        common case, whose lanes `Work.lanes_of` gives for many chunks at once)."""
+        return self.kind is MessageKind.DATA and self.send is Send.DATA and self.bump == 0
 
-    def payload(self) -> tuple[np.ndarray, bool, int, int]:
-        """This round's lanes (int32, the check lane last: the caller seals it), whether
-        they saturated, the exponent field and the byte offset."""
+    def fields(self) -> tuple[int, int]:
+        """This round's ImmDt exponent field and RETH offset: a data chunk carries the
+        proposal of the block it `carries`, an exponent message its block's proposal."""
         w = self.work
+        if self.kind is MessageKind.EXPONENT:
+            return (int(w.proposals[self.index]) if self.send is Send.DATA else N.EXP_NONE), 0
         exponent = N.EXP_NONE
-        va = w.lanes * 4 * self.index if self.kind is MessageKind.DATA else 0
+        if self.send is Send.DATA and self.carries >= 0:
+            exponent = int(w.proposals[self.carries])
+        return exponent, w.lanes * 4 * self.index
+
+    def payload(self) -> tuple[np.ndarray, bool]:
+        """This round's lanes (int32, the check lane last: the caller seals it) and whether
+        they saturated."""
         if self.send is not Send.DATA or self.kind is MessageKind.EXPONENT:
-            if self.send is Send.DATA:
-                exponent = int(w.proposals[self.index])
-            return np.zeros(w.lanes + 1, np.int32), False, exponent, va
-        lanes, saturated = w.chunk_lanes(self.index, self.exponent)
-        if w.fmt.kind == "fixed":
-            nb = self.piggybacked_block()
-            if nb is not None:
-                exponent = int(w.proposals[nb])
-        return lanes, saturated, exponent, va
+            return np.zeros(self.work.lanes + 1, np.int32), False
+        return self.work.chunk_lanes(self.index, self.exponent)
 
 
 @dataclasses.dataclass(slots=True)
@@ -311,13 +319,15 @@ def deliver(work: Work, chunks: list[tuple[Message, int]], workers: int) -> dict
     as they are, or `OverflowError` on the tensor where a sum over rounds left int32.
     The counters it adds to the engine's."""
     w, lanes = work, work.lanes
-    index = np.fromiter((m.index for m, _ in chunks), np.int64, len(chunks))
-    have = np.fromiter((h for _, h in chunks), np.int64, len(chunks))
+    index = np.array([m.index for m, _ in chunks])
     sums = np.stack([m.acc for m, _ in chunks])
-    lost = workers - have
-    rescaled = int(np.count_nonzero(lost))
-    w.lost_contributions += int(lost.sum())
-    counts = {"lost_contributions": int(lost.sum()), "tensor_bytes": 0}
+    counts = {}
+    have = [h for _, h in chunks]
+    lost = np.zeros(len(chunks), np.int64) if min(have) == workers \
+        else workers - np.array(have)
+    if lost.any():
+        w.lost_contributions += int(lost.sum())
+        counts["lost_contributions"] = int(lost.sum())
     if w.fmt.kind == "int":
         bad = (sums > N.INT32_MAX).any(axis=1) | (sums < N.INT32_MIN).any(axis=1)
         if bad.any():
@@ -329,13 +339,13 @@ def deliver(work: Work, chunks: list[tuple[Message, int]], workers: int) -> dict
             index, sums = index[~bad], sums[~bad]
         values = sums
     else:
-        scale = np.ldexp(1.0, np.fromiter((m.exponent for m, _ in chunks), np.int64,
-                                          len(chunks)) - w.frac)
+        scale = np.ldexp(1.0, np.array([m.exponent for m, _ in chunks]) - w.frac)
         values = sums * scale[:, None]
-        if rescaled:
-            values[lost > 0] *= (workers / have[lost > 0])[:, None]
-            w.rescaled_chunks += rescaled
-            counts["rescaled_chunks"] = rescaled
+        if lost.any():
+            short = lost > 0
+            values[short] *= (workers / (workers - lost[short]))[:, None]
+            w.rescaled_chunks += int(short.sum())
+            counts["rescaled_chunks"] = int(short.sum())
         if w.mean:
             values = values / w.world_size
         values = N.from_float64(values, w.fmt, w.out)
@@ -355,14 +365,19 @@ def messages_of(work: Work, nslots: int) -> list[Message]:
     if work.loss_budget > 0 and work.fmt.kind == "fixed":
         work.droppable = plan_droppable(chunk_norms(work), work.loss_budget, work.priority)
     msgs = []
-    if work.fmt.kind == "fixed":
-        blocks = -(-work.chunks // work.block)
+    fixed = work.fmt.kind == "fixed"
+    blocks = -(-work.chunks // work.block)
+    if fixed:
         work.lookahead = max(1, -(-nslots // work.block))
         msgs += [Message(work, MessageKind.EXPONENT, b, pclass=EXPONENT_CLASS)
                  for b in range(min(work.lookahead, blocks))]
+    block, ahead, droppable = work.block, work.lookahead, work.droppable
     for c in range(work.chunks):
-        cls = work.droppable.get(c)
-        msgs.append(Message(work, MessageKind.DATA, c, droppable=cls is not None,
+        cls = droppable.get(c) if droppable else None
+        b = c // block
+        carries = b + ahead if fixed and c % block == 0 and b + ahead < blocks else -1
+        msgs.append(Message(work, MessageKind.DATA, c, needs=b if fixed else -1,
+                            carries=carries, droppable=cls is not None,
                             pclass=work.priority if cls is None else cls))
     return msgs
 

@@ -85,10 +85,8 @@ class Taking:
                 w.exponents[m.index] = m.exp_max
                 continue
             m.acc = lanes[i, :-1]
-            if m.index % w.block == 0 and w.fmt.kind == "fixed":
-                nb = m.piggybacked_block()
-                if nb is not None and m.exp_max != N.EXP_NONE:
-                    w.exponents.setdefault(nb, m.exp_max)
+            if m.carries >= 0 and m.exp_max != N.EXP_NONE:
+                w.exponents.setdefault(m.carries, m.exp_max)
             delivering.append((m, workers))
         if len(others) < len(batch):
             self.last_progress = now
@@ -188,10 +186,8 @@ class Taking:
         if m.kind is MessageKind.EXPONENT:
             w.exponents[m.index] = m.exp_max
             return
-        if w.fmt.kind == "fixed" and m.index % w.block == 0:
-            nb = m.piggybacked_block()
-            if nb is not None and m.exp_max != N.EXP_NONE:
-                w.exponents.setdefault(nb, m.exp_max)
+        if m.carries >= 0 and m.exp_max != N.EXP_NONE:
+            w.exponents.setdefault(m.carries, m.exp_max)
         self.delivering.append((m, have))
 
     def _finish_chunk(self, w: Work):
