@@ -133,20 +133,33 @@ class Work:
 
     def _quantize(self, c0: int, c1: int, exponent: int) -> tuple[np.ndarray, np.ndarray]:
         """Chunks c0..c1-1 as int32 rows of lanes + 1 (the check lane 0), and per row
-        whether a sum over the sources saturated (then its lanes are clipped)."""
-        lo, hi = c0 * self.lanes, min(c1 * self.lanes, self.n)
-        acc = np.zeros((c1 - c0) * self.lanes, np.int64)
-        for src in self.sources:
-            if self.fmt.kind == "int":
-                acc[:hi - lo] += src[lo:hi]
-            else:
-                acc[:hi - lo] += N.quantize(N.to_float64(src[lo:hi], self.fmt), exponent,
-                                            self.frac)
-        acc = acc.reshape(c1 - c0, self.lanes)
+        whether a sum over the sources saturated (then its lanes are clipped). Fixed point:
+        each source's values times 2**(frac - exponent) (exact: a power of two), rounded to
+        the nearest integer (`numerics.quantize`'s), summed exactly in float64."""
+        k, lanes = c1 - c0, self.lanes
+        lo, hi = c0 * lanes, min(c1 * lanes, self.n)
+        fixed = self.fmt.kind == "fixed"
+        if len(self.sources) == 1 and hi - lo == k * lanes:
+            acc = self._scaled(self.sources[0][lo:hi], exponent) if fixed \
+                else self.sources[0][lo:hi]
+        else:
+            acc = np.zeros(k * lanes, np.float64 if fixed else np.int64)
+            for src in self.sources:
+                acc[:hi - lo] += self._scaled(src[lo:hi], exponent) if fixed else src[lo:hi]
+        acc = acc.reshape(k, lanes)
+        rows = np.zeros((k, lanes + 1), np.int32)
+        if acc.max(initial=0) <= N.INT32_MAX and acc.min(initial=0) >= N.INT32_MIN:
+            rows[:, :-1] = acc
+            return rows, np.zeros(k, bool)
         saturated = (acc.max(axis=1) > N.INT32_MAX) | (acc.min(axis=1) < N.INT32_MIN)
-        rows = np.zeros((c1 - c0, self.lanes + 1), np.int32)
-        rows[:, :-1] = np.clip(acc, N.INT32_MIN, N.INT32_MAX) if saturated.any() else acc
+        rows[:, :-1] = np.clip(acc, N.INT32_MIN, N.INT32_MAX)
         return rows, saturated
+
+    def _scaled(self, values: np.ndarray, exponent: int) -> np.ndarray:
+        """round(values * 2**(frac - exponent)), as float64 (exact integers)."""
+        v = N.to_float64(values, self.fmt)
+        v *= 2.0 ** (self.frac - exponent)
+        return np.rint(v, out=v)
 
     def stats(self) -> dict:
         return {"values": self.n, "chunks": self.chunks, "droppable": len(self.droppable),
