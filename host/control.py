@@ -52,7 +52,8 @@ class PsnCounter:
 
     def take(self, count: int) -> list[int]:
         """The next `count` PSNs."""
-        return [self.next() for _ in range(count)]
+        first, self.psn = self.psn + 1, (self.psn + count) & 0xFFFFFF
+        return [(first + i) & 0xFFFFFF for i in range(count)]
 
 
 @dataclasses.dataclass

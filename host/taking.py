@@ -222,12 +222,19 @@ class Taking:
         if not self.delivering:
             return
         done, self.delivering = self.delivering, []
-        by_work: dict[int, list[tuple[Message, int]]] = {}
-        for m, have in done:
-            by_work.setdefault(id(m.work), []).append((m, have))
-        for chunks in by_work.values():
+        w = done[0][0].work
+        if all(m.work is w for m, _ in done):      # (the common case: one tensor)
+            groups = [done]
+        else:
+            by_work: dict[int, list[tuple[Message, int]]] = {}
+            for m, have in done:
+                by_work.setdefault(id(m.work), []).append((m, have))
+            groups = list(by_work.values())
+        for chunks in groups:
             w = chunks[0][0].work
             self.stats.update(deliver(w, chunks, self.workers))
-            for _ in chunks:
-                self._finish_chunk(w)
+            w.remaining -= len(chunks)
+            if w.remaining == 0:
+                w.done = True
+                self.pending_works -= 1
 
