@@ -196,9 +196,9 @@ def read_params(control: ControlChannel) -> dict:
     if values["magic"] != W.MAGIC:
         raise NetaggError(f"the switch answered with magic {values['magic']:#x}, not "
                           f"netagg's {W.MAGIC:#x}")
-    params = values["params"]
-    return {"ports": params >> 24, "jobs": (params >> 16) & 0xFF,
-            "max_workers": (params >> 8) & 0xFF, "width": 64 * (params & 0xFF),
+    params = W.PARAMS.unpack(values["params"])
+    return {"ports": params["ports"], "jobs": params["jobs"],
+            "max_workers": params["max_workers"], "width": 64 * params["width64"],
             "slots": values["slots"], "max_payload": values["max_payload"],
             "mac": values["mac_hi"] << 32 | values["mac_lo"], "ip": ip_str(values["ip"]),
             "udp_sport": values["udp_sport"], "port": values["port"]}

@@ -79,11 +79,9 @@ from host.progress import Progress
 
 __all__ = ["Worker", "Handle", "SwitchControl", "NetaggError", "NetaggTimeout"]
 
-ENABLE = 1 << 31
-
-
 def session_tag(session) -> int:
-    return ENABLE | (zlib.crc32(str(session).encode()) & 0x7FFFFFFF)
+    """The session's R_Key: a hash of its name, bit 31 set (never an unset R_Key's 0)."""
+    return 1 << 31 | (zlib.crc32(str(session).encode()) & 0x7FFFFFFF)
 
 
 def _queue_pair() -> int:
@@ -234,7 +232,8 @@ class Worker:
                               f"{total_slots}")
         r = self.switch_rank
         j = self.switch_job
-        row = [(W.worker_reg(j, r, W.WORKER_PORT), (t.switch_port << 16) | t.local.port),
+        row = [(W.worker_reg(j, r, W.WORKER_PORT),
+                W.WORKER_ENDPOINT.pack(switch_port=t.switch_port, udp_port=t.local.port)),
                (W.worker_reg(j, r, W.WORKER_MAC_HI), t.local.mac >> 32),
                (W.worker_reg(j, r, W.WORKER_MAC_LO), t.local.mac & 0xFFFFFFFF),
                (W.worker_reg(j, r, W.WORKER_IP), W.ip_to_int(t.local.ip)),
@@ -244,7 +243,7 @@ class Worker:
         if r != 0:
             row.append((W.worker_reg(j, r, W.WORKER_RKEY), self.tag))
         self._write(row)
-        config = ENABLE | self.switch_workers
+        config = W.CONFIG.pack(enable=1, workers=self.switch_workers)
         if r == 0:
             credits = count if credits is None else credits
             if credits > 0xFFFF:

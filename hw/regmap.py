@@ -6,9 +6,47 @@ a record (address, value) with WRITE set in the address writes, and every record
 register's value after it was applied. Unknown addresses read 0 and ignore writes.
 """
 
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Fields:
+    """The bit fields of a register, (name, lsb, width) most significant first: `pack` and
+    `unpack` for software, `bits(name)` (lsb, width) for the gateware, `text()` for the
+    register table."""
+
+    fields: tuple[tuple[str, int, int], ...]
+
+    def bits(self, name: str) -> tuple[int, int]:
+        for n, lsb, width in self.fields:
+            if n == name:
+                return lsb, width
+        raise KeyError(name)
+
+    def pack(self, **values: int) -> int:
+        """The register value of `values` (fields not given are 0); ValueError for one that
+        does not fit its field or is not one."""
+        word = 0
+        for name, value in values.items():
+            lsb, width = self.bits(name)
+            if not 0 <= value < 1 << width:
+                raise ValueError(f"{name}={value} does not fit in {width} bits")
+            word |= value << lsb
+        return word
+
+    def unpack(self, word: int) -> dict[str, int]:
+        return {name: (word >> lsb) & ((1 << width) - 1) for name, lsb, width in self.fields}
+
+    def text(self) -> str:
+        return ", ".join(f"{name} ({lsb + width - 1}-{lsb})" if width > 1 else
+                         f"{name} ({lsb})" for name, lsb, width in self.fields)
+
+
 MAGIC = 0x4E414747          # "NAGG"
 REG_MAGIC = 0x0000          # ro
-REG_PARAMS = 0x0001         # ro: ports [31:24], jobs [23:16], max workers [15:8], width/64 [7:0]
+REG_PARAMS = 0x0001         # ro: PARAMS
+PARAMS = Fields((("ports", 24, 8), ("jobs", 16, 8), ("max_workers", 8, 8),
+                 ("width64", 0, 8)))
 REG_SLOTS = 0x0002          # ro: slots per version
 REG_MAX_PAYLOAD = 0x0003    # ro: bytes
 REG_MAC_HI = 0x0004         # rw: switch MAC bits 47:32 (source of results)
@@ -24,15 +62,16 @@ PRIORITY_CLASSES = 8
 NEVER_DROP = 0xFFFF
 
 JOB_BASE, JOB_STRIDE = 0x1000, 0x200
-JOB_CONFIG = 0x00           # rw: enable [31], workers [5:0]; a write clears the job's slots
-                            # and COMPLETED
+JOB_CONFIG = 0x00           # rw: CONFIG; a write clears the job's slots and COMPLETED
+CONFIG = Fields((("enable", 31, 1), ("workers", 0, 6)))
 JOB_SLOT_BASE = 0x01        # rw: first slot of the job
 JOB_SLOT_COUNT = 0x02       # rw: slots of the job (slot numbers 0..count-1 in packets)
 JOB_CREDITS = 0x03          # rw: [15:0] uses a worker may have open beyond COMPLETED; 0: no limit
 JOB_QUORUM = 0x04           # rw: [5:0] contributions that complete a use; 0 or >= workers: all
 JOB_COMPLETED = 0x05        # ro: uses completed since CONFIG was last written (32 bits, wraps)
 WORKER_BASE, WORKER_STRIDE = 0x20, 8
-WORKER_PORT = 0             # rw: switch port [19:16], UDP port [15:0]
+WORKER_PORT = 0             # rw: WORKER_ENDPOINT
+WORKER_ENDPOINT = Fields((("switch_port", 16, 4), ("udp_port", 0, 16)))
 WORKER_MAC_HI = 1           # rw: bits 47:32
 WORKER_MAC_LO = 2
 WORKER_IP = 3
@@ -94,3 +133,47 @@ def job_counter(job: int, name: str) -> int:
     return JOB_COUNTERS_BASE + job * JOB_COUNTERS_STRIDE + JOB_COUNTERS.index(name)
 
 
+
+
+def rows() -> list[tuple[str, str]]:
+    """The register map as (address, what it holds) rows: the table of docs/switch.md
+    (`python -m hw.regmap` prints it; a test checks the document against it)."""
+    job, worker = f"{JOB_STRIDE:#x} j", f"{JOB_STRIDE:#x} j + {WORKER_STRIDE} r"
+    return [
+        (f"{REG_MAGIC:#06x}", f'magic {MAGIC:#x} ("NAGG")'),
+        (f"{REG_PARAMS:#06x}", f"PARAMS (read only): {PARAMS.text()}"),
+        (f"{REG_SLOTS:#06x} / {REG_MAX_PAYLOAD:#06x}",
+         "slots per version / largest payload in bytes (read only)"),
+        (f"{REG_MAC_HI:#06x} / {REG_MAC_LO:#06x}",
+         "switch MAC bits 47-32 / 31-0 (source of results)"),
+        (f"{REG_IP:#06x} / {REG_UDP_SPORT:#06x}",
+         "switch IPv4 address / UDP source port of results (reset 0xC000)"),
+        (f"{REG_PORT:#06x}", "the switch port this control request came in by (read only)"),
+        (f"{REG_DROP_THRESHOLD:#06x} + c",
+         f"priority-drop threshold of class c (0..{PRIORITY_CLASSES - 1}): bytes queued "
+         f"ahead ({NEVER_DROP:#x}: never)"),
+        (f"{JOB_BASE + JOB_CONFIG:#06x} + {job}",
+         f"job j CONFIG: {CONFIG.text()}; a write clears the job's slots and COMPLETED"),
+        (f"{JOB_BASE + JOB_SLOT_BASE:#06x} / {JOB_BASE + JOB_SLOT_COUNT:#06x} + {job}",
+         "job j first slot / number of slots"),
+        (f"{JOB_BASE + JOB_CREDITS:#06x} / {JOB_BASE + JOB_QUORUM:#06x} / "
+         f"{JOB_BASE + JOB_COMPLETED:#06x} + {job}",
+         "job j CREDITS (15-0; 0: no limit) / QUORUM (5-0; 0: all workers) / COMPLETED "
+         "(read only)"),
+        (f"{JOB_BASE + WORKER_BASE:#06x} + {worker} + 0..{WORKER_STRIDE - 1}",
+         f"worker r of job j: {WORKER_ENDPOINT.text()}; MAC 47-32; MAC 31-0; IPv4 address; "
+         f"QPN; R_Key; base address 63-32; 31-0"),
+        (f"{PORT_COUNTERS_BASE:#06x} + {PORT_COUNTERS_STRIDE:#x} p + i",
+         "counter i of port p: " + ", ".join(PORT_COUNTERS)),
+        (f"{JOB_COUNTERS_BASE:#06x} + {JOB_COUNTERS_STRIDE:#x} j + i",
+         "counter i of job j: " + ", ".join(JOB_COUNTERS)),
+    ]
+
+
+def markdown_table() -> str:
+    lines = ["| address | register |", "| --- | --- |"]
+    return "\n".join(lines + [f"| {a} | {what} |" for a, what in rows()]) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

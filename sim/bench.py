@@ -108,7 +108,8 @@ def _configure(senders: list[_Sender], job: int, slots: int):
     first = senders[0]
     params, max_payload, switch_ip = first.control([(W.REG_PARAMS, 0), (W.REG_MAX_PAYLOAD, 0),
                                                     (W.REG_IP, 0)])
-    ports, jobs, max_workers = params >> 24, (params >> 16) & 0xFF, (params >> 8) & 0xFF
+    fields = W.PARAMS.unpack(params)
+    ports, jobs, max_workers = fields["ports"], fields["jobs"], fields["max_workers"]
     if job >= jobs or len(senders) > max_workers:
         raise ValueError(f"the switch has {jobs} jobs of at most {max_workers} workers: not "
                          f"job {job} of {len(senders)}")
@@ -122,13 +123,14 @@ def _configure(senders: list[_Sender], job: int, slots: int):
         if port >= ports:
             raise RuntimeError(f"REG_PORT {port} beyond the switch's {ports} ports")
         s.control([(W.WRITE | W.worker_reg(job, s.rank, reg), value) for reg, value in (
-            (W.WORKER_PORT, (port << 16) | s.local.port), (W.WORKER_MAC_HI, 0),
+            (W.WORKER_PORT, W.WORKER_ENDPOINT.pack(switch_port=port, udp_port=s.local.port)),
+            (W.WORKER_MAC_HI, 0),
             (W.WORKER_MAC_LO, 0), (W.WORKER_IP, W.ip_to_int(s.local.ip)),
             (W.WORKER_QPN, s.qpn), (W.WORKER_RKEY, s.rkey), (W.WORKER_VA_HI, 0),
             (W.WORKER_VA_LO, 0))])
     first.control([(W.WRITE | W.job_reg(job, reg), value) for reg, value in (
         (W.JOB_SLOT_BASE, 0), (W.JOB_SLOT_COUNT, slots), (W.JOB_CREDITS, 0),
-        (W.JOB_QUORUM, 0), (W.JOB_CONFIG, (1 << 31) | len(senders)))])
+        (W.JOB_QUORUM, 0), (W.JOB_CONFIG, W.CONFIG.pack(enable=1, workers=len(senders))))])
 
 
 def contributions_per_second(backend: str = "golden", senders: int = 4, seconds: float = 2.0,

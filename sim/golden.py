@@ -126,7 +126,7 @@ class Job:
 
     @property
     def config(self) -> int:
-        return (int(self.enable) << 31) | self.workers
+        return W.CONFIG.pack(enable=int(self.enable), workers=self.workers)
 
     @property
     def needed(self) -> int:
@@ -427,8 +427,9 @@ class GoldenSwitch:
         if kind == "global":
             return {
                 W.REG_MAGIC: W.MAGIC,
-                W.REG_PARAMS: (self.ports << 24) | (self.jobs << 16) | (self.max_workers << 8)
-                | (self.width // 64),
+                W.REG_PARAMS: W.PARAMS.pack(ports=self.ports, jobs=self.jobs,
+                                            max_workers=self.max_workers,
+                                            width64=self.width // 64),
                 W.REG_SLOTS: self.slots, W.REG_MAX_PAYLOAD: self.max_payload,
                 W.REG_MAC_HI: self.mac >> 32, W.REG_MAC_LO: self.mac & 0xFFFFFFFF,
                 W.REG_IP: self.ip, W.REG_UDP_SPORT: self.udp_sport, W.REG_PORT: port,
@@ -443,8 +444,8 @@ class GoldenSwitch:
             j, rank = index
             w = self.job[j].table[rank]
             return (
-                (w.port << 16) | w.udp_port, w.mac >> 32, w.mac & 0xFFFFFFFF, w.ip, w.qpn,
-                w.rkey, w.va >> 32, w.va & 0xFFFFFFFF,
+                W.WORKER_ENDPOINT.pack(switch_port=w.port, udp_port=w.udp_port), w.mac >> 32,
+                w.mac & 0xFFFFFFFF, w.ip, w.qpn, w.rkey, w.va >> 32, w.va & 0xFFFFFFFF,
             )[off]
         if kind == "port_counter":
             return self.port_counters[index][W.PORT_COUNTERS[off]] & 0xFFFFFFFF
@@ -468,8 +469,9 @@ class GoldenSwitch:
         elif kind == "job":
             job = self.job[index]
             if off == W.JOB_CONFIG:
-                job.enable = bool(value >> 31)
-                job.workers = min(value & 0x3F, self.max_workers)
+                config = W.CONFIG.unpack(value)
+                job.enable = bool(config["enable"])
+                job.workers = min(config["workers"], self.max_workers)
                 self._clear(job)
             elif off == W.JOB_SLOT_BASE:
                 job.slot_base = value & 0xFFFF
@@ -483,7 +485,8 @@ class GoldenSwitch:
             j, rank = index
             w = self.job[j].table[rank]
             if off == W.WORKER_PORT:
-                w.port, w.udp_port = (value >> 16) & 0xF, value & 0xFFFF
+                endpoint = W.WORKER_ENDPOINT.unpack(value)
+                w.port, w.udp_port = endpoint["switch_port"], endpoint["udp_port"]
             elif off == W.WORKER_MAC_HI:
                 w.mac = ((value & 0xFFFF) << 32) | (w.mac & 0xFFFFFFFF)
             elif off == W.WORKER_MAC_LO:

@@ -459,12 +459,13 @@ def switch_traffic(ports: int = 4, slots: int = 16, lanes: int = 256) -> list[tu
                (W.WRITE | W.job_reg(0, W.JOB_SLOT_COUNT), slots)]
     for r, w in enumerate(workers):
         records += [
-            (W.WRITE | W.worker_reg(0, r, W.WORKER_PORT), (r << 16) | w.port),
+            (W.WRITE | W.worker_reg(0, r, W.WORKER_PORT),
+             W.WORKER_ENDPOINT.pack(switch_port=r, udp_port=w.port)),
             (W.WRITE | W.worker_reg(0, r, W.WORKER_MAC_LO), w.mac & 0xFFFFFFFF),
             (W.WRITE | W.worker_reg(0, r, W.WORKER_MAC_HI), w.mac >> 32),
             (W.WRITE | W.worker_reg(0, r, W.WORKER_IP), W.ip_to_int(w.ip)),
         ]
-    records.append((W.WRITE | W.job_reg(0, W.JOB_CONFIG), (1 << 31) | ports))
+    records.append((W.WRITE | W.job_reg(0, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=ports)))
     traffic = [(0, W.control_request(records, 0, host, switch).frame())]
     payload = np.arange(lanes, dtype="<i4").tobytes()
     for s in range(slots):

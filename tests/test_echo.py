@@ -52,7 +52,7 @@ class Sender:
         """Its job-table entry, as (register, value) pairs."""
         port = switch_port_for(self.local.ip, self.local.port, self.server.ports)
         return [(W.worker_reg(JOB, self.rank, reg), value) for reg, value in (
-            (W.WORKER_PORT, (port << 16) | self.local.port),
+            (W.WORKER_PORT, W.WORKER_ENDPOINT.pack(switch_port=port, udp_port=self.local.port)),
             (W.WORKER_IP, W.ip_to_int(self.local.ip)), (W.WORKER_QPN, self.qpn),
             (W.WORKER_RKEY, self.rkey), (W.WORKER_VA_HI, self.va >> 32),
             (W.WORKER_VA_LO, self.va & 0xFFFFFFFF))]
@@ -108,7 +108,7 @@ def test_each_contribution_is_answered_at_once_to_its_sender_alone():
                   + [(W.job_reg(JOB, W.JOB_SLOT_BASE), SLOT_BASE),
                      (W.job_reg(JOB, W.JOB_SLOT_COUNT), SLOTS),
                      (W.job_reg(JOB, W.JOB_CREDITS), CREDITS),
-                     (W.job_reg(JOB, W.JOB_CONFIG), (1 << 31) | 2)])
+                     (W.job_reg(JOB, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=2))])
         rng = np.random.default_rng(5)
         lanes = [rng.integers(-2**31, 2**31, 200, dtype=np.int64).astype(np.int32)
                  for _ in senders]
