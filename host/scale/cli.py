@@ -12,7 +12,7 @@ import dataclasses
 import json
 
 from host.scale import loss as loss_model
-from host.scale.cluster import MODELS, Cluster, Model, SwitchCalibration, Topology
+from host.scale.cluster import MODELS, PAYLOAD, Cluster, Model, SwitchCalibration, Topology
 from host.scale.flow import Scheme, estimate
 from host.scale.reproduce import claims
 
@@ -48,7 +48,7 @@ def add_parser(sub) -> None:
                    help="FILE from `netagg bench switch --json`, or 'run' to measure now")
     p.add_argument("--engine", choices=["flow", "ns3", "both"], default="flow",
                    help="ns3/both: also the packet-level simulation (ring, ps, ina; <= 64 "
-                        "workers; `pip install -e .[scale]`)")
+                        "workers, <= 4 M packets; `pip install -e .[scale]`)")
     p.add_argument("--loss", type=float, default=0.0, help="random loss rate on the path")
     p.add_argument("--overload", type=float, default=1.0,
                    help="offered load over capacity at the bottleneck port")
@@ -125,11 +125,14 @@ def sweep(args, console) -> dict:
             "topology": args.topology, "rows": rows}
 
 
-def _packet_level(scheme: Scheme, cluster: Cluster, model: Model) -> dict | None:
+def _packet_level(scheme: Scheme, cluster: Cluster, model: Model) -> dict:
     from host.scale import ns3
-    if (not ns3.available() or scheme not in ns3.ENGINE_SCHEMES
-            or cluster.workers > ns3.MAX_WORKERS):
-        return None
+    if not ns3.available():
+        return {"skipped": "ns3 is not installed (pip install -e .[scale])"}
+    if scheme not in ns3.ENGINE_SCHEMES or cluster.workers > ns3.MAX_WORKERS:
+        return {"skipped": f"ns-3 runs ring, ps, ina up to {ns3.MAX_WORKERS} workers"}
+    if 2 * cluster.workers * model.gradient_bytes / PAYLOAD > ns3.MAX_PACKETS:
+        return {"skipped": f"more than {ns3.MAX_PACKETS:,} packets: use --params"}
     c = ns3.comparable(cluster)
     r = ns3.simulate(scheme, c, model.gradient_bytes)
     flow = estimate(scheme, c, model).sync_s
@@ -148,7 +151,9 @@ def print_sweep(report: dict, console) -> None:
         table.add_column(col)
     for r in report["rows"]:
         note = r["note"]
-        if r.get("ns3"):
+        if r.get("ns3", {}).get("skipped"):
+            note = f"ns-3: {r['ns3']['skipped']} " + note
+        elif r.get("ns3"):
             note = f"ns-3 {r['ns3']['sync_s'] * 1e3:.3f} ms ({r['ns3']['difference']:+.1%}) " + note
         for t in r.get("tails", []):
             note += f" [{t['mode']}: mean {t['mean_sync_s'] * 1e3:.1f}, p99 " \

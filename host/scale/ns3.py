@@ -23,6 +23,7 @@ from host.scale.flow import Scheme
 
 ENGINE_SCHEMES = {Scheme.RING: 0, Scheme.PS: 1, Scheme.INA: 2}
 MAX_WORKERS = 64                    # beyond this, minutes per point on 2 cores
+MAX_PACKETS = 4_000_000             # about 10 s of wall time
 
 _compiled = None
 
