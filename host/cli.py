@@ -178,8 +178,13 @@ def main(argv=None) -> int:
                        help="run in this network namespace (created and deleted if new)")
     board.add_argument("--tap", default="nagg",
                        help="TAP device name prefix: port n is <prefix>n (default nagg)")
+    from host.scale.cli import add_parser as add_scale
+    add_scale(sub)
     args = parser.parse_args(argv)
 
+    if args.command == "scale":
+        from host.scale.cli import main as scale_main
+        return scale_main(args)
     if args.command == "demo":
         from host.demo import demo as run_demo
         report = run_demo(workers=args.workers, nodes=args.nodes, values=args.values,
