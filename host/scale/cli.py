@@ -19,10 +19,17 @@ from host.scale.reproduce import claims
 DEFAULT_WORKERS = "8,16,32,64,128,256,512,1024"
 
 
+def _model_key(text: str) -> str:
+    """A named model as a user spells it (ResNet-50, resnet50, BERT-large...): its key."""
+    def plain(name: str) -> str:
+        return "".join(c for c in name.lower() if c.isalnum())
+    return next((key for key in MODELS if plain(key) == plain(text)), text)
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("scale", help="gradient synchronisation at scale: ring, tree, parameter "
                                      "server, BML, in-network aggregation (flow model, ns-3)")
-    p.add_argument("--model", default="resnet50", choices=sorted(MODELS))
+    p.add_argument("--model", default="resnet50", choices=sorted(MODELS), type=_model_key)
     p.add_argument("--params", type=float, default=None,
                    help="parameter count instead of a named model (e.g. 2.5e7)")
     p.add_argument("--compute-ms", type=float, default=None,
