@@ -108,6 +108,17 @@ def _agree(store, rank: int, key: str, mine: str | None, what: str) -> str:
     return theirs
 
 
+def _by_gloo(name: str):
+    """A collective of torch's Python trampoline (`PyProcessGroup`) that goes to gloo. Left
+    to the base class, the trampoline would call gloo holding the GIL, and gloo's own thread,
+    freeing an earlier Work's Python tensors, waits for the GIL while holding the lock gloo's
+    `enqueue` needs: a deadlock. Called from here, gloo's binding releases the GIL first."""
+    def collective(self, *args, **kwargs):
+        return getattr(self.gloo, name)(*args, **kwargs)
+    collective.__name__ = collective.__qualname__ = name
+    return collective
+
+
 class NetaggProcessGroup(dist.ProcessGroup):
     """A torch process group whose all_reduce goes through a netagg switch when it can."""
 
@@ -142,6 +153,17 @@ class NetaggProcessGroup(dist.ProcessGroup):
 
     def getBackendName(self) -> str:
         return BACKEND
+
+    # every collective the trampoline dispatches to Python but the switch's all_reduce
+    # (the others, reduce, gather, scatter, all_to_all..., torch sends to gloo itself)
+    allgather = _by_gloo("allgather")
+    allreduce_coalesced = _by_gloo("allreduce_coalesced")
+    alltoall_base = _by_gloo("alltoall_base")
+    barrier = _by_gloo("barrier")
+    broadcast = _by_gloo("broadcast")
+    reduce_scatter = _by_gloo("reduce_scatter")
+    send = _by_gloo("send")
+    recv = _by_gloo("recv")
 
     # --- all_reduce ---------------------------------------------------------------------
 

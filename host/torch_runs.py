@@ -103,7 +103,11 @@ def _torchrun(run: Run, args: list[str], url: str, binds: list[str], workers: in
 
 
 def _tail(log: Path, lines: int = 30) -> str:
-    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    """The end of a torchrun log: its processes' own lines ("[rankN]: ...", their errors)
+    when there are any, else the agent's."""
+    text = log.read_text(errors="replace").splitlines()
+    ranks = [line for line in text if line.startswith("[rank")]
+    return "\n".join((ranks or text)[-lines:])
 
 
 def _drop_everything(url: str, on: bool, saved: list[int] | None = None) -> list[int]:
