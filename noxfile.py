@@ -8,7 +8,7 @@ nox.options.default_venv_backend = "venv"
 
 @nox.session
 def tests(session):
-    session.install("-e", ".[test]")
+    session.install("-e", ".[test,torch]")      # torch: tests/test_torch.py
     session.run("pytest", "-n", "2", "--dist", "loadgroup", *session.posargs)
 
 

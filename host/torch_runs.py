@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -102,12 +103,11 @@ def _torchrun(run: Run, args: list[str], url: str, binds: list[str], workers: in
                 p.wait(10)
 
 
-def _tail(log: Path, lines: int = 30) -> str:
-    """The end of a torchrun log: its processes' own lines ("[rankN]: ...", their errors)
-    when there are any, else the agent's."""
+def _tail(log: Path, lines: int = 40) -> str:
+    """The end of a torchrun log without the agent's own log records ("W1124 05:25:14..."):
+    what the processes printed, their errors first of all."""
     text = log.read_text(errors="replace").splitlines()
-    ranks = [line for line in text if line.startswith("[rank")]
-    return "\n".join((ranks or text)[-lines:])
+    return "\n".join([t for t in text if not re.match(r"[DIWE]\d{4} ", t)][-lines:])
 
 
 def _drop_everything(url: str, on: bool, saved: list[int] | None = None) -> list[int]:

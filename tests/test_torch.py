@@ -26,6 +26,7 @@ from host import torch_runs  # noqa: E402
 from host.cli import main  # noqa: E402
 from sim.bench import start_server  # noqa: E402
 
+pytestmark = pytest.mark.xdist_group("torch")     # one switch; torchrun jobs one at a time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB_TIMEOUT = 120
 
