@@ -64,11 +64,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _torchrun(run: Run, args: list[str], url: str, binds: list[str], workers: int, nodes: int,
-              tmp: Path, timeout: float):
-    """One torchrun agent per node, all at once; every one must exit 0 within `timeout`."""
+def torchrun(target: list[str], *, url: str, nodes: int, per_node: int, logs: Path,
+             what: str, timeout: float, binds=()):
+    """`torchrun ... target` as `nodes` agents of `per_node` processes each, started at once
+    (static rendezvous on 127.0.0.1, the switch at `url`, node i sending from `binds[i]`
+    when given, gloo on the loopback interface, one OpenMP thread). Every agent must exit 0
+    within `timeout` seconds, or every process of the job is killed and the error names
+    `what`, the node, and shows what its processes printed (logs in `logs`)."""
     port = _free_port()
-    procs, logs = [], []
+    procs, files = [], []
     for node in range(nodes):
         env = {**os.environ, "NETAGG_SWITCH": url, "GLOO_SOCKET_IFNAME": "lo",
                "OMP_NUM_THREADS": "1",
@@ -76,14 +80,12 @@ def _torchrun(run: Run, args: list[str], url: str, binds: list[str], workers: in
                                                            os.environ.get("PYTHONPATH")]))}
         if binds:
             env["NETAGG_BIND"] = binds[node % len(binds)]
-        log = tmp / f"{run.name}-node{node}.log"
-        logs.append(log)
-        with open(log, "w") as out:
+        files.append(logs / (re.sub(r"[^\w.]+", "-", what) + f"-node{node}.log"))
+        with open(files[-1], "w") as out:
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes),
-                 "--node-rank", str(node), "--nproc-per-node", str(workers // nodes),
-                 "--master-addr", "127.0.0.1", "--master-port", str(port),
-                 "-m", "host.torch_train", "--backend", run.backend, *args],
+                 "--node-rank", str(node), "--nproc-per-node", str(per_node),
+                 "--master-addr", "127.0.0.1", "--master-port", str(port), *target],
                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
     deadline = time.monotonic() + timeout
     try:
@@ -91,11 +93,11 @@ def _torchrun(run: Run, args: list[str], url: str, binds: list[str], workers: in
             try:
                 code = p.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                raise RuntimeError(f"netagg train: run {run.name}, node {node}: not finished "
-                                   f"after {timeout:.0f} s\n{_tail(logs[node])}") from None
+                raise RuntimeError(f"{what}, node {node}: not finished after {timeout:.0f} s"
+                                   f"\n{_tail(files[node])}") from None
             if code != 0:
-                raise RuntimeError(f"netagg train: run {run.name}, node {node}: torchrun "
-                                   f"exited with {code}\n{_tail(logs[node])}")
+                raise RuntimeError(f"{what}, node {node}: torchrun exited with {code}\n"
+                                   f"{_tail(files[node])}")
     finally:
         for p in procs:
             if p.poll() is None:
@@ -156,7 +158,10 @@ def train_runs(workers: int = 4, nodes: int = 2, epochs: int = 15, seed: int = 0
                 try:
                     with console.status(f"run {run.name}: {workers} processes in {nodes} "
                                         f"nodes under torchrun"):
-                        _torchrun(run, args, url, binds, workers, nodes, tmp, timeout)
+                        torchrun(["-m", "host.torch_train", "--backend", run.backend,
+                                  *args], url=url, nodes=nodes, per_node=workers // nodes,
+                                 logs=tmp, what=f"netagg train: run {run.name}",
+                                 timeout=timeout, binds=binds)
                 finally:
                     if saved is not None:
                         _drop_everything(url, False, saved)

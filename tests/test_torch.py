@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import time
 
 import pytest
 
@@ -40,35 +37,18 @@ def switch():
     proc.stdout.close()
 
 
-def torchrun(tmp_path, url: str, nodes: int, per_node: int, *args) -> list[dict]:
-    """tests/torch_job.py under torchrun; every agent must exit 0 within JOB_TIMEOUT."""
-    env = {**os.environ, "NETAGG_SWITCH": url, "GLOO_SOCKET_IFNAME": "lo",
-           "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-    port = torch_runs._free_port()
-    logs = [tmp_path / f"node{n}.log" for n in range(nodes)]
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--node-rank",
-         str(n), "--nproc-per-node", str(per_node), "--master-addr", "127.0.0.1",
-         "--master-port", str(port), os.path.join(ROOT, "tests", "torch_job.py"),
-         str(tmp_path), *args],
-        env=env, stdout=open(logs[n], "w"), stderr=subprocess.STDOUT, start_new_session=True)
-        for n in range(nodes)]
-    deadline = time.monotonic() + JOB_TIMEOUT
-    try:
-        codes = [p.wait(max(1.0, deadline - time.monotonic())) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-                p.wait(10)
-    assert codes == [0] * nodes, "\n".join(log.read_text()[-3000:] for log in logs)
+def run_job(tmp_path, url: str, nodes: int, per_node: int) -> list[dict]:
+    """tests/torch_job.py under torchrun; what each rank wrote."""
+    torch_runs.torchrun([os.path.join(ROOT, "tests", "torch_job.py"), str(tmp_path)],
+                        url=url, nodes=nodes, per_node=per_node, logs=tmp_path,
+                        what="tests/torch_job.py", timeout=JOB_TIMEOUT)
     return [json.loads((tmp_path / f"rank{r}.json").read_text())
             for r in range(nodes * per_node)]
 
 
 @pytest.mark.parametrize("nodes,per_node", [(1, 2), (2, 1)], ids=["hierarchical", "flat"])
 def test_torchrun_job_through_the_switch(tmp_path, switch, nodes, per_node):
-    ranks = torchrun(tmp_path, switch, nodes, per_node)
+    ranks = run_job(tmp_path, switch, nodes, per_node)
     for r in ranks:
         assert r["group"] == "NetaggProcessGroup" and r["backend"] == "netagg"
         assert r["local_size"] == per_node
