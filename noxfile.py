@@ -8,7 +8,7 @@ nox.options.default_venv_backend = "venv"
 
 @nox.session
 def tests(session):
-    session.install("-e", ".[test,scale]")
+    session.install("-e", ".[test,torch,scale]")     # torch: test_torch; scale: ns-3
     session.run("pytest", "-n", "2", "--dist", "loadgroup", *session.posargs)
 
 

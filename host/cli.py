@@ -154,6 +154,21 @@ def main(argv=None) -> int:
                            "from the i-th, round robin); default: one per switch port reached")
     demo.add_argument("--json", action="store_true", help="print one JSON object")
 
+    train = sub.add_parser("train", help="DDP training of a small CNN through gloo, netagg, "
+                                         "and netagg with priority drop, side by side")
+    train.add_argument("--workers", type=int, default=4, help="torchrun processes")
+    train.add_argument("--nodes", type=int, default=2, help="torchrun agents (nodes)")
+    train.add_argument("--epochs", type=int, default=15)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--loss-budget", type=float, default=0.05,
+                       help="the drop run's share of each gradient's chunks sent droppable")
+    train.add_argument("--runs", default="gloo,netagg,netagg_drop",
+                       help="runs, comma-separated: gloo, netagg, netagg_drop")
+    train.add_argument("--backend", choices=["golden", "rtl"], default="golden",
+                       help="the simulated switch")
+    train.add_argument("--plot", default=None, help="write the loss curves to this image")
+    train.add_argument("--json", action="store_true", help="print one JSON object")
+
     probe = sub.add_parser("probe", help="read a switch's parameters, addresses and counters")
     probe.add_argument("url", help="udp://HOST:PORT")
     probe.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for it")
@@ -195,6 +210,21 @@ def main(argv=None) -> int:
         if args.json:
             print(json.dumps(report))
         return 0 if report["verified"] else 1
+    if args.command == "train":
+        from host import torch_runs
+        runs = {r.name: r for r in torch_runs.RUNS}
+        chosen = args.runs.split(",")
+        unknown = [r for r in chosen if r not in runs]
+        if unknown:
+            parser.error(f"unknown runs {', '.join(unknown)}: choose from {', '.join(runs)}")
+        report = torch_runs.train_runs(workers=args.workers, nodes=args.nodes,
+                                       epochs=args.epochs, seed=args.seed,
+                                       loss_budget=args.loss_budget, backend=args.backend,
+                                       runs=[runs[r] for r in chosen], quiet=args.json)
+        if args.plot:
+            torch_runs.plot(report, args.plot)
+        print(json.dumps(report) if args.json else torch_runs.summary(report))
+        return 0
     if args.command == "probe":
         from host.probe import probe_main
         return probe_main(args.url, args.json, args.timeout)

@@ -101,7 +101,7 @@ def accuracy(params: dict, x: np.ndarray, y: np.ndarray) -> float:
     return float((forward(params, x)[1].argmax(axis=1) == y).mean())
 
 
-def _switch_counters(switch) -> dict:
+def switch_counters(switch) -> dict:
     """Priority drops (all ports) and the job-0 counters, through the control path."""
     ctl = SwitchControl(switch)
     try:
@@ -130,7 +130,7 @@ def train(switch=None, *, workers: int = 4, steps: int = 100, batch: int = 32,
         ctl = SwitchControl(switch)
         ctl.write([(W.drop_threshold(c), 0) for c in drop_classes])
         ctl.close()
-    before = _switch_counters(switch)
+    before = switch_counters(switch)
     session = f"train-{uuid.uuid4().hex}"
     ws = [Worker(r, workers, switch, session=session, timeout=timeout) for r in range(workers)]
     try:
@@ -165,7 +165,7 @@ def train(switch=None, *, workers: int = 4, steps: int = 100, batch: int = 32,
     finally:
         for w in ws:
             w.close()
-    after = _switch_counters(switch)
+    after = switch_counters(switch)
     sent = sum(c["packets_sent"] for c in counters)
     dropped = after["drop_priority"] - before["drop_priority"]
     return {

@@ -1,0 +1,226 @@
+"""The "netagg" backend of torch.distributed: all_reduce through the switch, the rest by gloo.
+
+    import torch.distributed as dist
+    import host.torch_backend                   # registers the backend "netagg"
+    dist.init_process_group("netagg")           # under torchrun; NETAGG_SWITCH=udp://...
+
+Set-up (`init_process_group`, through torch's plugin interface): the rank and world size are
+torch's (torchrun's RANK and WORLD_SIZE); the switch is `NetaggOptions.switch` when
+`pg_options=NetaggOptions(...)` is given, else `NETAGG_SWITCH`, else rank 0's; the session
+is a new one that rank 0 draws and the others read from torch's store (so every process of
+a run agrees on it and no two runs share one); with LOCAL_WORLD_SIZE > 1 and the ranks of a
+node consecutive (torchrun's numbering) the worker is hierarchical, `local_size` =
+LOCAL_WORLD_SIZE (the node's processes add their tensors in shared memory first, and each
+carries one share of the node's sum to the switch). `NETAGG_BIND` (or
+`NetaggOptions.bind`) names the address to send from. A gloo group over the same store
+starts beside the worker.
+
+Collectives: `all_reduce` of what `host.torch_tensors.switch_op` accepts (SUM of int32, SUM
+and AVG of float32, float16 and bfloat16 CPU tensors) goes through the switch, with the
+worker's default priority and no loss budget (`host.torch_hook` sets them per gradient for
+DDP); every other all_reduce, and every other collective (broadcast, barrier, all_gather,
+reduce, scatter, send/recv...), is gloo's: the group hands them to its gloo backend. Only
+the default group uses the switch (its jobs from `NetaggOptions.job`); a group made later
+with `new_group(backend="netagg")` is gloo alone.
+
+What differs from gloo: floats are summed in fixed point (within `host.numerics`'s bound,
+not bit for bit gloo's); an int32 sum that overflows is an error, not a wrapped value;
+NaN or infinity in a tensor is an error on that rank (the others then time out naming it
+missing); every failure is an error that names the rank and the job, within the worker's
+timeout (`NetaggOptions.timeout`, default the smaller of the group's timeout and 60 s).
+
+Cost: per process, the worker (a UDP socket and its progress thread), a completion thread
+(`host.torch_work`) and the gloo group's connections; a contiguous tensor is read in place
+and its result copied back once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import uuid
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from host.errors import NetaggError
+from host.torch_tensors import as_array, store_result, switch_op
+from host.torch_work import Completer, NetaggWork, Pending
+from host.worker import Worker
+
+BACKEND = "netagg"
+MAX_WORKER_TIMEOUT = 60.0       # seconds without progress before an allreduce fails
+SESSION_KEY, SWITCH_KEY = "netagg/session", "netagg/switch"
+
+
+@dataclasses.dataclass
+class NetaggOptions:
+    """`dist.init_process_group("netagg", pg_options=NetaggOptions(...))`: the switch
+    (`udp://host:port`; default NETAGG_SWITCH), the local address to send from (default
+    NETAGG_BIND, else the kernel's route), the worker's timeout in seconds, its first switch
+    job, and whether LOCAL_WORLD_SIZE > 1 makes it hierarchical."""
+
+    switch: str | None = None
+    bind: str | None = None
+    timeout: float | None = None
+    job: int = 0
+    hierarchical: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where this process is: its rank among `world_size`, and `local_size` processes per
+    node (1: flat)."""
+
+    rank: int
+    world_size: int
+    local_size: int
+
+
+def placement(rank: int, world_size: int, hierarchical: bool = True) -> Placement:
+    """torchrun's LOCAL_WORLD_SIZE and LOCAL_RANK, when they describe nodes of consecutive
+    ranks that the world is a whole number of; flat otherwise."""
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if not hierarchical or local_size <= 1:
+        return Placement(rank, world_size, 1)
+    if world_size % local_size or rank % local_size != local_rank:
+        warnings.warn(f"netagg: rank {rank} is local rank {local_rank} of {local_size} in a "
+                      f"world of {world_size}, not torchrun's consecutive numbering: flat "
+                      f"allreduce", stacklevel=2)
+        return Placement(rank, world_size, 1)
+    return Placement(rank, world_size, local_size)
+
+
+def _agree(store, rank: int, key: str, mine: str | None, what: str) -> str:
+    """Rank 0's value of `key` (its own `mine`, published); another rank's `mine` must match."""
+    if rank == 0:
+        if not mine:
+            raise NetaggError(f"netagg rank 0: no {what}: set NETAGG_SWITCH=udp://HOST:PORT "
+                              f"or pass pg_options=NetaggOptions(switch=...)")
+        store.set(key, mine)
+        return mine
+    theirs = store.get(key).decode()
+    if mine and mine != theirs:
+        raise NetaggError(f"netagg rank {rank}: {what} {mine}, but rank 0 uses {theirs}")
+    return theirs
+
+
+def _by_gloo(name: str):
+    """A collective of torch's Python trampoline (`PyProcessGroup`) that goes to gloo. Left
+    to the base class, the trampoline would call gloo holding the GIL, and gloo's own thread,
+    freeing an earlier Work's Python tensors, waits for the GIL while holding the lock gloo's
+    `enqueue` needs: a deadlock. Called from here, gloo's binding releases the GIL first."""
+    def collective(self, *args, **kwargs):
+        return getattr(self.gloo, name)(*args, **kwargs)
+    collective.__name__ = collective.__qualname__ = name
+    return collective
+
+
+class NetaggProcessGroup(dist.ProcessGroup):
+    """A torch process group whose all_reduce goes through a netagg switch when it can."""
+
+    def __init__(self, store, rank: int, world_size: int, timeout: datetime.timedelta,
+                 options: NetaggOptions | None = None, uses_switch: bool = True):
+        super().__init__(rank, world_size)
+        options = options or NetaggOptions()
+        self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, world_size,
+                                          timeout)
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
+                               self.gloo)
+        self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+        self.worker = self.completer = None
+        if not uses_switch:
+            return
+        seconds = min(timeout.total_seconds(), MAX_WORKER_TIMEOUT) if options.timeout is None \
+            else options.timeout
+        switch = _agree(store, rank, SWITCH_KEY, options.switch or os.environ.get(
+            "NETAGG_SWITCH"), "switch")
+        session = _agree(store, rank, SESSION_KEY, f"torch-{uuid.uuid4().hex}" if rank == 0
+                         else None, "session")
+        self.placement = placement(rank, world_size, options.hierarchical)
+        self.where = f"netagg rank {rank} of {world_size}, job {options.job}, session {session}"
+        try:
+            self.worker = Worker(rank, world_size, switch, options.job, session=session,
+                                 local_size=self.placement.local_size, timeout=seconds,
+                                 bind=options.bind or os.environ.get("NETAGG_BIND"))
+        except Exception as e:
+            raise NetaggError(f"{self.where}: cannot join switch {switch}: "
+                              f"{type(e).__name__}: {e}") from e
+        self.completer = Completer(self.where, seconds)
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    # every collective the trampoline dispatches to Python but the switch's all_reduce
+    # (the others, reduce, gather, scatter, all_to_all..., torch sends to gloo itself)
+    allgather = _by_gloo("allgather")
+    allreduce_coalesced = _by_gloo("allreduce_coalesced")
+    alltoall_base = _by_gloo("alltoall_base")
+    barrier = _by_gloo("barrier")
+    broadcast = _by_gloo("broadcast")
+    reduce_scatter = _by_gloo("reduce_scatter")
+    send = _by_gloo("send")
+    recv = _by_gloo("recv")
+
+    # --- all_reduce ---------------------------------------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        opts = dist.AllreduceOptions() if opts is None else opts
+        op = switch_op(tensors, opts.reduceOp) if self.worker is not None else None
+        if op is None:
+            return self.gloo.allreduce(tensors, opts)
+        return NetaggWork(self.switch_allreduce(tensors, op.op))
+
+    def switch_allreduce(self, tensors, op: str, loss_budget=0.0,
+                         priority=None) -> torch.futures.Future:
+        """Allreduce `tensors` (which `switch_op` accepts) through the switch, in place;
+        `loss_budget` and `priority` as for `Worker.allreduce`, one value or one per tensor.
+        The future's value is the list of tensors; its error names this rank and job."""
+        if self.worker is None:
+            raise NetaggError(f"netagg rank {self.rank()}: this group does not use the switch")
+        dtype = switch_op(tensors, dist.ReduceOp.SUM).dtype
+        arrays = [as_array(t) for t in tensors]
+
+        def start():
+            return self.worker.allreduce_async(arrays, op, dtype, loss_budget=loss_budget,
+                                               priority=priority)
+
+        def finish(results):
+            return [store_result(t, r) for t, r in zip(tensors, results)]
+
+        pending = Pending(torch.futures.Future(), finish)
+        if self.placement.local_size == 1:
+            pending.handle = start()        # sent now; the completer only waits
+        else:
+            pending.start = start           # one hierarchical step at a time, on its thread
+        return self.completer.submit(pending)
+
+    def counters(self) -> dict:
+        """The worker's counters (packets and bytes sent...), {} when it has none."""
+        return self.worker.counters() if self.worker is not None else {}
+
+    # --- shutting down ------------------------------------------------------------------
+
+    def shutdown(self):
+        if self.completer is not None:
+            self.completer.close()
+        if self.worker is not None:
+            self.worker.close()
+        self.worker = self.completer = None
+
+    def abort(self):
+        self.shutdown()
+
+
+def _create(backend_opts, options) -> NetaggProcessGroup:
+    if options is not None and not isinstance(options, NetaggOptions):
+        raise TypeError(f"netagg takes pg_options=NetaggOptions(...), not {type(options)}")
+    return NetaggProcessGroup(backend_opts.store, backend_opts.group_rank,
+                              backend_opts.group_size, backend_opts.timeout, options,
+                              uses_switch=not dist.is_initialized())   # the default group
+
+
+dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])

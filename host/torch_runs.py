@@ -1,0 +1,220 @@
+"""`netagg train`: the same DDP training through gloo, through netagg, and through netagg
+with priority drop, side by side.
+
+    netagg train [--workers 4 --nodes 2 --epochs 15 --seed 0 --loss-budget 0.05]
+                 [--backend golden|rtl] [--plot FILE] [--json]
+
+starts the simulated switch (`netagg sim serve`, the golden model by default) on a free
+loopback address, writes scikit-learn's digits once (`host.torch_train.digits`), and runs
+`host.torch_train` under torchrun, `workers` processes in `nodes` nodes (one torchrun agent
+per node, static rendezvous on 127.0.0.1, node i sending from the i-th address that reaches
+its own switch port, as `netagg demo` does), three times from the same seed:
+
+- `gloo`: torch's gloo backend, DDP's own allreduce;
+- `netagg`: the "netagg" backend, hierarchical inside a node, DDP's gradients through
+  `host.torch_hook` (DLCP classes), no loss budget;
+- `netagg_drop`: the same with `loss_budget` and every drop threshold of the switch at 0, so
+  the switch drops every contribution a worker marks droppable (the floor(loss_budget x
+  chunks) smallest chunks of each gradient): what a congested switch may do at most.
+
+Per run it prints the final test accuracy, the time per training step (the slowest rank's
+training-loop seconds over its steps), the bytes each worker sent (to the switch, and over
+TCP: gloo's allreduce, and in the netagg runs what gloo still carries), and for the drop run
+the share of the contributions the switch dropped; then the accuracy gaps to gloo in points.
+`--json` prints one object (with each run's mean loss per step), `--plot FILE` draws the
+loss curves of the runs on one figure (matplotlib). gloo's connections stay on the loopback
+interface (GLOO_SOCKET_IFNAME=lo); every process has one OpenMP thread; each torchrun must
+finish within `timeout` seconds, or every process of it is killed and the run is an error
+naming it. Needs `pip install -e .[torch]` (torch, scikit-learn, matplotlib).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from host import wire as W
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    name: str
+    backend: str            # torch's backend: "gloo" or "netagg"
+    drop: bool = False      # the switch drops every droppable contribution
+
+
+RUNS = (Run("gloo", "gloo"), Run("netagg", "netagg"), Run("netagg_drop", "netagg", drop=True))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(target: list[str], *, url: str, nodes: int, per_node: int, logs: Path,
+             what: str, timeout: float, binds=()):
+    """`torchrun ... target` as `nodes` agents of `per_node` processes each, started at once
+    (static rendezvous on 127.0.0.1, the switch at `url`, node i sending from `binds[i]`
+    when given, gloo on the loopback interface, one OpenMP thread). Every agent must exit 0
+    within `timeout` seconds, or every process of the job is killed and the error names
+    `what`, the node, and shows what its processes printed (logs in `logs`)."""
+    port = _free_port()
+    procs, files = [], []
+    for node in range(nodes):
+        env = {**os.environ, "NETAGG_SWITCH": url, "GLOO_SOCKET_IFNAME": "lo",
+               "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                           os.environ.get("PYTHONPATH")]))}
+        if binds:
+            env["NETAGG_BIND"] = binds[node % len(binds)]
+        files.append(logs / (re.sub(r"[^\w.]+", "-", what) + f"-node{node}.log"))
+        with open(files[-1], "w") as out:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes),
+                 "--node-rank", str(node), "--nproc-per-node", str(per_node),
+                 "--master-addr", "127.0.0.1", "--master-port", str(port), *target],
+                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+    deadline = time.monotonic() + timeout
+    try:
+        for node, p in enumerate(procs):
+            try:
+                code = p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"{what}, node {node}: not finished after {timeout:.0f} s"
+                                   f"\n{_tail(files[node])}") from None
+            if code != 0:
+                raise RuntimeError(f"{what}, node {node}: torchrun exited with {code}\n"
+                                   f"{_tail(files[node])}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait(10)
+
+
+def _tail(log: Path, lines: int = 40) -> str:
+    """The end of a torchrun log without the agent's own log records ("W1124 05:25:14..."):
+    what the processes printed, their errors first of all."""
+    text = log.read_text(errors="replace").splitlines()
+    return "\n".join([t for t in text if not re.match(r"[DIWE]\d{4} ", t)][-lines:])
+
+
+def _drop_everything(url: str, on: bool, saved: list[int] | None = None) -> list[int]:
+    """Every class's drop threshold to 0 (on), or back to `saved`; returns the old ones."""
+    from host.control import SwitchControl
+
+    ctl = SwitchControl(url)
+    try:
+        regs = [W.drop_threshold(c) for c in range(W.PRIORITY_CLASSES)]
+        old = ctl.read(*regs)
+        ctl.write(list(zip(regs, [0] * len(regs) if on else saved)))
+        return old
+    finally:
+        ctl.close()
+
+
+def train_runs(workers: int = 4, nodes: int = 2, epochs: int = 15, seed: int = 0,
+               loss_budget: float = 0.05, backend: str = "golden", runs=RUNS,
+               timeout: float = 600.0, quiet: bool = False) -> dict:
+    from rich.console import Console
+
+    from host.probe import sources
+    from host.torch_train import digits
+    from host.train import switch_counters
+    from sim.bench import start_server
+
+    if workers % nodes:
+        raise ValueError(f"{workers} workers do not split into {nodes} nodes")
+    console = Console(stderr=True, quiet=quiet)
+    report = {"command": "train", "switch": backend, "workers": workers, "nodes": nodes,
+              "epochs": epochs, "seed": seed, "loss_budget": loss_budget, "runs": {}}
+    with tempfile.TemporaryDirectory(prefix="netagg-train-") as tmp_name:
+        tmp = Path(tmp_name)
+        np.savez(tmp / "digits.npz", **digits(seed))
+        with console.status(f"starting the {backend} switch"):
+            server, url = start_server(backend, max_workers=max(8, workers))
+        try:
+            binds = sources(url)
+            for run in runs:
+                budget = loss_budget if run.drop else 0.0
+                args = ["--data", str(tmp / "digits.npz"), "--out", str(tmp / f"{run.name}.json"),
+                        "--epochs", str(epochs), "--seed", str(seed),
+                        "--loss-budget", str(budget)]
+                saved = _drop_everything(url, True) if run.drop else None
+                before = switch_counters(url)
+                try:
+                    with console.status(f"run {run.name}: {workers} processes in {nodes} "
+                                        f"nodes under torchrun"):
+                        torchrun(["-m", "host.torch_train", "--backend", run.backend,
+                                  *args], url=url, nodes=nodes, per_node=workers // nodes,
+                                 logs=tmp, what=f"netagg train: run {run.name}",
+                                 timeout=timeout, binds=binds)
+                finally:
+                    if saved is not None:
+                        _drop_everything(url, False, saved)
+                result = json.loads((tmp / f"{run.name}.json").read_text())
+                dropped = switch_counters(url)["drop_priority"] - before["drop_priority"]
+                sent = sum(r["packets_sent"] for r in result["ranks"])
+                result["drop_priority"] = dropped
+                result["drop_fraction"] = dropped / sent if sent else 0.0
+                report["runs"][run.name] = result
+        finally:
+            server.terminate()
+            server.wait(10)
+            server.stdout.close()
+    gloo = report["runs"].get("gloo")
+    if gloo:
+        report["accuracy_gap_points"] = {
+            name: 100 * (r["test_accuracy"] - gloo["test_accuracy"])
+            for name, r in report["runs"].items() if name != "gloo"}
+    return report
+
+
+def _line(name: str, r: dict) -> str:
+    b = r["bytes_sent_per_worker"]
+    drop = f", {r['drop_fraction']:.2%} of contributions dropped" if r["drop_priority"] else ""
+    return (f"{name:12} test accuracy {r['test_accuracy']:.2%}, {r['time_per_step'] * 1e3:.1f} "
+            f"ms/step ({r['steps']} steps), sent per worker {b['switch'] / 1e6:.2f} MB to the "
+            f"switch + {b['tcp'] / 1e6:.2f} MB over TCP{drop}")
+
+
+def summary(report: dict) -> str:
+    lines = [_line(n, r) for n, r in report["runs"].items()]
+    gaps = report.get("accuracy_gap_points", {})
+    if gaps:
+        lines.append("accuracy minus gloo's: " + ", ".join(f"{n} {g:+.2f} points"
+                                                           for n, g in gaps.items()))
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: str):
+    """The mean training loss per step of every run, on one figure."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, r in report["runs"].items():
+        ax.plot(r["loss_per_step"], label=f"{name} ({r['test_accuracy']:.1%})", linewidth=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (mean over workers)")
+    ax.set_yscale("log")
+    ax.set_title(f"digits CNN, {report['workers']} workers in {report['nodes']} nodes, "
+                 f"{report['switch']} switch")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

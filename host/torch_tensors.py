@@ -1,0 +1,67 @@
+"""Which torch all_reduce calls the switch can do, and torch tensors as the worker's arrays.
+
+The switch adds int32 lanes: it carries SUM of int32 tensors exactly, and SUM and AVG (the
+worker's "mean") of float32, float16 and bfloat16 tensors in fixed point (`host.numerics`),
+for dense CPU tensors. `switch_op` says so for one call, or returns None: every other op
+(MAX, MIN, PRODUCT, BAND..., PREMUL_SUM), dtype (float64, int64, uint8, bool, complex...),
+int32 AVG (not an int32), and sparse, non-CPU or mixed-dtype tensor lists go to gloo.
+
+Tensors become numpy arrays without a copy when they are contiguous (`Tensor.numpy()`
+shares memory): float32, float16 and int32 as they are, bfloat16 (no numpy dtype) as its
+int16 bit pattern with the worker's `dtype="bfloat16"`, which `host.numerics` reads and
+writes exactly. A non-contiguous tensor is copied once each way. Results come back as new
+arrays and are copied into the caller's tensors in place, as torch's all_reduce does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+FORMATS = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+           torch.int32: "int32"}
+FLOATS = ("float32", "float16", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class SwitchOp:
+    """An allreduce the switch carries: the worker's op ("sum" or "mean") and dtype name."""
+
+    op: str
+    dtype: str
+
+
+def switch_op(tensors, reduce_op) -> SwitchOp | None:
+    """The switch's op for all_reduce of `tensors` with `reduce_op`, None for gloo's."""
+    if not tensors:
+        return None
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) != 1 or any(t.is_sparse or t.device.type != "cpu" for t in tensors):
+        return None
+    dtype = FORMATS.get(dtypes.pop())
+    if dtype is None:
+        return None
+    if reduce_op == dist.ReduceOp.SUM:
+        return SwitchOp("sum", dtype)
+    if reduce_op == dist.ReduceOp.AVG and dtype in FLOATS:
+        return SwitchOp("mean", dtype)
+    return None
+
+
+def as_array(tensor: torch.Tensor) -> np.ndarray:
+    """The tensor's values as the worker takes them (a view when the tensor is contiguous)."""
+    t = tensor.detach().contiguous()
+    return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()
+
+
+def store_result(tensor: torch.Tensor, result: np.ndarray) -> torch.Tensor:
+    """Copy the worker's result into `tensor` (in place); returns `tensor`."""
+    values = torch.from_numpy(result)
+    if tensor.dtype == torch.bfloat16:
+        values = values.view(torch.bfloat16)
+    with torch.no_grad():
+        tensor.copy_(values.view(tensor.shape))
+    return tensor

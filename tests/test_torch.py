@@ -1,0 +1,147 @@
+"""The "netagg" torch.distributed backend, its DDP hook and `netagg train`.
+
+A torchrun job of 2 processes (tests/torch_job.py) runs `init_process_group("netagg")`
+against `netagg sim serve` (golden model), once as one node of 2 (hierarchical) and once as
+2 nodes of 1 (two torchrun agents: flat), and checks all_reduce against a gloo group (int32
+bit for bit, floats within the fixed-point bound of host/numerics.py), that what the switch
+cannot do is gloo's (right results, no packet sent), the other collectives, Work futures,
+and DDP with and without the netagg hook beside gloo's DDP. Set-up errors name the rank;
+`netagg train` runs small, and its command line hands its options on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="pip install -e .[torch]")
+import torch.distributed as dist  # noqa: E402
+
+from host import torch_runs  # noqa: E402
+from host.cli import main  # noqa: E402
+from sim.bench import start_server  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("torch")     # one switch; torchrun jobs one at a time
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB_TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def switch():
+    proc, url = start_server("golden")
+    yield url
+    proc.terminate()
+    proc.wait(10)
+    proc.stdout.close()
+
+
+def run_job(tmp_path, url: str, nodes: int, per_node: int) -> list[dict]:
+    """tests/torch_job.py under torchrun; what each rank wrote."""
+    torch_runs.torchrun([os.path.join(ROOT, "tests", "torch_job.py"), str(tmp_path)],
+                        url=url, nodes=nodes, per_node=per_node, logs=tmp_path,
+                        what="tests/torch_job.py", timeout=JOB_TIMEOUT)
+    return [json.loads((tmp_path / f"rank{r}.json").read_text())
+            for r in range(nodes * per_node)]
+
+
+@pytest.mark.parametrize("nodes,per_node", [(1, 2), (2, 1)], ids=["hierarchical", "flat"])
+def test_torchrun_job_through_the_switch(tmp_path, switch, nodes, per_node):
+    ranks = run_job(tmp_path, switch, nodes, per_node)
+    for r in ranks:
+        assert r["group"] == "NetaggProcessGroup" and r["backend"] == "netagg"
+        assert r["local_size"] == per_node
+        for case, got in r["switch_vs_gloo"].items():
+            if case.startswith("int32"):
+                assert got["equal_to_gloo"] and got["equal_to_exact"], (r["rank"], case)
+            else:
+                assert got["exact_over_bound"] <= 1.0, (r["rank"], case, got)
+                assert got["gloo_over_bound"] <= 1.0, (r["rank"], case, got)
+        # 5000 values are 2 exponent blocks: each rank (each leader, hierarchical) sends
+        assert all(got["packets"] > 0 for got in r["switch_vs_gloo"].values()), r
+        for case, got in r["fallbacks"].items():
+            assert got == {"right": True, "packets": 0}, (r["rank"], case, got)
+        assert r["collectives"] == {"broadcast": True, "all_gather_object": True,
+                                    "work_future": True}
+        d = r["ddp"]
+        assert d["plain_vs_gloo"] < 1e-5 and d["hook_vs_gloo"] < 1e-5, d
+        assert d["droppable_sent"] > 0 and d["droppable_classes"], d
+        assert max(d["droppable_classes"]) < 5, d     # below the last layer's class
+        assert d["weights"] == ranks[0]["ddp"]["weights"]
+        assert r["shut_down"]
+
+
+def test_a_rank_without_a_switch_is_an_error_naming_it(monkeypatch):
+    import host.torch_backend  # noqa: F401
+    monkeypatch.delenv("NETAGG_SWITCH", raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    with pytest.raises(Exception, match=r"netagg rank 0: no switch: set NETAGG_SWITCH"):
+        dist.init_process_group("netagg", store=dist.HashStore(), rank=0, world_size=1)
+    assert not dist.is_initialized()
+
+
+def test_a_single_process_group_routes_by_dtype_and_op(switch, monkeypatch):
+    from host.torch_backend import NetaggOptions
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("netagg", store=dist.HashStore(), rank=0, world_size=1,
+                            pg_options=NetaggOptions(switch=switch, timeout=10.0))
+    try:
+        pg = dist.group.WORLD
+        x = torch.arange(600, dtype=torch.float32).reshape(20, 30).t()   # not contiguous
+        expected = x.clone()
+        dist.all_reduce(x)
+        through_switch = pg.counters().get("packets_sent", 0)
+        assert torch.equal(x, expected) and through_switch >= 600 // 255 + 1
+        y = torch.arange(10, dtype=torch.float64)
+        dist.all_reduce(y, op=dist.ReduceOp.SUM)
+        assert torch.equal(y, torch.arange(10.))
+        assert pg.counters().get("packets_sent", 0) == through_switch       # gloo's
+    finally:
+        dist.destroy_process_group()
+
+
+def test_netagg_train_runs_small(tmp_path):
+    pytest.importorskip("sklearn", reason="pip install -e .[torch]")
+    report = torch_runs.train_runs(workers=2, nodes=2, epochs=1, quiet=True, timeout=120)
+    runs = report["runs"]
+    assert list(runs) == ["gloo", "netagg", "netagg_drop"]
+    for name, r in runs.items():
+        assert r["steps"] == 1347 // 2 // 16 and len(r["loss_per_step"]) == r["steps"]
+        assert r["replicas_identical"] and 0.1 < r["test_accuracy"] <= 1.0, (name, r)
+        assert r["time_per_step"] > 0
+    assert runs["gloo"]["bytes_sent_per_worker"]["switch"] == 0
+    assert runs["gloo"]["bytes_sent_per_worker"]["tcp"] > 0
+    assert runs["netagg"]["bytes_sent_per_worker"]["switch"] > 0
+    assert runs["netagg"]["drop_priority"] == 0 < runs["netagg_drop"]["drop_priority"]
+    assert 0 < runs["netagg_drop"]["drop_fraction"] <= 0.05
+    assert set(report["accuracy_gap_points"]) == {"netagg", "netagg_drop"}
+    if _have("matplotlib"):
+        torch_runs.plot(report, tmp_path / "loss.png")
+        assert (tmp_path / "loss.png").stat().st_size > 10_000
+
+
+def _have(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+def test_netagg_train_command_line(monkeypatch, capsys):
+    seen = {}
+
+    def fake(**kwargs):
+        seen.update(kwargs)
+        return {"command": "train", "runs": {}}
+    monkeypatch.setattr(torch_runs, "train_runs", fake)
+    assert main(["train", "--json", "--workers", "2", "--nodes", "1", "--epochs", "3",
+                 "--runs", "gloo,netagg_drop", "--loss-budget", "0.1"]) == 0
+    assert seen["workers"] == 2 and seen["nodes"] == 1 and seen["epochs"] == 3
+    assert seen["loss_budget"] == 0.1 and [r.name for r in seen["runs"]] == ["gloo",
+                                                                            "netagg_drop"]
+    assert json.loads(capsys.readouterr().out) == {"command": "train", "runs": {}}
+    with pytest.raises(SystemExit):
+        main(["train", "--runs", "nccl"])
