@@ -319,7 +319,7 @@ class Worker:
                 raise ValueError(f"priority must be a class 0..{W.PRIORITY_CLASSES - 1}, "
                                  f"not {p}")
         loss = list(zip((float(b) for b in budgets), (int(p) for p in priorities)))
-        outs = [np.empty_like(a) for a in arrays]
+        outs = [np.empty(a.shape, a.dtype) for a in arrays]     # C order: reshape(-1) is a view
         if self.local_size == 1:
             works = []
             for a, f, o, lp in zip(arrays, fmts, outs, loss):

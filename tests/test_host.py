@@ -110,6 +110,24 @@ def test_int32_exact_any_length_several_tensors_per_step():
     assert c.get("retransmissions", 0) == 0
 
 
+@pytest.mark.parametrize("local_size", [1, 2])
+def test_arrays_in_any_memory_order(local_size):
+    """A transposed (Fortran-order) or strided array is summed as its values, and the result
+    has its shape, flat or hierarchical."""
+    rng = np.random.default_rng(2)
+    ws = workers(2, local_size=local_size)
+    inputs = [[rng.integers(-1000, 1000, (300, 7), dtype=np.int32).T,
+               rng.integers(-1000, 1000, 2 * N.LANES, dtype=np.int32)[::2]] for _ in ws]
+    if local_size == 1:
+        results = allreduce_all(ws, inputs)
+    else:
+        results = in_threads(lambda r: ws[r].allreduce(inputs[r]), 2)
+    for i in range(2):
+        expected = inputs[0][i].astype(np.int64) + inputs[1][i]
+        for r in results:
+            assert r[i].shape == expected.shape and np.array_equal(r[i], expected)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("op", ["sum", "mean"])
 def test_floats_within_the_bound(dtype, op):
