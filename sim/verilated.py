@@ -15,8 +15,9 @@ point, -O0 for its run-once initialisation code, most of the compile time of a l
 -Os for Verilator's runtime, little of which runs per cycle) and builds it with
 `sim.build.verilate`, the one Verilator build: its cache (``<cache_dir>/builds/``, keyed by
 the design, the parameters, the harness's sources and ABI number and the build's arguments),
-its lock and its cache of Verilator's runtime objects. A build takes half a minute to a few
-minutes; a cached one is found in well under a second.
+its lock and its cache of Verilator's runtime objects. A build takes a few seconds (a small
+top) to about half a minute (the switch, a board) on two cores; a cached one is found in well
+under a second.
 """
 
 from __future__ import annotations
