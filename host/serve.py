@@ -364,12 +364,16 @@ def serve_main(backend: str = "golden", host: str | None = None, pcap: str | Non
                   + ("as received (raw socket)" if server.headers_as_received else
                      "canonical (identification 0, DF): CAP_NET_RAW checks them as received"))
     t0 = time.monotonic()
-    signal.signal(signal.SIGTERM, lambda *_: server._stop.set())
+    # SIGTERM stops it as Ctrl-C does: an exception in the serving loop (a handler that set
+    # the stop Event could deadlock on the Event's own lock, taken when the signal came)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         server.serve()
     except KeyboardInterrupt:
         pass
     finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):     # stopping is not interrupted again
+            signal.signal(sig, signal.SIG_IGN)
         server.stop()
         s = server.stats
         console.print(f"{s['datagrams_in']} datagrams in, {s['datagrams_out']} out, "
