@@ -8,8 +8,9 @@ switches run as `netagg sim serve` processes of their own on a free 127.x.y.z, g
 loopback interface: no traffic leaves the machine. Every process runs with one BLAS/OpenMP
 thread, and every wait has a timeout.
 
-1. **One worker against the echo switch** (`sim serve --backend echo`, which answers each
-   contribution at once; world size 1), a tensor of the largest size asked for, float32 and
+1. **One worker against the echo switch** (`sim serve --backend echo --jobs 1`, which
+   answers each contribution at once; world size 1; one job with all 64 slots, the window a
+   Versa board gives its one job), a tensor of the largest size asked for, float32 and
    int32: tensor MB/s, packets/s, and the worker's CPU µs per packet sent.
 2. **CPU per byte**: that worker's CPU seconds per MB allreduced beside gloo's, per process,
    in the gloo run of 3. at the largest size, and their ratio.
@@ -305,10 +306,10 @@ class _Group(contextlib.AbstractContextManager):
 
 
 @contextlib.contextmanager
-def _switch(backend: str, workers: int):
+def _switch(backend: str, workers: int, jobs: int | None = None):
     """`netagg sim serve --backend NAME` in a process of its own: its URL."""
     from sim.bench import start_server
-    proc, url = start_server(backend, max_workers=max(8, workers))
+    proc, url = start_server(backend, max_workers=max(8, workers), jobs=jobs)
     try:
         yield url
     finally:
@@ -406,7 +407,7 @@ def bench_host(sizes=None, workers: int = 4, quiet: bool = False, timeout: float
     n = min(largest, OVERLAP_SIZE)
     out["overlap"] = {}
     with console.status("one worker against the echo switch ...") as status, \
-            _switch("echo", 1) as url, \
+            _switch("echo", 1, jobs=1) as url, \
             _Group("netagg", 1, {"url": url, "session": uuid.uuid4().hex}, timeout) as one:
         out["single_worker"] = {
             dtype: _single(one.run("allreduce", nbytes=largest, dtype=dtype), largest)

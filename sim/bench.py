@@ -43,12 +43,14 @@ _FIELDS = {name: (shift, (1 << width) - 1) for name, shift, width in W.RESULT_IM
 _COUNT, _VERSION, _SLOT = (_FIELDS[name] for name in ("count", "version", "slot"))
 
 
-def start_server(backend: str, max_workers: int = 8, timeout: float = 120.0):
+def start_server(backend: str, max_workers: int = 8, timeout: float = 120.0,
+                 jobs: int | None = None):
     """`netagg sim serve --backend NAME` in a process and session of its own, as a switch
-    started apart from its workers runs: (process, url)."""
+    started apart from its workers runs: (process, url). `jobs`: the switch's jobs (its
+    slots shared among them), `sim serve`'s default when None."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "host.cli", "sim", "serve", "--backend", backend,
-         "--max-workers", str(max_workers)],
+         "--max-workers", str(max_workers), *(["--jobs", str(jobs)] if jobs else [])],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
     line = proc.stdout.readline() if ready else ""
