@@ -31,10 +31,39 @@ _compiled = None
 def available() -> bool:
     try:
         import cppyy  # noqa: F401
-        import ns  # noqa: F401
+        _load_ns3()
     except ImportError:
         return False
     return True
+
+
+# ns3 3.44's loader (ns3/ns/__init__.py) drops every library whose *path* contains "test",
+# meaning ns-3's own test libraries; installed under such a path (nox's venv .nox/tests) it
+# finds none and fails with "cppyy.gbl has no attribute 'ns3'". The same filter on the file
+# name only is what it means.
+_TEST_FILTER = 'filter(lambda x: "test" not in x, libraries)'
+_NAME_FILTER = 'filter(lambda x: "test" not in os.path.basename(x), libraries)'
+
+
+def _load_ns3():
+    """ns-3's bindings (`ns3.ns`, which `from ns import ns` gives), loaded once."""
+    import importlib.util
+    import sys
+    if "ns3.ns" in sys.modules:
+        return sys.modules["ns3.ns"]
+    spec = importlib.util.find_spec("ns3.ns")
+    if spec is None:
+        raise ImportError("ns-3 is not installed: pip install -e .[scale]")
+    with open(spec.origin) as f:
+        source = f.read()
+    if "test" not in os.path.dirname(spec.origin) or _TEST_FILTER not in source:
+        import ns3.ns
+        return ns3.ns
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["ns3.ns"] = module
+    exec(compile(source.replace(_TEST_FILTER, _NAME_FILTER), spec.origin, "exec"),
+         module.__dict__)
+    return module
 
 
 @contextlib.contextmanager
@@ -55,7 +84,7 @@ def _engine():
     if _compiled is None:
         with _quiet_stderr():
             import cppyy
-            from ns import ns  # noqa: F401  (loads ns-3's headers and libraries)
+            _load_ns3()         # ns-3's headers and libraries
 
             source = os.path.join(os.path.dirname(__file__), "ns3_sync.cc")
             with open(source) as f:
