@@ -86,6 +86,7 @@ from sim.codec import (
     decode,
     result_imm,
 )
+from sim.golden_registers import Registers
 
 VERDICT_COUNTERS = {
     NOT_ROCE: "drop_not_roce", TRUNCATED: "drop_truncated", BAD_LENGTH: "drop_bad_length",
@@ -188,7 +189,7 @@ def _signed(v: int, bits: int) -> int:
     return v - (1 << bits) if v >> (bits - 1) else v
 
 
-class GoldenSwitch:
+class GoldenSwitch(Registers):
     """The switch as a Python object. Parameters as the gateware's: `ports`, `jobs`,
     `max_workers` (per job), `slots` (per version), `width` (reported in PARAMS only),
     `max_payload` (bytes of lanes), `queue_capacity` (bytes of payload a port's queue holds:
@@ -400,107 +401,6 @@ class GoldenSwitch:
         reply = W.Packet(W.OP_CONTROL, W.CONTROL_QPN, pkt.psn, W.pack_records(replies),
                          src=pkt.dst, dst=pkt.src)
         return [(port, reply.frame())]
-
-    def _decode(self, addr: int):
-        """(kind, index, offset) of a register address."""
-        if addr < W.JOB_BASE:
-            return "global", 0, addr
-        if addr < W.PORT_COUNTERS_BASE:
-            j, off = divmod(addr - W.JOB_BASE, W.JOB_STRIDE)
-            if j >= self.jobs:
-                return None, 0, 0
-            if off >= W.WORKER_BASE:
-                rank, field = divmod(off - W.WORKER_BASE, W.WORKER_STRIDE)
-                return ("worker", (j, rank), field) if rank < self.max_workers else (None, 0, 0)
-            return "job", j, off
-        if addr < W.JOB_COUNTERS_BASE:
-            p, off = divmod(addr - W.PORT_COUNTERS_BASE, W.PORT_COUNTERS_STRIDE)
-            ok = p < self.ports and off < len(W.PORT_COUNTERS)
-            return ("port_counter", p, off) if ok else (None, 0, 0)
-        j, off = divmod(addr - W.JOB_COUNTERS_BASE, W.JOB_COUNTERS_STRIDE)
-        ok = j < self.jobs and off < len(W.JOB_COUNTERS)
-        return ("job_counter", j, off) if ok else (None, 0, 0)
-
-    def read(self, addr: int, port: int = 0) -> int:
-        """The register at `addr`, as a control request that came in by `port` reads it."""
-        kind, index, off = self._decode(addr)
-        if kind == "global":
-            return {
-                W.REG_MAGIC: W.MAGIC,
-                W.REG_PARAMS: W.PARAMS.pack(ports=self.ports, jobs=self.jobs,
-                                            max_workers=self.max_workers,
-                                            width64=self.width // 64),
-                W.REG_SLOTS: self.slots, W.REG_MAX_PAYLOAD: self.max_payload,
-                W.REG_MAC_HI: self.mac >> 32, W.REG_MAC_LO: self.mac & 0xFFFFFFFF,
-                W.REG_IP: self.ip, W.REG_UDP_SPORT: self.udp_sport, W.REG_PORT: port,
-                **{W.drop_threshold(c): t for c, t in enumerate(self.drop_thresholds)},
-            }.get(off, 0)
-        if kind == "job":
-            job = self.job[index]
-            return {W.JOB_CONFIG: job.config, W.JOB_SLOT_BASE: job.slot_base,
-                    W.JOB_SLOT_COUNT: job.slot_count, W.JOB_CREDITS: job.credits,
-                    W.JOB_QUORUM: job.quorum, W.JOB_COMPLETED: job.completed}.get(off, 0)
-        if kind == "worker":
-            j, rank = index
-            w = self.job[j].table[rank]
-            return (
-                W.WORKER_ENDPOINT.pack(switch_port=w.port, udp_port=w.udp_port), w.mac >> 32,
-                w.mac & 0xFFFFFFFF, w.ip, w.qpn, w.rkey, w.va >> 32, w.va & 0xFFFFFFFF,
-            )[off]
-        if kind == "port_counter":
-            return self.port_counters[index][W.PORT_COUNTERS[off]] & 0xFFFFFFFF
-        if kind == "job_counter":
-            return self.job_counters[index][W.JOB_COUNTERS[off]] & 0xFFFFFFFF
-        return 0
-
-    def write(self, addr: int, value: int):
-        kind, index, off = self._decode(addr)
-        if kind == "global":
-            if off == W.REG_MAC_HI:
-                self.mac = ((value & 0xFFFF) << 32) | (self.mac & 0xFFFFFFFF)
-            elif off == W.REG_MAC_LO:
-                self.mac = (self.mac & ~0xFFFFFFFF) | value
-            elif off == W.REG_IP:
-                self.ip = value
-            elif off == W.REG_UDP_SPORT:
-                self.udp_sport = value & 0xFFFF
-            elif 0 <= off - W.REG_DROP_THRESHOLD < W.PRIORITY_CLASSES:
-                self.drop_thresholds[off - W.REG_DROP_THRESHOLD] = value & 0xFFFF
-        elif kind == "job":
-            job = self.job[index]
-            if off == W.JOB_CONFIG:
-                config = W.CONFIG.unpack(value)
-                job.enable = bool(config["enable"])
-                job.workers = min(config["workers"], self.max_workers)
-                self._clear(job)
-            elif off == W.JOB_SLOT_BASE:
-                job.slot_base = value & 0xFFFF
-            elif off == W.JOB_SLOT_COUNT:
-                job.slot_count = value & 0xFFFF
-            elif off == W.JOB_CREDITS:
-                job.credits = value & 0xFFFF
-            elif off == W.JOB_QUORUM:
-                job.quorum = value & 0x3F
-        elif kind == "worker":
-            j, rank = index
-            w = self.job[j].table[rank]
-            if off == W.WORKER_PORT:
-                endpoint = W.WORKER_ENDPOINT.unpack(value)
-                w.port, w.udp_port = endpoint["switch_port"], endpoint["udp_port"]
-            elif off == W.WORKER_MAC_HI:
-                w.mac = ((value & 0xFFFF) << 32) | (w.mac & 0xFFFFFFFF)
-            elif off == W.WORKER_MAC_LO:
-                w.mac = (w.mac & ~0xFFFFFFFF) | value
-            elif off == W.WORKER_IP:
-                w.ip = value
-            elif off == W.WORKER_QPN:
-                w.qpn = value & 0xFFFFFF
-            elif off == W.WORKER_RKEY:
-                w.rkey = value
-            elif off == W.WORKER_VA_HI:
-                w.va = (value << 32) | (w.va & 0xFFFFFFFF)
-            elif off == W.WORKER_VA_LO:
-                w.va = (w.va & ~0xFFFFFFFF) | value
 
     def counters(self) -> dict:
         return {"ports": [dict(c) for c in self.port_counters],

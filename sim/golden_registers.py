@@ -1,0 +1,132 @@
+"""The golden switch's registers (`hw.regmap`), as the gateware's control path decodes them:
+an address is a global register, one of a job's, a field of a worker's job-table entry, or a
+port's or a job's counter (`Space`); `read` gives a register's value, `write` applies a
+record's. Unknown addresses read 0 and ignore writes; read-only registers ignore writes.
+`sim.golden.GoldenSwitch` is a `Registers`: these read and write its state."""
+
+from __future__ import annotations
+
+import enum
+
+from host import wire as W
+
+
+class Space(enum.Enum):
+    """Which part of the register map an address is in."""
+
+    GLOBAL = "global"
+    JOB = "job"
+    WORKER = "worker"
+    PORT_COUNTER = "port counter"
+    JOB_COUNTER = "job counter"
+    NONE = "none"               # outside every part: reads 0, writes nothing
+
+
+class Registers:
+    """The register map over a golden switch's state."""
+
+    def _decode(self, addr: int):
+        """(kind, index, offset) of a register address."""
+        if addr < W.JOB_BASE:
+            return Space.GLOBAL, 0, addr
+        if addr < W.PORT_COUNTERS_BASE:
+            j, off = divmod(addr - W.JOB_BASE, W.JOB_STRIDE)
+            if j >= self.jobs:
+                return None, 0, 0
+            if off >= W.WORKER_BASE:
+                rank, field = divmod(off - W.WORKER_BASE, W.WORKER_STRIDE)
+                if rank >= self.max_workers:
+                    return Space.NONE, 0, 0
+                return Space.WORKER, (j, rank), field
+            return Space.JOB, j, off
+        if addr < W.JOB_COUNTERS_BASE:
+            p, off = divmod(addr - W.PORT_COUNTERS_BASE, W.PORT_COUNTERS_STRIDE)
+            ok = p < self.ports and off < len(W.PORT_COUNTERS)
+            return (Space.PORT_COUNTER, p, off) if ok else (Space.NONE, 0, 0)
+        j, off = divmod(addr - W.JOB_COUNTERS_BASE, W.JOB_COUNTERS_STRIDE)
+        ok = j < self.jobs and off < len(W.JOB_COUNTERS)
+        return (Space.JOB_COUNTER, j, off) if ok else (Space.NONE, 0, 0)
+
+    def read(self, addr: int, port: int = 0) -> int:
+        """The register at `addr`, as a control request that came in by `port` reads it."""
+        kind, index, off = self._decode(addr)
+        if kind is Space.GLOBAL:
+            return {
+                W.REG_MAGIC: W.MAGIC,
+                W.REG_PARAMS: W.PARAMS.pack(ports=self.ports, jobs=self.jobs,
+                                            max_workers=self.max_workers,
+                                            width64=self.width // 64),
+                W.REG_SLOTS: self.slots, W.REG_MAX_PAYLOAD: self.max_payload,
+                W.REG_MAC_HI: self.mac >> 32, W.REG_MAC_LO: self.mac & 0xFFFFFFFF,
+                W.REG_IP: self.ip, W.REG_UDP_SPORT: self.udp_sport, W.REG_PORT: port,
+                **{W.drop_threshold(c): t for c, t in enumerate(self.drop_thresholds)},
+            }.get(off, 0)
+        if kind is Space.JOB:
+            job = self.job[index]
+            return {W.JOB_CONFIG: job.config, W.JOB_SLOT_BASE: job.slot_base,
+                    W.JOB_SLOT_COUNT: job.slot_count, W.JOB_CREDITS: job.credits,
+                    W.JOB_QUORUM: job.quorum, W.JOB_COMPLETED: job.completed}.get(off, 0)
+        if kind is Space.WORKER:
+            j, rank = index
+            w = self.job[j].table[rank]
+            return (
+                W.WORKER_ENDPOINT.pack(switch_port=w.port, udp_port=w.udp_port), w.mac >> 32,
+                w.mac & 0xFFFFFFFF, w.ip, w.qpn, w.rkey, w.va >> 32, w.va & 0xFFFFFFFF,
+            )[off]
+        if kind is Space.PORT_COUNTER:
+            return self.port_counters[index][W.PORT_COUNTERS[off]] & 0xFFFFFFFF
+        if kind is Space.JOB_COUNTER:
+            return self.job_counters[index][W.JOB_COUNTERS[off]] & 0xFFFFFFFF
+        return 0
+
+    def write(self, addr: int, value: int):
+        kind, index, off = self._decode(addr)
+        if kind is Space.GLOBAL:
+            if off in (W.REG_MAC_HI, W.REG_MAC_LO):
+                self.mac = _mac_half(self.mac, value, off == W.REG_MAC_HI)
+            elif off == W.REG_IP:
+                self.ip = value
+            elif off == W.REG_UDP_SPORT:
+                self.udp_sport = value & 0xFFFF
+            elif 0 <= off - W.REG_DROP_THRESHOLD < W.PRIORITY_CLASSES:
+                self.drop_thresholds[off - W.REG_DROP_THRESHOLD] = value & 0xFFFF
+        elif kind is Space.JOB:
+            job = self.job[index]
+            if off == W.JOB_CONFIG:
+                config = W.CONFIG.unpack(value)
+                job.enable = bool(config["enable"])
+                job.workers = min(config["workers"], self.max_workers)
+                self._clear(job)
+            elif off == W.JOB_SLOT_BASE:
+                job.slot_base = value & 0xFFFF
+            elif off == W.JOB_SLOT_COUNT:
+                job.slot_count = value & 0xFFFF
+            elif off == W.JOB_CREDITS:
+                job.credits = value & 0xFFFF
+            elif off == W.JOB_QUORUM:
+                job.quorum = value & 0x3F
+        elif kind is Space.WORKER:
+            j, rank = index
+            w = self.job[j].table[rank]
+            if off == W.WORKER_PORT:
+                endpoint = W.WORKER_ENDPOINT.unpack(value)
+                w.port, w.udp_port = endpoint["switch_port"], endpoint["udp_port"]
+            elif off in (W.WORKER_MAC_HI, W.WORKER_MAC_LO):
+                w.mac = _mac_half(w.mac, value, off == W.WORKER_MAC_HI)
+            elif off == W.WORKER_IP:
+                w.ip = value
+            elif off == W.WORKER_QPN:
+                w.qpn = value & 0xFFFFFF
+            elif off == W.WORKER_RKEY:
+                w.rkey = value
+            elif off == W.WORKER_VA_HI:
+                w.va = (value << 32) | (w.va & 0xFFFFFFFF)
+            elif off == W.WORKER_VA_LO:
+                w.va = (w.va & ~0xFFFFFFFF) | value
+
+
+def _mac_half(mac: int, value: int, high: bool) -> int:
+    """A 48-bit MAC with its bits 47-32 (`high`) or 31-0 replaced by a register's value."""
+    if high:
+        return ((value & 0xFFFF) << 32) | (mac & 0xFFFFFFFF)
+    return (mac & ~0xFFFFFFFF) | (value & 0xFFFFFFFF)
