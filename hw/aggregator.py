@@ -33,12 +33,11 @@ is drained.
 A control request is a barrier: no packet behind it is looked up until its records are
 applied (and the slots of any job whose CONFIG it wrote are cleared, one slot per cycle). Its
 reply goes out of the port it came in on, whose ingress holds the request's addresses
-(`hw.ingress.Ingress.reply_to`); a request that is not served releases them
-(`reply_dropped`).
-Throughput: one header per cycle and one payload beat per cycle, with no gap between
-packets. Latency: the first result beat leaves 4 cycles after the header is taken, when the
-packet's payload is waiting.
-"""
+(`hw.ingress.Ingress.reply_to`); a request that is not served releases them (`reply_dropped`).
+
+Throughput: one header per cycle and one payload beat per cycle, with no gap between packets.
+Latency: the first result beat leaves 4 cycles after the header is taken, when the packet's
+payload is waiting. What the stages hand each other is declared in `hw.aggregator_command`."""
 
 import enum
 
@@ -48,38 +47,19 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from . import headers as H
+from .aggregator_command import (
+    CONTROL_RECORD,
+    MAX_CONTROL_PAYLOAD,
+    Action,
+    command,
+    egress_beat,
+    result_descriptor,
+    slot_copy,
+    sums_row,
+)
 from .beat import BeatLayout, FrameStream
 from .control import JOB_EVENTS, PORT_EVENTS
 from .ingress import ingress_header
-
-MAX_CONTROL_PAYLOAD = 512
-CONTROL_RECORD = H.Header("ControlRecord", {"address": 32, "value": 32})
-
-
-class Action(enum.IntEnum):
-    DRAIN = 0        # consume the payload, change nothing
-    OVERWRITE = 1    # first contribution of a use: the sums become the payload
-    ADD = 2          # add the payload to the sums
-    REPLAY = 3       # send the sums again
-    CONTROL = 4      # apply the records, send the reply
-
-
-def result_descriptor(max_workers: int):
-    """What an egress port needs to address a result or a control reply (whose addresses
-    its port's ingress holds)."""
-    return data.StructLayout({
-        "control": 1,
-        "job": 4, "dests": max_workers, "slot": 12, "version": 1, "count": 6,
-        "exponent": signed(8), "overflow": 1, "offset": 64, "length": 11, "psn": 24,
-    })
-
-
-def egress_beat(width: int, ports: int, max_workers: int):
-    """A result's payload beat, the ports that send it, and (on the last beat) its
-    descriptor."""
-    return data.StructLayout({
-        "beat": BeatLayout(width), "ports": ports, "desc": result_descriptor(max_workers),
-    })
 
 
 class Aggregator(wiring.Component):
@@ -106,26 +86,16 @@ class Aggregator(wiring.Component):
         P, MW, J = self.ports, self.max_workers, self.jobs
         lanes = self.width // 32
 
-        # A copy: its contributors, their number (0: no use in progress), how many brought
-        # data (not null), the payload length and the low bits of the use's message number.
-        copy_layout = data.StructLayout(
-            {"bitmap": MW, "count": 6, "data": 6, "length": 11, "msn": 16})
-        state_layout = data.ArrayLayout(copy_layout, 2)
+        state_layout = data.ArrayLayout(slot_copy(MW), 2)
         m.submodules.state = state = Memory(shape=state_layout, depth=self.slots, init=[])
         state_wr = state.write_port()
         state_rd = state.read_port(transparent_for=(state_wr,))
-        row_layout = data.StructLayout({
-            "lanes": data.ArrayLayout(signed(32), lanes), "overflow": 1, "exponent": signed(8),
-        })
         m.submodules.sums = sums = Memory(
-            shape=row_layout, depth=self.slots * 2 * self.rows, init=[])
+            shape=sums_row(lanes), depth=self.slots * 2 * self.rows, init=[])
         sums_wr = sums.write_port()
         sums_rd = sums.read_port(transparent_for=(sums_wr,))
 
-        cmd_layout = data.StructLayout({
-            "action": Action, "port": range(max(P, 2)), "has_payload": 1, "emit": 1, "null": 1,
-            "index": range(self.slots), "ports": P, "desc": result_descriptor(MW),
-        })
+        cmd_layout = command(P, self.slots, MW)
         m.submodules.commands = commands = fifo.SyncFIFOBuffered(
             width=cmd_layout.size, depth=4)
         go = commands.w_rdy             # lookup and decide move together, or wait
@@ -372,7 +342,7 @@ class Aggregator(wiring.Component):
         advance = ~d_valid | ~d_emit | self.egress.ready
 
         old = sums_rd.data
-        new = Signal(row_layout)
+        new = Signal(sums_row(lanes))
         saturated = Signal(lanes)
         with m.Switch(d_action):
             with m.Case(Action.OVERWRITE, Action.ADD):

@@ -23,7 +23,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from . import headers as H
-from .aggregator import egress_beat, result_descriptor
+from .aggregator_command import egress_beat, result_descriptor
 from .beat import BeatLayout, FrameStream
 from .deparser import Deparser
 from .gearbox import Narrow
