@@ -354,7 +354,7 @@ class Engine(Taking):
         caller's)."""
         if self.sprayer.paths > 1:
             m.path = path
-        if m.droppable and m.send is Send.DATA and m.kind is MessageKind.DATA:
+        if m.sends_droppable and m.kind is MessageKind.DATA:
             m.work.droppable_sent += 1
             self.stats["droppable_sent"] += 1
             self.stats[f"droppable_sent_class{m.pclass}"] += 1

@@ -94,7 +94,7 @@ class Taking:
             self._classify(batch.result(i))
 
     def _receive(self, datagram: bytes):
-        if datagram[0] == W.OP_CONTROL and self.control.take_answer(datagram):
+        if self.control.take_answer(datagram):
             return
         try:
             dqpn, psn, rkey, imm, payload = W.read_write_imm(datagram)
@@ -190,8 +190,8 @@ class Taking:
             w.exponents.setdefault(m.carries, m.exp_max)
         self.delivering.append((m, have))
 
-    def _finish_chunk(self, w: Work):
-        w.remaining -= 1
+    def _finish_chunk(self, w: Work, chunks: int = 1):
+        w.remaining -= chunks
         if w.remaining == 0:
             w.done = True
             self.pending_works -= 1
@@ -233,8 +233,5 @@ class Taking:
         for chunks in groups:
             w = chunks[0][0].work
             self.stats.update(deliver(w, chunks, self.workers))
-            w.remaining -= len(chunks)
-            if w.remaining == 0:
-                w.done = True
-                self.pending_works -= 1
+            self._finish_chunk(w, len(chunks))
 

@@ -290,8 +290,7 @@ def parse_transport(body: bytes, src: Endpoint | None = None, dst: Endpoint | No
         if src is None or dst is None:
             raise WireError("the ICRC needs the packet's addresses")
         ip_udp = ip_udp_header(src.ip, dst.ip, src.port, dst.port, len(body), dscp)
-    (got,) = struct.unpack_from("<I", body, end)
-    if got != icrc(ip_udp, body[:end]):
+    if not icrc_holds(body, ip_udp):
         raise WireError("bad ICRC")
     return pkt
 
@@ -358,8 +357,7 @@ def icrc_holds(body: bytes, ip_udp: bytes) -> bool:
     end = len(body) - ICRC_LEN
     if end < 8:
         return False
-    state = icrc_state(bytes(ip_udp[:IP_LEN + UDP_LEN]) + body[:8])
-    return zlib.crc32(memoryview(body)[8:end], state) == _ICRC_FIELD.unpack_from(body, end)[0]
+    return icrc(ip_udp, memoryview(body)[:end]) == _ICRC_FIELD.unpack_from(body, end)[0]
 
 
 class IcrcCheck:

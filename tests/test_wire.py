@@ -153,3 +153,28 @@ def test_datagram_checked_against_the_addresses():
         W.parse_transport(dgram, other, SWITCH)
     with pytest.raises(W.WireError):
         W.parse_transport(dgram[:10], WORKER, SWITCH)
+
+
+def test_a_steps_contributions_as_arrays_are_the_packets_one_at_a_time():
+    """`wire_arrays.ContributionWriter` writes, from each path's source, the bytes
+    `wire.contribution(...).datagram()` writes, field for field (whose frames scapy reads
+    above)."""
+    import numpy as np
+
+    from host.wire_arrays import ContributionWriter
+    other = W.Endpoint(WORKER.ip, WORKER.port + 1, WORKER.mac)
+    rng = np.random.default_rng(3)
+    lanes = rng.integers(-2**31, 2**31, (3, 256), dtype=np.int64).astype(np.int32)
+    fields = dict(paths=[0, 1, 0], slot=[0, 4095, 17], version=[1, 0, 1],
+                  offset=[0, 1020, 2**40], msn=[0, 2**32 - 1, 99],
+                  psn=[1, 2**24 + 5, 0xFFFFFF], exponent=[-128, 127, 0],
+                  droppable=[True, False, True])
+    rows = ContributionWriter(5, 17, [WORKER, other], SWITCH).datagrams(lanes, **fields)
+    for i in range(3):
+        expected = W.contribution(
+            job=5, rank=17, slot=fields["slot"][i], version=fields["version"][i],
+            offset=fields["offset"][i], lanes=lanes[i].tobytes(), psn=fields["psn"][i],
+            src=[WORKER, other][fields["paths"][i]], dst=SWITCH,
+            exponent=fields["exponent"][i], msn=fields["msn"][i],
+            droppable=fields["droppable"][i]).datagram()
+        assert bytes(rows[i]) == expected
