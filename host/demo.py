@@ -156,6 +156,7 @@ def run_workers(url: str, *, workers: int, nodes: int, values: int, steps: int =
         "packets_sent": counters.get("packets_sent", 0),
         "packets_received": counters.get("packets_received", 0),
         "retransmissions": counters.get("retransmissions", 0),
+        "gso_runs": counters.get("gso_runs", 0),
         "bytes_sent": counters.get("bytes_sent", 0),
         "bytes_received": counters.get("bytes_received", 0),
         "packets_sent_per_path": [counters.get(f"packets_sent_path{i}", 0)
@@ -217,6 +218,8 @@ def demo(workers: int = 4, nodes: int = 2, values: int = 2_000_000, backend: str
         report["port_contributions"] = [after[p]["rx"] - before[p]["rx"]
                                         - (after[p]["control"] - before[p]["control"])
                                         for p in sorted(after)]
+        report["port_drops_bad_icrc"] = [after[p]["drop_bad_icrc"] - before[p]["drop_bad_icrc"]
+                                         for p in sorted(after)]
         if server:
             report["server"] = dict(server.stats)
     finally:

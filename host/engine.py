@@ -308,14 +308,14 @@ class Engine(Taking):
                                                      self.rank))
         paths = [self._pick(m) for m in msgs] if self.sprayer.paths > 1 else [0] * len(msgs)
         now = time.monotonic()
-        send, rtt, counted = self.transport.send, self.rtt, self.sprayer.paths > 1
-        for m, datagram, path in zip(msgs, self._datagrams(msgs, lanes, paths, exponent,
-                                                           offset), paths):
+        rtt, counted = self.rtt, self.sprayer.paths > 1
+        datagrams = self._datagrams(msgs, lanes, paths, exponent, offset)
+        for m, datagram, path in zip(msgs, datagrams, paths):
             m.packet = datagram
             m.timer.sent(now, rtt)
             if counted or m.droppable:
                 self._count_sending(m, path)
-            send(datagram, path, _DSCP[m.pclass])
+        self.transport.send_batch(datagrams, paths, [_DSCP[m.pclass] for m in msgs])
         self.stats["packets_sent"] += len(msgs)
         self.stats["bytes_sent"] += len(msgs) * len(datagram)
         self.earliest = min(self.earliest, now + rtt.rto)

@@ -44,10 +44,14 @@ import threading
 import time
 
 from host import transport as T
+from host import udp_offload
 from host import wire as W
 
 IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13 if sys.platform.startswith("linux") else None)
 BACKENDS = ("golden", "rtl", "echo")
+BURST = 32          # frames a model without time of its own (golden, echo) takes between sends
+_LONGEST = W.IP_LEN + W.UDP_LEN + W.WRITE_IMM_HEAD_LEN + W.MAX_PAYLOAD + W.ICRC_LEN
+_ANCILLARY = udp_offload.gro_ancillary(socket.CMSG_SPACE(4))     # segment size and TOS
 
 
 def make_backend(name: str = "golden", **params):
@@ -79,12 +83,18 @@ def _ingress(ip: bytes, port: int, ports: int) -> tuple[bytes, int]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _canonical_headers(ip: str, port: int, bound_ip: str, length: int, dscp: int) -> bytes:
+def _canonical_headers(ip: str, port: int, bound_ip: str, length: int, dscp: int,
+                       ident: int = 0) -> bytes:
     """The Ethernet, IPv4 and UDP headers of a frame for a datagram of `length` bytes from
-    (ip, port) to the server, with the canonical IPv4 header (`wire.wrap_datagram`)."""
+    (ip, port) to the server, with the canonical IPv4 header (`wire.wrap_datagram`), or, for
+    datagram `ident` > 0 of a run (GSO), the header the kernel gives that segment."""
     src = W.Endpoint(ip, port, _sender_mac(ip, port))
     dst = W.Endpoint(bound_ip, W.ROCEV2_PORT, 0)
-    return W.wrap_datagram(src, dst, bytes(length), dscp)[:W.BTH_OFFSET]
+    headers = W.wrap_datagram(src, dst, bytes(length), dscp)[:W.BTH_OFFSET]
+    if ident:
+        headers = headers[:W.IP_OFFSET] + udp_offload.renumbered(headers[W.IP_OFFSET:],
+                                                                 ident, length)
+    return headers
 
 
 # Classic BPF (Linux socket filters): what the kernel queues on a socket.
@@ -154,6 +164,8 @@ class SimServer:
         self.bound_ip = self.address[0]
         if IP_RECVTOS is not None:
             self.sock.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
+        udp_offload.enable_gro(self.sock)
+        self._runs = udp_offload.GsoSender(renumber=False)
         self.sock.setblocking(False)
         self.raw = None             # sees the IPv4 headers as received (CAP_NET_RAW)
         self._udp_copies = False    # the UDP socket queues the datagrams the raw socket has
@@ -209,24 +221,29 @@ class SimServer:
                     break
             for _ in range(512):
                 try:
-                    packet = self.raw.recv(65536)
+                    run = self.raw.recv(65536)
                 except (BlockingIOError, InterruptedError):
                     return
-                ingress = self._senders_in.get(packet[:W.IP_LEN + W.UDP_LEN])
-                if ingress is None:
-                    ingress = self._ingress_of(packet)
-                if ingress:
-                    yield ingress[0] + packet, ingress[1]
+                for packet in udp_offload.cut(run) if len(run) > _LONGEST else (run,):
+                    ingress = self._senders_in.get(packet[:W.IP_LEN + W.UDP_LEN])
+                    if ingress is None:
+                        ingress = self._ingress_of(packet)
+                    if ingress:
+                        yield ingress[0] + packet, ingress[1]
             return
         for _ in range(512):
             try:
-                data, anc, _, (ip, sport) = self.sock.recvmsg(4096, socket.CMSG_SPACE(4))
+                data, anc, _, (ip, sport) = self.sock.recvmsg(65536, _ANCILLARY)
             except (BlockingIOError, InterruptedError):
                 return
             tos = next((p[0] for level, kind, p in anc
                         if level == socket.IPPROTO_IP and kind == socket.IP_TOS and p), 0)
-            headers = _canonical_headers(ip, sport, self.bound_ip, len(data), tos >> 2)
-            yield headers + data, _ingress(W.ip_packed(ip), sport, self.ports)[1]
+            port = _ingress(W.ip_packed(ip), sport, self.ports)[1]
+            run = udp_offload.segments(data, udp_offload.segment_size(anc))
+            for ident, datagram in enumerate(run):
+                headers = _canonical_headers(ip, sport, self.bound_ip, len(datagram),
+                                             tos >> 2, ident)
+                yield headers + datagram, port
 
     def _ingress_of(self, packet: bytes) -> tuple[bytes, int] | tuple[()]:
         """The Ethernet header of a frame for an IPv4 packet as received and the switch port
@@ -257,11 +274,15 @@ class SimServer:
         taken = 0
         with self.lock:
             send, pcap = self.backend.send, self.pcap
+            burst = BURST if not hasattr(self.backend, "advance") else 0
             for frame, port in self._frames_in():
                 taken += 1
                 if pcap:
                     pcap.write(frame)
                 send(port, frame)
+                if taken == burst:      # the first results go out while the rest wait
+                    self._deliver(self._advance())
+                    burst += BURST
             self.stats["datagrams_in"] += taken
             self._deliver(self._advance())
         return taken
@@ -301,9 +322,11 @@ class SimServer:
         return route
 
     def _deliver(self, frames):
-        """Send each frame the switch sent as a datagram from its source to its
-        destination."""
+        """Send each frame the switch sent as a datagram from its source to its destination;
+        to a loopback address, the datagrams of one source, destination and length go as
+        runs (GSO: the kernel never cuts them there, so the frames' ICRCs stay as made)."""
         stats, pcap, route = self.stats, self.pcap, self._route
+        runs: dict[tuple, list] = {}
         for _port, frame in frames:
             if pcap:
                 pcap.write(frame)
@@ -316,11 +339,15 @@ class SimServer:
                 self.unsendable.add(source)
                 continue
             end = W.ETH_LEN + (frame[W.IP_OFFSET + 2] << 8 | frame[W.IP_OFFSET + 3])
+            datagram = memoryview(frame)[W.BTH_OFFSET:end]
+            key = (source, dst, len(datagram) if dst[0].startswith("127.") else id(frame))
+            runs.setdefault(key, [sock]).append(datagram)
+        for (_, dst, _), (sock, *run) in runs.items():
             try:
-                sock.sendto(memoryview(frame)[W.BTH_OFFSET:end], dst)
-                stats["datagrams_out"] += 1
+                self._runs.send(sock, run, dst)
+                stats["datagrams_out"] += len(run)
             except OSError:
-                stats["undeliverable"] += 1
+                stats["undeliverable"] += len(run)
 
     def serve(self):
         while not self._stop.is_set():

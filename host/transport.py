@@ -17,8 +17,13 @@ returns only datagrams whose ICRC checked out (the others are counted in `bad`).
   canonical headers: identification 0, DF) with the socket's address as source and the
   switch's as destination. The packet's DSCP (its priority class) goes into the IPv4 TOS byte
   of the datagram (`IP_TOS`, set on the socket when it changes; the ICRC masks it).
-- `LossyTransport`: wraps another and drops, duplicates and delays (reorders) packets in each
-  direction, for tests.
+- `host.lossy.LossyTransport`: wraps another with loss, duplication and reordering.
+
+Batches: `send_batch` sends a step's contributions together. Over UDP, datagrams of one
+length, path and DSCP leave as runs through the kernel's segmentation offload (`GSO`, in
+`host.udp_offload`: each segment's ICRC rewritten for the IPv4 identification the kernel
+gives it, its index in the run), and results come back as runs where the kernel merges
+them (`UDP_GRO`).
 
 Spraying: a transport has `paths` source addresses (path 0 is `local`, where results and
 control answers come back; path i > 0 is another UDP source port of the same IPv4 address:
@@ -31,7 +36,6 @@ switch answers the address a request came from.
 
 from __future__ import annotations
 
-import heapq
 import random
 import select
 import socket
@@ -39,7 +43,7 @@ import threading
 import time
 import urllib.parse
 
-from host import netif
+from host import netif, udp_offload
 from host import wire as W
 
 IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
@@ -106,6 +110,12 @@ class Transport:
         """Send a datagram (BTH .. ICRC, its ICRC for path `path`'s source address) from path
         `path` with DSCP `dscp` (its priority class; the ICRC masks it)."""
         raise NotImplementedError
+
+    def send_batch(self, datagrams: list, paths: list[int], dscps: list[int]):
+        """Send datagrams as `send` does, each from its path with its DSCP (a step's
+        contributions: the transport may send runs of them in one go)."""
+        for datagram, path, dscp in zip(datagrams, paths, dscps):
+            self.send(datagram, path, dscp)
 
     def path_endpoints(self) -> list[W.Endpoint]:
         """The source address of each path (path 0 is `local`)."""
@@ -261,10 +271,15 @@ class UdpTransport(Transport):
     interface that holds the address (0 on loopback).
 
     With `paths` > 1, `paths - 1` more sockets of the same address send only (other source
-    ports: other ECMP paths in a network, other switch ports in `netagg sim serve`)."""
+    ports: other ECMP paths in a network, other switch ports in `netagg sim serve`).
+
+    `gso` (the default): `send_batch` sends runs through the kernel's segmentation offload,
+    and the receiving socket takes runs the kernel merged (`host.udp_offload`); False sends
+    and receives one datagram a call (for a NIC whose segmentation offload numbers the IPv4
+    identification otherwise)."""
 
     def __init__(self, url: str, bind_ip: str | None = None, bind_port: int = 0,
-                 paths: int = 1):
+                 paths: int = 1, gso: bool = True):
         super().__init__()
         if paths < 1:
             raise ValueError(f"paths must be at least 1, not {paths}")
@@ -285,6 +300,8 @@ class UdpTransport(Transport):
         self.socks = [self.sock] + [self._open(0) for _ in range(paths - 1)]
         self._sources = [self.local] + [self._source(s) for s in self.socks[1:]]
         self._tos = [0] * paths     # the TOS byte each path's socket sends with
+        self.runs = udp_offload.GsoSender(addr, gso)
+        self._gro = gso and udp_offload.enable_gro(self.sock)
 
     def _open(self, bind_port: int, rcvbuf: bool = False) -> socket.socket:
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -328,15 +345,25 @@ class UdpTransport(Transport):
         return port
 
     def send(self, datagram: bytes, path: int = 0, dscp: int = 0):
-        sock = self.socks[path]
-        tos = (dscp & 0x3F) << 2
-        if self._tos[path] != tos:
-            sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
-            self._tos[path] = tos
+        self._set_tos(path, dscp)
         try:
-            sock.sendto(datagram, self._addr)
+            self.socks[path].sendto(datagram, self._addr)
         except BlockingIOError:
             pass        # a full buffer: as a lost packet
+
+    def send_batch(self, datagrams: list, paths: list[int], dscps: list[int]):
+        runs: dict[tuple[int, int, int], list] = {}
+        for datagram, path, dscp in zip(datagrams, paths, dscps):
+            runs.setdefault((path, dscp, len(datagram)), []).append(datagram)
+        for (path, dscp, _), run in runs.items():
+            self._set_tos(path, dscp)
+            self.runs.send(self.socks[path], run)
+
+    def _set_tos(self, path: int, dscp: int):
+        tos = (dscp & 0x3F) << 2
+        if self._tos[path] != tos:
+            self.socks[path].setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+            self._tos[path] = tos
 
     def recv(self, timeout: float) -> list[bytes]:
         out = []
@@ -344,13 +371,22 @@ class UdpTransport(Transport):
             select.select([self.sock], [], [], timeout)
         switch = (self.switch.ip, self.switch.port)
         results = (self.result_source.ip, self.result_source.port)
-        recvfrom, holds = self.sock.recvfrom, self._icrc.holds
+        holds, gro = self._icrc.holds, self._gro
+        recvmsg, ancillary = self.sock.recvmsg, udp_offload.gro_ancillary()
         for _ in range(256):
             try:
-                data, sender = recvfrom(2048)
+                data, anc, _, sender = recvmsg(65536 if gro else 2048, ancillary)
             except (BlockingIOError, InterruptedError):
                 break
-            if sender != (switch if data[:1] == _CONTROL else results):
+            size = anc and udp_offload.segment_size(anc)
+            if size and len(data) > size:           # a run: results of the switch
+                if sender != results:
+                    self.stray += -(-len(data) // size)
+                    continue
+                good, bad = self._icrc.run(data, size, sender)
+                out += good
+                self.bad += bad
+            elif sender != (switch if data[:1] == _CONTROL else results):
                 self.stray += 1
             elif holds(data, sender):
                 out.append(data)
@@ -398,94 +434,3 @@ def route_source(addr) -> str:
         return probe.getsockname()[0]
     finally:
         probe.close()
-
-
-class LossyTransport(Transport):
-    """Another transport with loss: each packet, in each direction, is dropped with `drop`,
-    sent twice with `duplicate`, and held back by a random delay up to `max_delay` seconds
-    with `reorder` (so packets behind it overtake it). Seeded: the same seed, the same faults.
-    `path_delay`: packets sprayed over path i are held back `i * path_delay` seconds more
-    (paths of different lengths, so that a message's packets arrive out of order)."""
-
-    def __init__(self, inner: Transport, drop: float = 0.0, duplicate: float = 0.0,
-                 reorder: float = 0.0, max_delay: float = 0.005, seed: int = 0,
-                 path_delay: float = 0.0):
-        super().__init__()
-        self.inner = inner
-        self.local, self.switch, self.switch_port = inner.local, inner.switch, inner.switch_port
-        self.driver = inner.driver
-        self.paths = inner.paths
-        self.drop, self.duplicate, self.reorder, self.max_delay = drop, duplicate, reorder, \
-            max_delay
-        self.path_delay = path_delay
-        self.rng = random.Random(seed)
-        self._out, self._in = [], []           # heaps of (due, n, packet)
-        self._n = 0
-        self.faults = {"dropped": 0, "duplicated": 0, "delayed": 0}
-
-    @property
-    def result_source(self):
-        return self.inner.result_source
-
-    @result_source.setter
-    def result_source(self, value):
-        if hasattr(self, "inner"):
-            self.inner.result_source = value
-
-    def path_endpoints(self) -> list[W.Endpoint]:
-        return self.inner.path_endpoints()
-
-    def attach_switch(self, ports: int, port: int):
-        self.inner.attach_switch(ports, port)
-        self.switch_port = self.inner.switch_port
-
-    def _fault(self, heap, pkt, now, extra: float = 0.0):
-        if self.rng.random() < self.drop:
-            self.faults["dropped"] += 1
-            return
-        copies = 1
-        if self.rng.random() < self.duplicate:
-            self.faults["duplicated"] += 1
-            copies = 2
-        for _ in range(copies):
-            due = now + extra
-            if self.rng.random() < self.reorder:
-                self.faults["delayed"] += 1
-                due += self.rng.uniform(0, self.max_delay)
-            self._n += 1
-            heapq.heappush(heap, (due, self._n, pkt))
-
-    def _flush(self, now):
-        while self._out and self._out[0][0] <= now:
-            self.inner.send(*heapq.heappop(self._out)[2])
-
-    def send(self, datagram: bytes, path: int = 0, dscp: int = 0):
-        now = time.monotonic()
-        self._fault(self._out, (datagram, path, dscp), now, path * self.path_delay)
-        self._flush(now)
-
-    def recv(self, timeout: float) -> list[bytes]:
-        now = time.monotonic()
-        self._flush(now)
-        if self._in or self._out:
-            nxt = min(h[0][0] for h in (self._in, self._out) if h)
-            timeout = max(0.0, min(timeout, nxt - now))
-        for pkt in self.inner.recv(timeout):
-            self._fault(self._in, pkt, time.monotonic())
-        now = time.monotonic()
-        self._flush(now)
-        out = []
-        while self._in and self._in[0][0] <= now:
-            out.append(heapq.heappop(self._in)[2])
-        return out
-
-    @property
-    def bad(self):
-        return getattr(self, "inner", None) and self.inner.bad or 0
-
-    @bad.setter
-    def bad(self, value):
-        pass
-
-    def close(self):
-        self.inner.close()

@@ -45,7 +45,9 @@ import dataclasses
 import functools
 import ipaddress
 import struct
-import zlib
+
+import numpy as np
+from zlib_ng.zlib_ng import crc32  # zlib's CRC-32, the ICRC's, with carry-less multiply
 
 # The register map is declared once, in hw/regmap.py (plain data), and read here.
 from hw.regmap import *  # noqa: F403
@@ -165,16 +167,16 @@ _ICRC_MASK = int.from_bytes(bytes.fromhex("00ff" "0000" "0000" "0000" "ff00" "ff
 def icrc_state(headers: bytes) -> int:
     """The ICRC's CRC-32 state after its lead (8 bytes of ones, the LRH's place) and a
     packet's first ICRC_HEADERS bytes from its IPv4 header, masked; the ICRC is
-    `zlib.crc32(rest, state)` over the rest of the packet (the ICRC excluded). Cached: an
+    `crc32(rest, state)` over the rest of the packet (the ICRC excluded). Cached: an
     endpoint's packets to one destination share them."""
     masked = (int.from_bytes(headers, "big") | _ICRC_MASK).to_bytes(ICRC_HEADERS, "big")
-    return zlib.crc32(b"\xff" * 8 + masked)
+    return crc32(b"\xff" * 8 + masked)
 
 
 def icrc(ip_udp: bytes, transport: bytes) -> int:
     """The ICRC of a packet: `ip_udp` its IPv4 and UDP headers (28 bytes), `transport` the BTH
     onwards (payload and pad included, ICRC excluded)."""
-    return zlib.crc32(transport[8:], icrc_state(bytes(ip_udp[:IP_LEN + UDP_LEN])
+    return crc32(transport[8:], icrc_state(bytes(ip_udp[:IP_LEN + UDP_LEN])
                                                 + bytes(transport[:8])))
 
 
@@ -369,20 +371,45 @@ class IcrcCheck:
         self.local = local
         self._states: dict[tuple, int] = {}
 
-    def holds(self, body: bytes, sender: tuple[str, int]) -> bool:
-        end = len(body) - ICRC_LEN
-        if end < 8:
-            return False
-        key = (sender, end, body[:8])
+    def _state(self, sender: tuple[str, int], end: int, head: bytes) -> int:
+        key = (sender, end, head)
         state = self._states.get(key)
         if state is None:
             if len(self._states) > 4096:
                 self._states.clear()
             ip_udp = ip_udp_header(sender[0], self.local.ip, sender[1], self.local.port,
-                                   len(body))
-            state = self._states[key] = icrc_state(ip_udp + body[:8])
-        return zlib.crc32(memoryview(body)[8:end], state) == \
+                                   end + ICRC_LEN)
+            state = self._states[key] = icrc_state(ip_udp + head)
+        return state
+
+    def holds(self, body: bytes, sender: tuple[str, int]) -> bool:
+        end = len(body) - ICRC_LEN
+        if end < 8:
+            return False
+        return crc32(memoryview(body)[8:end], self._state(sender, end, bytes(body[:8]))) == \
             _ICRC_FIELD.unpack_from(body, end)[0]
+
+    def run(self, data: bytes, size: int, sender: tuple[str, int]) -> tuple[list, int]:
+        """The datagrams of a run of `size`-byte datagrams from one sender (as UDP_GRO
+        merges them) whose ICRC holds, and how many did not."""
+        view = memoryview(data)
+        full = len(data) // size
+        if size % 4 or full * size != len(data) or size < 8 + ICRC_LEN:
+            good = [d for d in (view[at:at + size] for at in range(0, len(data), size))
+                    if self.holds(d, sender)]
+            return good, -(-len(data) // size) - len(good)
+        words = np.frombuffer(data, "<u4").reshape(full, size // 4)
+        if (words[:, :2] != words[0, :2]).any():
+            good = [d for d in (view[at:at + size] for at in range(0, len(data), size))
+                    if self.holds(d, sender)]
+            return good, full - len(good)
+        end = size - ICRC_LEN
+        state = self._state(sender, end, bytes(view[:8]))
+        crcs = np.fromiter((crc32(view[at + 8:at + end], state)
+                            for at in range(0, len(data), size)), np.uint32, full)
+        ok = (crcs == words[:, -1]).tolist()
+        good = [view[i * size:(i + 1) * size] for i in range(full) if ok[i]]
+        return good, full - len(good)
 
 
 def read_write_imm(body: bytes) -> tuple[int, int, int, int, bytes]:
@@ -398,6 +425,15 @@ def read_write_imm(body: bytes) -> tuple[int, int, int, int, bytes]:
         raise WireError(f"opcode {opcode:#x} with flags {flags:#x} is not an unpadded "
                         f"WRITE Only with Immediate")
     return dqpn & 0xFFFFFF, psn & 0xFFFFFF, rkey, imm, body[WRITE_IMM_HEAD_LEN:end]
+
+
+def datagram_length(body: bytes) -> int | None:
+    """The length a WRITE Only with Immediate (a contribution or a result) starting `body`
+    has by its headers (BTH, RETH.dma_length, pad count, ICRC), or None for anything else."""
+    if len(body) < WRITE_IMM_HEAD_LEN or body[0] != OP_WRITE_ONLY_IMM_UC:
+        return None
+    dma_length = int.from_bytes(body[BTH_LEN + 12:BTH_LEN + 16], "big")
+    return WRITE_IMM_HEAD_LEN + dma_length + (body[1] >> 4 & 3) + ICRC_LEN
 
 
 def frame_datagram(frame: bytes) -> tuple[bytes, bytes]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import zlib
 
 import numpy as np
 
@@ -97,7 +96,7 @@ class ContributionWriter:
         icrc = recs["icrc"]
         states = [self._state(p, width - 1) for p in range(len(self.sources))]
         for i, p in enumerate(paths):
-            icrc[i] = zlib.crc32(buf[i * size + 8:(i + 1) * size - W.ICRC_LEN], states[p])
+            icrc[i] = W.crc32(buf[i * size + 8:(i + 1) * size - W.ICRC_LEN], states[p])
         return [buf[i * size:(i + 1) * size] for i in range(k)]
 
 

@@ -74,6 +74,7 @@ from host import wire as W
 from host.control import SwitchControl, make_transport, read_params
 from host.engine import Engine, JoinCheck
 from host.errors import NetaggError, NetaggTimeout
+from host.lossy import LossyTransport
 from host.messages import DEFAULT_PRIORITY, Work
 from host.progress import Progress
 
@@ -168,7 +169,7 @@ class Worker:
         T.Sprayer(paths, spray)        # checks both before any socket opens
         transport = make_transport(switch, ip, paths, bind)
         if faults:
-            transport = T.LossyTransport(transport, **faults)
+            transport = LossyTransport(transport, **faults)
         self.transport = transport
         self.engine = Engine(transport, job=self.switch_job, rank=self.switch_rank,
                              workers=self.switch_workers, slots=None, qpn=_queue_pair(),
@@ -461,7 +462,10 @@ class Worker:
             c = self.engine.counters()
         c["bad_packets"] = self.transport.bad
         c["stray_packets"] = getattr(self.transport, "stray", 0)
-        if isinstance(self.transport, T.LossyTransport):
+        runs = getattr(self.transport, "runs", None)
+        if runs is not None:
+            c["gso_runs"] = runs.runs           # runs of contributions sent in one call
+        if isinstance(self.transport, LossyTransport):
             c.update({f"injected_{k}": v for k, v in self.transport.faults.items()})
         return c
 

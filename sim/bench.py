@@ -24,7 +24,6 @@ import struct
 import subprocess
 import sys
 import time
-import zlib
 
 import psutil
 
@@ -99,7 +98,7 @@ class _Sender:
         msn = use * self.slots + slot
         head = _HEAD.pack(W.OP_CONTRIBUTION, 0, W.PKEY_DEFAULT, _DQPN, msn & 0xFFFFFF, 0,
                           msn & 0xFFFFFFFF, len(self.payload), self.imm[slot][use & 1])
-        crc = zlib.crc32(self.payload, zlib.crc32(head[8:], self.icrc))
+        crc = W.crc32(self.payload, W.crc32(head[8:], self.icrc))
         self.sock.sendto(b"".join((head, self.payload, _ICRC.pack(crc))), self.switch)
         self.sent_at[slot] = now
 

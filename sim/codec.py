@@ -21,7 +21,6 @@ from __future__ import annotations
 import collections
 import functools
 import struct
-import zlib
 from typing import NamedTuple
 
 from host import wire as W
@@ -75,7 +74,7 @@ def decode(frame: bytes) -> tuple[int, Header | None]:
 def icrc_matches(frame: bytes, body_end: int, state: int) -> bool:
     """Whether the ICRC at `body_end` is the frame's, with `state` the ICRC's state after its
     headers (`checks`)."""
-    return ICRC_WORD.unpack_from(frame, body_end)[0] == zlib.crc32(
+    return ICRC_WORD.unpack_from(frame, body_end)[0] == W.crc32(
         frame[W.IP_OFFSET + W.ICRC_HEADERS:body_end], state)
 
 
@@ -175,5 +174,5 @@ class ResultTemplate:
         """A result: BTH.psn `psn`, RETH.va `va`, ImmDt `imm`, `payload` (the sums)."""
         tail = _RESULT_TAIL.pack(psn & 0xFFFFFF, va & 0xFFFFFFFFFFFFFFFF, self.rkey,
                                  self.length, imm)
-        crc = zlib.crc32(payload, zlib.crc32(tail, self.state))
+        crc = W.crc32(payload, W.crc32(tail, self.state))
         return b"".join((self.head, tail, payload, ICRC_WORD.pack(crc)))
