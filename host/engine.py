@@ -73,6 +73,7 @@ from host.messages import (
 )
 from host.retransmit import RttEstimator
 from host.taking import Taking
+from host.window import PlainWindow
 from host.wire_arrays import ContributionWriter
 
 __all__ = ["Engine", "JoinCheck", "Work", "NetaggError", "NetaggTimeout", "DEFAULT_PRIORITY",
@@ -134,6 +135,7 @@ class Engine(Taking):
         self.idle: list[SlotState] = []     # slots with messages dealt and none in flight
         self.earliest = float("inf")        # no retransmission is due before this
         self.delivering: list[tuple[Message, int]] = []     # completed, sums not yet out
+        self.window: PlainWindow | None = None      # the slots as arrays, while lockstep
         if slots is not None:
             self.set_job(slots, credits, quorum)
 
@@ -183,6 +185,15 @@ class Engine(Taking):
             work.done = True
             self.pending_works -= 1
             return
+        if self.window is not None:
+            if PlainWindow.takes(self, work):
+                self.window.add(work)
+                return
+            self.window.leave()
+        elif PlainWindow.takes(self, work) and PlainWindow.clean(self):
+            self.window = PlainWindow(self)
+            self.window.add(work)
+            return
         self.dealer.deal(messages_of(work, self.nslots), self.slots)
         self.idle = [st for st in self.slots if st.inflight is None and st.queue]
 
@@ -204,6 +215,8 @@ class Engine(Taking):
             self._send_ready()
             self._retransmit()
             self._deliver_all()
+            if self.window is not None and self.window.idle():
+                self.window.leave()
             self._check_progress()
         except NetaggError as e:
             self.failed = e
@@ -221,6 +234,9 @@ class Engine(Taking):
     def _send_ready(self):
         if not self.joined:
             self._poll_join()
+            return
+        if self.window is not None:
+            self.window.start(time.monotonic())
             return
         if not self.idle:
             return
@@ -366,7 +382,12 @@ class Engine(Taking):
 
     def _retransmit(self):
         now = time.monotonic()
-        if now >= self.earliest:
+        if self.window is not None and now >= self.earliest:
+            if self.window.due(now):
+                self.window.leave()         # the engine retransmits, message by message
+            else:
+                self.earliest = float(self.window.deadline.min())
+        if self.window is None and now >= self.earliest:
             self.earliest = float("inf")
             for st in self.slots:
                 m = st.inflight

@@ -148,15 +148,22 @@ class Work:
                 acc[:hi - lo] += self._scaled(src[lo:hi], exponent) if fixed else src[lo:hi]
         acc = acc.reshape(k, lanes)
         rows = np.zeros((k, lanes + 1), np.int32)
-        if acc.max(initial=0) <= N.INT32_MAX and acc.min(initial=0) >= N.INT32_MIN:
+        if float(acc.max(initial=0)) <= N.INT32_MAX and float(acc.min(initial=0)) >= N.INT32_MIN:
             rows[:, :-1] = acc
             return rows, np.zeros(k, bool)
+        acc = acc.astype(np.float64) if fixed else acc
         saturated = (acc.max(axis=1) > N.INT32_MAX) | (acc.min(axis=1) < N.INT32_MIN)
         rows[:, :-1] = np.clip(acc, N.INT32_MIN, N.INT32_MAX)
         return rows, saturated
 
     def _scaled(self, values: np.ndarray, exponent: int) -> np.ndarray:
-        """round(values * 2**(frac - exponent)), as float64 (exact integers)."""
+        """round(values * 2**(frac - exponent)), exact integers: in float32 for float32
+        values (a power of two in float32's range scales them exactly, and a product too
+        small for a normal float32 rounds to 0 either way), else in float64."""
+        shift = self.frac - exponent
+        if values.dtype == np.float32 and -126 <= shift <= 127:
+            v = values * np.float32(2.0 ** shift)
+            return np.rint(v, out=v)
         v = N.to_float64(values, self.fmt)
         v *= 2.0 ** (self.frac - exponent)
         return np.rint(v, out=v)
@@ -325,18 +332,26 @@ class Dealer:
 
 
 def deliver(work: Work, chunks: list[tuple[Message, int]], workers: int) -> dict:
-    """Write the sums of completed data chunks into the tensor, all at once: (message,
-    contributions with data in its sums) pairs, the sums in `Message.acc`. Fixed point:
-    dequantised at each chunk's exponent, scaled by workers / contributions where some are
-    missing, divided by the world size for a mean, rounded to the tensor's dtype; int32:
-    as they are, or `OverflowError` on the tensor where a sum over rounds left int32.
-    The counters it adds to the engine's."""
+    """Write the sums of completed data chunks into the tensor (`deliver_rows`): (message,
+    contributions with data in its sums) pairs, the sums in `Message.acc`."""
+    fixed = work.fmt.kind == "fixed"
+    return deliver_rows(work, np.array([m.index for m, _ in chunks]),
+                        np.stack([m.acc for m, _ in chunks]),
+                        np.array([m.exponent for m, _ in chunks]) if fixed else None,
+                        [h for _, h in chunks], workers)
+
+
+def deliver_rows(work: Work, index: np.ndarray, sums: np.ndarray, exponent: np.ndarray | None,
+                 have: list[int], workers: int) -> dict:
+    """Write the sums of completed data chunks into the tensor, all at once: chunk `index`
+    holds `sums` (int rows) of `have` contributions with data. Fixed point: dequantised at
+    each chunk's `exponent`, scaled by workers / contributions where some are missing,
+    divided by the world size for a mean, rounded to the tensor's dtype; int32: as they
+    are, or `OverflowError` on the tensor where a sum over rounds left int32. The counters
+    it adds to the engine's."""
     w, lanes = work, work.lanes
-    index = np.array([m.index for m, _ in chunks])
-    sums = np.stack([m.acc for m, _ in chunks])
     counts = {}
-    have = [h for _, h in chunks]
-    lost = np.zeros(len(chunks), np.int64) if min(have) == workers \
+    lost = np.zeros(len(index), np.int64) if min(have) == workers \
         else workers - np.array(have)
     if lost.any():
         w.lost_contributions += int(lost.sum())
@@ -352,7 +367,7 @@ def deliver(work: Work, chunks: list[tuple[Message, int]], workers: int) -> dict
             index, sums = index[~bad], sums[~bad]
         values = sums
     else:
-        scale = np.ldexp(1.0, np.array([m.exponent for m, _ in chunks]) - w.frac)
+        scale = np.ldexp(1.0, exponent - w.frac)
         values = sums * scale[:, None]
         if lost.any():
             short = lost > 0
@@ -377,22 +392,32 @@ def messages_of(work: Work, nslots: int) -> list[Message]:
     the chunks this worker may have dropped marked."""
     if work.loss_budget > 0 and work.fmt.kind == "fixed":
         work.droppable = plan_droppable(chunk_norms(work), work.loss_budget, work.priority)
-    msgs = []
+    leading = exponent_messages(work, nslots)
+    return [message_at(work, i, leading) for i in range(leading + work.chunks)]
+
+
+def exponent_messages(work: Work, nslots: int) -> int:
+    """How many exponent messages lead a tensor's messages (its `lookahead`, set here, or
+    its blocks if fewer; none for int32)."""
+    if work.fmt.kind != "fixed":
+        return 0
+    work.lookahead = max(1, -(-nslots // work.block))
+    return min(work.lookahead, -(-work.chunks // work.block))
+
+
+def message_at(work: Work, i: int, leading: int) -> Message:
+    """A tensor's message `i` in dealing order, after `leading` exponent messages."""
+    if i < leading:
+        return Message(work, MessageKind.EXPONENT, i, pclass=EXPONENT_CLASS)
+    c = i - leading
+    cls = work.droppable.get(c) if work.droppable else None
+    b = c // work.block
     fixed = work.fmt.kind == "fixed"
-    blocks = -(-work.chunks // work.block)
-    if fixed:
-        work.lookahead = max(1, -(-nslots // work.block))
-        msgs += [Message(work, MessageKind.EXPONENT, b, pclass=EXPONENT_CLASS)
-                 for b in range(min(work.lookahead, blocks))]
-    block, ahead, droppable = work.block, work.lookahead, work.droppable
-    for c in range(work.chunks):
-        cls = droppable.get(c) if droppable else None
-        b = c // block
-        carries = b + ahead if fixed and c % block == 0 and b + ahead < blocks else -1
-        msgs.append(Message(work, MessageKind.DATA, c, needs=b if fixed else -1,
-                            carries=carries, droppable=cls is not None,
-                            pclass=work.priority if cls is None else cls))
-    return msgs
+    ahead = b + work.lookahead
+    carries = ahead if fixed and c % work.block == 0 and ahead * work.block < work.chunks \
+        else -1
+    return Message(work, MessageKind.DATA, c, needs=b if fixed else -1, carries=carries,
+                   droppable=cls is not None, pclass=work.priority if cls is None else cls)
 
 
 def chunk_norms(work: Work) -> np.ndarray:

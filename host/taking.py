@@ -54,6 +54,14 @@ class Taking:
         if top > self.limit:
             self.limit = top
         now = time.monotonic()
+        if self.window is not None:
+            others = self.window.take(batch, now)
+            if not others:
+                return
+            self.window.leave()             # the engine takes the others, one at a time
+            for i in others:
+                self._classify(batch.result(i))
+            return
         slots, workers, idle, delivering = self.slots, self.workers, self.idle, self.delivering
         everyone, others, sampled = self.check_lane.everyone, [], False
         lanes, limits, exponents = batch.lanes, batch.limit, batch.exponent
@@ -119,6 +127,8 @@ class Taking:
             return
         lanes = np.frombuffer(payload, "<i4")
         check = int(lanes[-1])
+        if self.window is not None:
+            self.window.leave()
         self._classify(Result(slot, version, count, exponent,
                               bool(overflow) or check == N.INT32_MAX, lanes, limit, check))
 

@@ -36,6 +36,7 @@ switch answers the address a request came from.
 
 from __future__ import annotations
 
+import os
 import random
 import select
 import socket
@@ -273,13 +274,13 @@ class UdpTransport(Transport):
     With `paths` > 1, `paths - 1` more sockets of the same address send only (other source
     ports: other ECMP paths in a network, other switch ports in `netagg sim serve`).
 
-    `gso` (the default): `send_batch` sends runs through the kernel's segmentation offload,
-    and the receiving socket takes runs the kernel merged (`host.udp_offload`); False sends
-    and receives one datagram a call (for a NIC whose segmentation offload numbers the IPv4
-    identification otherwise)."""
+    `gso` (the default, unless the environment sets NETAGG_GSO=0): `send_batch` sends runs
+    through the kernel's segmentation offload, and the receiving socket takes runs the
+    kernel merged (`host.udp_offload`); False sends and receives one datagram a call (for a
+    NIC whose segmentation offload numbers the IPv4 identification otherwise)."""
 
     def __init__(self, url: str, bind_ip: str | None = None, bind_port: int = 0,
-                 paths: int = 1, gso: bool = True):
+                 paths: int = 1, gso: bool | None = None):
         super().__init__()
         if paths < 1:
             raise ValueError(f"paths must be at least 1, not {paths}")
@@ -300,6 +301,8 @@ class UdpTransport(Transport):
         self.socks = [self.sock] + [self._open(0) for _ in range(paths - 1)]
         self._sources = [self.local] + [self._source(s) for s in self.socks[1:]]
         self._tos = [0] * paths     # the TOS byte each path's socket sends with
+        if gso is None:
+            gso = os.environ.get("NETAGG_GSO", "1") != "0"
         self.runs = udp_offload.GsoSender(addr, gso)
         self._gro = gso and udp_offload.enable_gro(self.sock)
 

@@ -162,5 +162,12 @@ def cut(packet: bytes) -> list[bytes]:
     body = len(packet) - head
     if size is None or body <= size:
         return [packet]
-    return [renumbered(packet, i, len(packet[at:at + size])) + packet[at:at + size]
-            for i, at in enumerate(range(head, len(packet), size))]
+    headers = _segment_headers(bytes(packet[:head]), size, body)
+    return [h + packet[at:at + size] for h, at in zip(headers, range(head, len(packet), size))]
+
+
+@functools.lru_cache(maxsize=256)
+def _segment_headers(ip_udp: bytes, size: int, body: int) -> list[bytes]:
+    """`renumbered` for each segment of a run of `body` bytes cut every `size` bytes."""
+    return [renumbered(ip_udp, i, min(size, body - at))
+            for i, at in enumerate(range(0, body, size))]

@@ -19,6 +19,7 @@ from scapy.layers.l2 import Ether
 from host import SwitchControl, Worker
 from host import udp_offload as U
 from host import wire as W
+from host.numerics import LANES as N_LANES
 from host.serve import SimServer
 from sim.golden import GoldenSwitch
 
@@ -116,3 +117,14 @@ def test_a_workers_runs_reach_the_switch_with_no_icrc_drop(as_received):
     assert counters["gso_runs"] > 0 and counters.get("retransmissions", 0) == 0
     assert counters["bad_packets"] == 0
     assert sum(p["drop_bad_icrc"] for p in ports) == 0
+
+
+def test_netagg_gso_0_sends_one_datagram_a_call(monkeypatch):
+    monkeypatch.setenv("NETAGG_GSO", "0")
+    with SimServer(GoldenSwitch(), as_received=False).start() as server:
+        x = np.arange(50_000, dtype=np.int32)
+        with Worker(0, 1, server.url, session="singly", timeout=10) as w:
+            out = w.allreduce(x)
+            counters = w.counters()
+    np.testing.assert_array_equal(out, x)
+    assert counters["gso_runs"] == 0 and counters["packets_sent"] >= 50_000 // N_LANES

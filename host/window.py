@@ -1,0 +1,304 @@
+"""The plain window: the engine's common case as arrays, one entry per slot.
+
+While every packet is answered at once with every worker's data, the protocol is lockstep:
+message g of the job (in dealing order, over the works submitted) goes to slot
+(first + g) % slots with msn = dealt + g, each slot sends its messages one use at a time,
+and a result completes its message when its version and check lane are its use's
+(`host.checklane`), its count is every worker's, it did not saturate and its credit limit
+is not below the slot's last. `PlainWindow` runs that case for whole steps: the state of
+each slot (the message in flight, its use, tag, msn, timer, packet) is a numpy array, a
+step's results are matched and taken in a handful of array operations, the messages that
+may start (credits, a fixed-point chunk's shared exponent) are found and their packets
+built as one batch (`host.wire_arrays`), and the sums are written into the tensors a batch
+at a time (`host.messages.deliver_rows`). No `Message` object exists for a message of the
+window.
+
+Anything else leaves the window (`leave`): a result that does not complete its use at once
+(fewer contributions, saturation, a late or early copy, a stray), a retransmission timeout,
+or a work the window does not take (a quorum, a loss budget, several paths). The window then
+writes its state into the engine's `SlotState`s and `Message`s, as the engine would have
+left them, and the engine goes on from there, one message at a time; the next work
+submitted to an idle engine enters a window again.
+
+Cost: per step about thirty array operations, and per packet one CRC-32 and a few list
+items.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from host import numerics as N
+from host import wire as W
+from host.messages import (
+    EXPONENT_CLASS,
+    Work,
+    deliver_rows,
+    exponent_messages,
+    message_at,
+)
+from host.retransmit import RetransmitTimer
+
+_NO_PSN = -(1 << 62)            # the credit limit of a slot that has taken no result
+
+
+@dataclasses.dataclass
+class _Span:
+    """A work's messages in the window: global indices first .. first + count - 1, the
+    first `leading` of them exponent messages."""
+
+    work: Work
+    first: int
+    count: int
+    leading: int
+    known: np.ndarray           # per block: its shared exponent is known
+
+
+class PlainWindow:
+    """The engine's slots while the job runs lockstep (see the module). `engine` is the
+    `host.engine.Engine` whose slots, dealer, credit limit, counters and transport it uses."""
+
+    def __init__(self, engine):
+        e = self.engine = engine
+        n = self.slots = e.nslots
+        self.first_slot, self.dealt = e.dealer.next_slot, e.dealer.dealt
+        self.total = 0                              # messages the window has been given
+        self.spans: list[_Span] = []
+        self.next = (np.arange(n) - self.first_slot) % n    # next message of each slot
+        self.cur = np.full(n, -1, np.int64)         # message in flight, -1 for none
+        self.use = np.array([st.use for st in e.slots], np.int64)    # next use
+        self.entry_use = self.use.copy()
+        self.cur_use = np.zeros(n, np.int64)
+        self.tag = np.zeros(n, np.int64)
+        self.whole = np.zeros(n, np.int64)          # the check lane of a complete result
+        self.scale = np.zeros(n, np.int64)          # a data chunk's shared exponent
+        self.last_psn = np.array([_NO_PSN if st.last_psn == -float("inf") else st.last_psn
+                                  for st in e.slots], np.int64)
+        self.sent_at = np.zeros(n)
+        self.deadline = np.full(n, np.inf)
+        self.rto = np.zeros(n)
+        self.packets: list = [None] * n
+
+    @staticmethod
+    def takes(engine, work: Work) -> bool:
+        """Whether a window can run `work` for `engine` (no state outside a window)."""
+        e = engine
+        return (e.joined and e.nslots > 0 and e.sprayer.paths == 1 and e.needed == e.workers
+                and work.loss_budget == 0 and work.error is None)
+
+    @staticmethod
+    def clean(engine) -> bool:
+        """Whether the engine holds nothing a window does not know of, and the next message
+        of every slot is numbered by its dealing order."""
+        return not engine.delivering and all(
+            st.inflight is None and not st.queue and not st.early
+            and st.last_msn < engine.dealer.dealt for st in engine.slots)
+
+    def add(self, work: Work):
+        leading = exponent_messages(work, self.slots)
+        blocks = -(-work.chunks // work.block)
+        self.spans.append(_Span(work, self.total, leading + work.chunks, leading,
+                                np.zeros(blocks, bool)))
+        self.total += leading + work.chunks
+
+    def idle(self) -> bool:
+        return self.total == 0 or (self.cur < 0).all() and (self.next >= self.total).all()
+
+    # --- results ------------------------------------------------------------------------
+
+    def take(self, batch, now: float) -> list[int]:
+        """Take the results of `batch` (`host.wire_arrays.ResultBatch`) that complete their
+        use at once; the indices of the others, which the window cannot take."""
+        e = self.engine
+        slot = np.asarray(batch.slot, np.int64)
+        ok = ((self.cur[slot] >= 0) & (np.asarray(batch.version) == self.cur_use[slot] & 1)
+              & (np.asarray(batch.check) == self.whole[slot])
+              & (np.asarray(batch.count) == e.workers) & ~np.asarray(batch.overflow, bool)
+              & (np.asarray(batch.limit) >= self.last_psn[slot]))
+        rows = np.flatnonzero(ok)
+        if not len(rows):
+            return list(range(len(slot)))
+        _, first = np.unique(slot[rows], return_index=True)
+        if len(first) < len(rows):          # a slot's second copy in a batch: not at once
+            ok[:] = False
+            rows = rows[np.sort(first)]
+            ok[rows] = True
+        done = slot[rows]
+        e.rtt.sample(now - self.sent_at[done[0]])
+        e.last_progress = now
+        g = self.cur[done]
+        self.cur[done] = -1
+        self.deadline[done] = np.inf
+        self.last_psn[done] = np.asarray(batch.limit)[rows]
+        exponent = np.asarray(batch.exponent)[rows]
+        for span in self._spans_of(g):
+            mine = (g >= span.first) & (g < span.first + span.count)
+            self._taken(span, g[mine] - span.first, rows[mine], done[mine], exponent[mine],
+                        batch.lanes)
+        self.spans = [span for span in self.spans if not span.work.done]
+        return np.flatnonzero(~ok).tolist()
+
+    def _taken(self, span: _Span, i: np.ndarray, rows: np.ndarray, done: np.ndarray,
+               exponent: np.ndarray, lanes: np.ndarray):
+        """Messages `i` of a span completed, by results `rows` in slots `done`."""
+        w, e = span.work, self.engine
+        leading = span.leading
+        exps = i < leading
+        for b, x in zip(i[exps].tolist(), exponent[exps].tolist()):
+            w.exponents[b] = x
+            span.known[b] = True
+        data = ~exps
+        if not data.any():
+            return
+        chunk = i[data] - leading
+        if leading:                         # a block's first chunk carries a later block's
+            x = exponent[data]
+            carried = chunk // w.block + w.lookahead
+            carrying = (chunk % w.block == 0) & (carried < len(span.known)) \
+                & (x != N.EXP_NONE)
+            for b, v in zip(carried[carrying].tolist(), x[carrying].tolist()):
+                if b not in w.exponents:
+                    w.exponents[b] = v
+                    span.known[b] = True
+        e.stats.update(deliver_rows(w, chunk, lanes[rows[data], :-1],
+                                    self.scale[done[data]] if leading else None,
+                                    [e.workers], e.workers))
+        e._finish_chunk(w, len(chunk))
+
+    def _spans_of(self, g: np.ndarray) -> list[_Span]:
+        lo, hi = int(g.min()), int(g.max())
+        return [s for s in self.spans if s.first <= hi and lo < s.first + s.count]
+
+    # --- sending ------------------------------------------------------------------------
+
+    def start(self, now: float):
+        """Start every slot whose next message may start, and send their packets."""
+        e = self.engine
+        free = np.flatnonzero((self.cur < 0) & (self.next < self.total))
+        if not len(free):
+            return
+        g = self.next[free]
+        ready = np.ones(len(free), bool)
+        for span in self._spans_of(g):
+            mine = (g >= span.first) & (g < span.first + span.count)
+            i = g[mine] - span.first
+            blocked = (i >= span.leading) & ~span.known[np.maximum(i - span.leading, 0)
+                                                          // span.work.block]
+            ready[mine] = ~blocked if span.leading else True
+        if e.credits:
+            short = ready & (self.dealt + g >= e.limit)
+            e.stats["credit_waits"] += int(short.sum())
+            ready &= ~short
+        slots, g = free[ready], g[ready]
+        if not len(slots):
+            return
+        use = self.use[slots]
+        self.cur[slots], self.cur_use[slots] = g, use
+        self.use[slots] = use + 1
+        self.next[slots] = g + self.slots
+        tag = e.check_lane.tags(slots, use)
+        self.tag[slots] = tag
+        self.whole[slots] = e.workers * tag + e.check_lane.everyone
+        spans = self._spans_of(g)
+        if len(spans) == 1:
+            lanes, exponent, offset, dscp = self._payloads(spans[0], g - spans[0].first, slots,
+                                                           tag)
+        else:
+            lanes = np.zeros((len(g), spans[0].work.lanes + 1), np.int32)
+            exponent, offset, dscp = np.zeros_like(g), np.zeros_like(g), np.zeros_like(g)
+            for span in spans:
+                mine = (g >= span.first) & (g < span.first + span.count)
+                lanes[mine], exponent[mine], offset[mine], dscp[mine] = self._payloads(
+                    span, g[mine] - span.first, slots[mine], tag[mine])
+        datagrams = e.writer.datagrams(
+            lanes, paths=[0] * len(slots), slot=slots, version=use & 1, offset=offset,
+            msn=self.dealt + g, psn=e.psns.take(len(slots)), exponent=exponent,
+            droppable=np.zeros(len(slots), bool))
+        for s, datagram in zip(slots.tolist(), datagrams):
+            self.packets[s] = datagram
+        e.transport.send_batch(datagrams, [0] * len(slots), dscp.tolist())
+        rto = e.rtt.rto
+        self.sent_at[slots], self.rto[slots], self.deadline[slots] = now, rto, now + rto
+        e.earliest = min(e.earliest, now + rto)
+        e.stats["packets_sent"] += len(slots)
+        e.stats["bytes_sent"] += len(slots) * len(datagrams[0])
+        inflight = int((self.cur >= 0).sum())
+        if inflight > e.stats["max_inflight"]:
+            e.stats["max_inflight"] = inflight
+
+    def _payloads(self, span: _Span, i: np.ndarray, slots: np.ndarray, tag: np.ndarray):
+        """The lanes (check lane sealed), ImmDt exponent fields, RETH offsets and DSCPs of a
+        span's messages `i` starting in `slots` with tags `tag`."""
+        w, e = span.work, self.engine
+        exps = i < span.leading
+        chunk = np.maximum(i - span.leading, 0)
+        lanes = np.zeros((len(i), w.lanes + 1), np.int32)
+        saturated = np.zeros(len(i), bool)
+        data = ~exps
+        if data.any():
+            lanes[data], saturated[data] = w.lanes_of(chunk[data])
+        lanes[:, -1] = np.where(saturated, N.INT32_MAX, e.check_lane.seal(tag, e.rank))
+        exponent = np.full(len(i), N.EXP_NONE, np.int64)
+        if span.leading:
+            block = chunk // w.block
+            self.scale[slots[data]] = [w.exponents[b] for b in block[data].tolist()]
+            carried = block + w.lookahead
+            carries = data & (chunk % w.block == 0) & (carried * w.block < w.chunks)
+            exponent[carries] = w.proposals[carried[carries]]
+            exponent[exps] = w.proposals[i[exps]]
+        offset = np.where(exps, 0, chunk * 4 * w.lanes)
+        dscp = np.where(exps, W.priority_dscp(EXPONENT_CLASS), W.priority_dscp(w.priority))
+        return lanes, exponent, offset, dscp
+
+    # --- leaving ------------------------------------------------------------------------
+
+    def due(self, now: float) -> bool:
+        """Whether a message in flight is due for retransmission (the window cannot)."""
+        return bool((self.deadline <= now).any())
+
+    def leave(self):
+        """Write the window's state into the engine's slots and messages, as the engine
+        would have it, and the dealer's position."""
+        e = self.engine
+        if not self.idle():
+            e.stats["window_fallbacks"] += 1
+        spans = self.spans
+        starts = np.array([s.first for s in spans])
+        for s, st in enumerate(e.slots):
+            st.use = int(self.use[s])
+            if self.last_psn[s] != _NO_PSN:
+                st.last_psn = int(self.last_psn[s])
+            completed = range(max(int(self.entry_use[s]), st.use - (self.cur[s] >= 0) - 4),
+                              st.use - int(self.cur[s] >= 0))
+            if len(completed):
+                st.recent.extend(e.check_lane.tags([s] * len(completed),
+                                                   list(completed)).tolist())
+            inflight = [int(self.cur[s])] if self.cur[s] >= 0 else []
+            for g in inflight + list(range(int(self.next[s]), self.total, self.slots)):
+                span = spans[int(np.searchsorted(starts, g, side="right")) - 1]
+                m = message_at(span.work, g - span.first, span.leading)
+                m.slot, m.seq = s, self.dealt + g
+                if g != self.cur[s]:
+                    st.queue.append(m)
+                    continue
+                m.use, m.msn, m.tag = int(self.cur_use[s]), m.seq, int(self.tag[s])
+                st.last_msn = m.msn
+                if m.needs >= 0:
+                    m.exponent = span.work.exponents[m.needs]
+                m.expect = (m.use & 1, int(self.whole[s]))
+                m.timer = RetransmitTimer(float(self.sent_at[s]), float(self.deadline[s]),
+                                          float(self.rto[s]), 1)
+                m.packet = self.packets[s]
+                st.inflight = m
+            if self.cur[s] < 0 and self.next[s] - self.slots >= 0 \
+                    and self.next[s] - self.slots < self.total:
+                st.last_msn = self.dealt + int(self.next[s]) - self.slots
+        e.dealer.next_slot = (self.first_slot + self.total) % self.slots
+        e.dealer.dealt = self.dealt + self.total
+        e.idle = [st for st in e.slots if st.inflight is None and st.queue]
+        e.earliest = min([e.earliest] + [st.inflight.timer.deadline for st in e.slots
+                                         if st.inflight is not None])
+        e.window = None
+
