@@ -355,6 +355,11 @@ class UdpTransport(Transport):
             pass        # a full buffer: as a lost packet
 
     def send_batch(self, datagrams: list, paths: list[int], dscps: list[int]):
+        if paths.count(paths[0]) == len(paths) and dscps.count(dscps[0]) == len(dscps) \
+                and len(datagrams[0]) * len(datagrams) == sum(map(len, datagrams)):
+            self._set_tos(paths[0], dscps[0])       # (a step's usual batch: one run)
+            self.runs.send(self.socks[paths[0]], datagrams)
+            return
         runs: dict[tuple[int, int, int], list] = {}
         for datagram, path, dscp in zip(datagrams, paths, dscps):
             runs.setdefault((path, dscp, len(datagram)), []).append(datagram)

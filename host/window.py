@@ -42,6 +42,7 @@ from host.messages import (
 from host.retransmit import RetransmitTimer
 
 _NO_PSN = -(1 << 62)            # the credit limit of a slot that has taken no result
+TAG_USES = 16                   # the check lane's tags computed ahead, per slot
 
 
 @dataclasses.dataclass
@@ -80,6 +81,8 @@ class PlainWindow:
         self.deadline = np.full(n, np.inf)
         self.rto = np.zeros(n)
         self.packets: list = [None] * n
+        self.tag_base = self.use - TAG_USES         # `_tags`' table: none yet
+        self.tag_table = np.zeros((n, TAG_USES), np.int64)
 
     @staticmethod
     def takes(engine, work: Work) -> bool:
@@ -120,8 +123,8 @@ class PlainWindow:
         rows = np.flatnonzero(ok)
         if not len(rows):
             return list(range(len(slot)))
-        _, first = np.unique(slot[rows], return_index=True)
-        if len(first) < len(rows):          # a slot's second copy in a batch: not at once
+        if np.bincount(slot[rows]).max() > 1:   # a slot's second copy in a batch: not at once
+            _, first = np.unique(slot[rows], return_index=True)
             ok[:] = False
             rows = rows[np.sort(first)]
             ok[rows] = True
@@ -198,7 +201,7 @@ class PlainWindow:
         self.cur[slots], self.cur_use[slots] = g, use
         self.use[slots] = use + 1
         self.next[slots] = g + self.slots
-        tag = e.check_lane.tags(slots, use)
+        tag = self._tags(slots, use)
         self.tag[slots] = tag
         self.whole[slots] = e.workers * tag + e.check_lane.everyone
         spans = self._spans_of(g)
@@ -227,6 +230,19 @@ class PlainWindow:
         inflight = int((self.cur >= 0).sum())
         if inflight > e.stats["max_inflight"]:
             e.stats["max_inflight"] = inflight
+
+    def _tags(self, slots: np.ndarray, use: np.ndarray) -> np.ndarray:
+        """The check lane's tags of `use` of `slots`, from a table of each slot's next
+        `TAG_USES` uses (computed again when a slot runs past it)."""
+        ahead = use - self.tag_base[slots]
+        if (ahead >= TAG_USES).any():
+            self.tag_base = self.use.copy()
+            self.tag_base[slots] = use
+            uses = self.tag_base[:, None] + np.arange(TAG_USES)
+            self.tag_table = self.engine.check_lane.tags(
+                np.repeat(np.arange(self.slots), TAG_USES), uses.ravel()).reshape(-1, TAG_USES)
+            ahead = use - self.tag_base[slots]
+        return self.tag_table[slots, ahead]
 
     def _payloads(self, span: _Span, i: np.ndarray, slots: np.ndarray, tag: np.ndarray):
         """The lanes (check lane sealed), ImmDt exponent fields, RETH offsets and DSCPs of a

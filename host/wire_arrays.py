@@ -55,6 +55,7 @@ class ContributionWriter:
                  dqpn: int = 2):
         self.sources, self.switch, self.dqpn = sources, switch, dqpn
         self.imm = W.pack_imm(W.REQUEST_IMM, job=job, rank=rank)
+        self._bth_head = np.frombuffer(W.bth(W.OP_CONTRIBUTION, dqpn, 0)[:8], np.uint8)
         self._states: dict[tuple[int, int], int] = {}       # (path, lanes) -> ICRC state
 
     def _state(self, path: int, lanes: int) -> int:
@@ -82,8 +83,9 @@ class ContributionWriter:
                 or (exponent_ > 127).any():
             raise ValueError("a slot or an exponent does not fit its ImmDt field")
         recs = np.empty(k, write_imm_dtype(width - 1))
-        recs["opcode"], recs["flags"], recs["pkey"] = W.OP_CONTRIBUTION, 0, W.PKEY_DEFAULT
-        recs["dqpn"], recs["dma_length"] = self.dqpn, 4 * width
+        size = recs.itemsize
+        recs.view(np.uint8).reshape(k, size)[:, :8] = self._bth_head   # opcode .. dqpn
+        recs["dma_length"] = 4 * width
         recs["psn"] = np.asarray(psn, np.int64) & 0xFFFFFF
         recs["va"] = offset
         recs["rkey"] = np.asarray(msn, np.int64) & 0xFFFFFFFF
@@ -92,12 +94,12 @@ class ContributionWriter:
                        | slot_ << field["slot"] | (exponent_ & 0xFF) << field["exponent"]
                        | np.asarray(droppable, np.int64) << field["droppable"])
         recs["lanes"] = lanes
-        buf, size = memoryview(recs.view(np.uint8)), recs.itemsize
-        icrc = recs["icrc"]
+        buf, crc32 = memoryview(recs.view(np.uint8)), W.crc32
         states = [self._state(p, width - 1) for p in range(len(self.sources))]
-        for i, p in enumerate(paths):
-            icrc[i] = W.crc32(buf[i * size + 8:(i + 1) * size - W.ICRC_LEN], states[p])
-        return [buf[i * size:(i + 1) * size] for i in range(k)]
+        end = size - W.ICRC_LEN
+        recs["icrc"] = [crc32(buf[at + 8:at + end], states[p])
+                        for at, p in zip(range(0, k * size, size), paths)]
+        return [buf[at:at + size] for at in range(0, k * size, size)]
 
 
 @dataclasses.dataclass
