@@ -286,12 +286,14 @@ class PlainWindow:
             st.use = int(self.use[s])
             if self.last_psn[s] != _NO_PSN:
                 st.last_psn = int(self.last_psn[s])
-            completed = range(max(int(self.entry_use[s]), st.use - (self.cur[s] >= 0) - 4),
-                              st.use - int(self.cur[s] >= 0))
+            inflight = [int(self.cur[s])] if self.cur[s] >= 0 else []
+            completed = range(max(int(self.entry_use[s]), st.use - len(inflight) - 4),
+                              st.use - len(inflight))          # the uses `recent` holds
             if len(completed):
                 st.recent.extend(e.check_lane.tags([s] * len(completed),
                                                    list(completed)).tolist())
-            inflight = [int(self.cur[s])] if self.cur[s] >= 0 else []
+            if self.next[s] >= self.slots:      # the msn of the last message begun
+                st.last_msn = self.dealt + int(self.next[s]) - self.slots
             for g in inflight + list(range(int(self.next[s]), self.total, self.slots)):
                 span = spans[int(np.searchsorted(starts, g, side="right")) - 1]
                 m = message_at(span.work, g - span.first, span.leading)
@@ -300,7 +302,6 @@ class PlainWindow:
                     st.queue.append(m)
                     continue
                 m.use, m.msn, m.tag = int(self.cur_use[s]), m.seq, int(self.tag[s])
-                st.last_msn = m.msn
                 if m.needs >= 0:
                     m.exponent = span.work.exponents[m.needs]
                 m.expect = (m.use & 1, int(self.whole[s]))
@@ -308,9 +309,6 @@ class PlainWindow:
                                           float(self.rto[s]), 1)
                 m.packet = self.packets[s]
                 st.inflight = m
-            if self.cur[s] < 0 and self.next[s] - self.slots >= 0 \
-                    and self.next[s] - self.slots < self.total:
-                st.last_msn = self.dealt + int(self.next[s]) - self.slots
         e.dealer.next_slot = (self.first_slot + self.total) % self.slots
         e.dealer.dealt = self.dealt + self.total
         e.idle = [st for st in e.slots if st.inflight is None and st.queue]
