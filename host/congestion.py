@@ -166,8 +166,8 @@ def _priority_run(workers, values, steps, loss_budget, credits, chosen, link_par
     import uuid
 
     from host import SwitchControl
-    from host import wire as W
     from host.serve import SimServer
+    from sim import wire as W
     from sim.bottleneck import Bottleneck
     from sim.golden import GoldenSwitch
 

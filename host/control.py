@@ -30,9 +30,9 @@ import time
 from typing import Callable
 
 from host import transport as T
-from host import wire as W
 from host.errors import NetaggError, NetaggTimeout
 from host.retransmit import RetransmitTimer, RttEstimator
+from sim import wire as W
 
 CONTROL_RTO_MIN = 0.05      # the shortest wait for a control answer, in seconds
 

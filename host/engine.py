@@ -56,7 +56,6 @@ import numpy as np
 
 from host import numerics as N
 from host import transport as T
-from host import wire as W
 from host.checklane import MEMBERSHIP_MAX_WORKERS, CheckLane, poke_delay
 from host.control import ControlChannel, PsnCounter
 from host.errors import NetaggError, NetaggTimeout
@@ -75,6 +74,7 @@ from host.retransmit import RttEstimator
 from host.taking import Taking
 from host.window import PlainWindow
 from host.wire_arrays import ContributionWriter
+from sim import wire as W
 
 __all__ = ["Engine", "JoinCheck", "Work", "NetaggError", "NetaggTimeout", "DEFAULT_PRIORITY",
            "plan_droppable"]

@@ -7,8 +7,8 @@ import heapq
 import random
 import time
 
-from host import wire as W
 from host.transport import Transport
+from sim import wire as W
 
 
 class LossyTransport(Transport):

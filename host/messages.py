@@ -45,8 +45,8 @@ import math
 import numpy as np
 
 from host import numerics as N
-from host import wire as W
 from host.retransmit import RetransmitTimer
+from sim import wire as W
 
 DEFAULT_PRIORITY = 4
 EXPONENT_CLASS = W.PRIORITY_CLASSES - 1

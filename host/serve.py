@@ -45,7 +45,7 @@ import time
 
 from host import transport as T
 from host import udp_offload
-from host import wire as W
+from sim import wire as W
 
 IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13 if sys.platform.startswith("linux") else None)
 BACKENDS = ("golden", "rtl", "echo")

@@ -28,10 +28,10 @@ import time
 import numpy as np
 
 from host import numerics as N
-from host import wire as W
 from host.checklane import Match, Outcome
 from host.messages import Message, MessageKind, Result, Send, SlotState, Work, deliver
 from host.wire_arrays import read_results
+from sim import wire as W
 
 
 class Taking:

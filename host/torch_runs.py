@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from host import wire as W
+from sim import wire as W
 
 ROOT = Path(__file__).resolve().parent.parent
 

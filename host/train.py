@@ -29,9 +29,9 @@ import uuid
 
 import numpy as np
 
-from host import wire as W
 from host.control import SwitchControl
 from host.worker import Worker
+from sim import wire as W
 
 # Layer priorities: the first layer's weights (most of the gradient) in the default class,
 # its biases and the output layer higher.

@@ -13,7 +13,7 @@ returns only datagrams whose ICRC checked out (the others are counted in `bad`).
   switch port `switch_port_for(ip, udp_port, ports)`, the cabling of the simulation.
 - `UdpTransport` (`udp://host:port`): UDP sockets to a board, `netagg sim board` or
   `netagg sim serve`, sent from one local address and never connected (see the class). The
-  datagram is the BTH .. ICRC; the ICRC covers the IPv4/UDP headers Linux sends (`host.wire`'s
+  datagram is the BTH .. ICRC; the ICRC covers the IPv4/UDP headers Linux sends (`sim.wire`'s
   canonical headers: identification 0, DF) with the socket's address as source and the
   switch's as destination. The packet's DSCP (its priority class) goes into the IPv4 TOS byte
   of the datagram (`IP_TOS`, set on the socket when it changes; the ICRC masks it).
@@ -45,7 +45,7 @@ import time
 import urllib.parse
 
 from host import netif, udp_offload
-from host import wire as W
+from sim import wire as W
 
 IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
 IP_PMTUDISC_DO = getattr(socket, "IP_PMTUDISC_DO", 2)

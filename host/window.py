@@ -31,7 +31,6 @@ import dataclasses
 import numpy as np
 
 from host import numerics as N
-from host import wire as W
 from host.messages import (
     EXPONENT_CLASS,
     Work,
@@ -40,6 +39,7 @@ from host.messages import (
     message_at,
 )
 from host.retransmit import RetransmitTimer
+from sim import wire as W
 
 _NO_PSN = -(1 << 62)            # the credit limit of a slot that has taken no result
 TAG_USES = 16                   # the check lane's tags computed ahead, per slot

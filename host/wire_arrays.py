@@ -1,5 +1,5 @@
 """The wire format as numpy records: a step's contributions written, and its results read,
-a batch at a time. The bytes are `host.wire`'s, field for field.
+a batch at a time. The bytes are `sim.wire`'s, field for field.
 
 `ContributionWriter` writes the contributions a worker starts in one step into one buffer:
 the BTH, RETH and ImmDt of all of them as array assignments, the lanes (each with its check
@@ -28,8 +28,8 @@ import functools
 import numpy as np
 
 from host import numerics as N
-from host import wire as W
 from host.messages import Result
+from sim import wire as W
 
 _HEAD = [("opcode", "u1"), ("flags", "u1"), ("pkey", ">u2"), ("dqpn", ">u4"), ("psn", ">u4"),
          ("va", ">u8"), ("rkey", ">u4"), ("dma_length", ">u4"), ("imm", ">u4")]

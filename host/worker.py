@@ -70,13 +70,13 @@ import numpy as np
 from host import netif
 from host import numerics as N
 from host import transport as T
-from host import wire as W
 from host.control import SwitchControl, make_transport, read_params
 from host.engine import Engine, JoinCheck
 from host.errors import NetaggError, NetaggTimeout
 from host.lossy import LossyTransport
 from host.messages import DEFAULT_PRIORITY, Work
 from host.progress import Progress
+from sim import wire as W
 
 __all__ = ["Worker", "Handle", "SwitchControl", "NetaggError", "NetaggTimeout"]
 

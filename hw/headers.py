@@ -209,7 +209,7 @@ def ipv4_checksum_sum(wire_bytes):
     return ones_complement_fold(sum(words))
 
 
-# --- netagg's packets (host/wire.py is the software side of the same format) -------------
+# --- netagg's packets (sim/wire.py is the software side of the same format) -------------
 
 OP_CONTRIBUTION = 0x2B      # UC RDMA WRITE Only with Immediate: worker -> switch
 OP_RESULT = 0x2B            # the same opcode: switch -> worker

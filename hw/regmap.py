@@ -1,7 +1,7 @@
-"""The switch's register map, declared once: the gateware (`hw.control`) decodes it and the
-host (`host.wire`) addresses it. Plain Python, no Amaranth.
+"""The switch's register map, declared once: the gateware (`hw.control`) decodes it and
+software addresses it through `sim.wire`. Plain Python, no Amaranth.
 
-Registers are 32 bits at word addresses, reached through control requests (see host.wire):
+Registers are 32 bits at word addresses, reached through control requests (see sim.wire):
 a record (address, value) with WRITE set in the address writes, and every record returns the
 register's value after it was applied. Unknown addresses read 0 and ignore writes.
 """

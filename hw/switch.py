@@ -16,7 +16,7 @@ and where the ICRC is checked and computed (`icrc`): by an engine in each port's
 deparser ("engine"), or by the MACs in front of the ports ("mac": `hw.mac.Mac` with
 ``icrc=True``; the rx beats then carry the MAC's ``icrc_ok``, and frames leave with four zero
 bytes for the MAC to fill), which saves about 1,500 LUTs per engine on an ECP5.
-The packet format is `host.wire`'s; the behaviour is
+The packet format is `hw.headers`' (`sim.wire` is its software side); the behaviour is
 `sim.golden`'s, frame for frame, when frames are applied in commit order (`committed`).
 
 Reset reaches control state only (valid bits, pointers, counts, the job table): the registers

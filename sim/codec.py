@@ -1,7 +1,7 @@
 """The golden model's frame codec: the parser's checks on a frame in one pass over its headers,
 and result frames written from per-destination header templates.
 
-Frames are those `host.wire` reads and writes, bit for bit (tests/test_codec.py compares
+Frames are those `sim.wire` reads and writes, bit for bit (tests/test_codec.py compares
 them); this module only does it in few Python operations per frame:
 
 - `decode` applies the parser's checks (`hw.parser`) in the parser's order, with its
@@ -23,7 +23,7 @@ import functools
 import struct
 from typing import NamedTuple
 
-from host import wire as W
+from sim import wire as W
 
 # Parser verdicts, in hw.headers.Verdict's order (the model does not import the gateware).
 OK, NOT_ROCE, TRUNCATED, BAD_LENGTH, BAD_IP_CHECKSUM, BAD_OPCODE, BAD_ICRC, OVERSIZE = range(8)

@@ -33,7 +33,7 @@ import dataclasses
 
 import numpy as np
 
-from host import wire as W
+from sim import wire as W
 from sim.codec import (
     CHECKED,
     ICRC_WORD,

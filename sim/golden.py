@@ -5,7 +5,7 @@ frame, in the order the switch commits frames (the end of the frame, then the lo
 first), and returns the frames it sends as (port, frame) pairs; on each port they leave in
 that order. The RTL is checked against this model, and the host can use it as a switch where
 no compiler is available (`send`/`run` is the interface every backend has). Frames are read
-and written by `sim.codec`, bit for bit in `host.wire`'s format.
+and written by `sim.codec`, bit for bit in `sim.wire`'s format.
 
 What the switch does, frame by frame:
 
@@ -21,7 +21,7 @@ What the switch does, frame by frame:
 3. Classification: opcode 0x2B (UC RDMA WRITE Only with Immediate) is a contribution; opcode
    0x24 (UC SEND Only) to QPN 1 is a control request; anything else is `drop_unhandled`.
 4. A control request whose payload is not 1..64 whole records is `drop_bad_payload`; else
-   each record is applied in order and the reply (`host.wire`) goes out of the same port.
+   each record is applied in order and the reply (`sim.wire`) goes out of the same port.
 5. A contribution is checked in this order: payload 4..max_payload bytes, a multiple of 4,
    equal to RETH.dma_length (else `drop_bad_payload`, port); job below `jobs` and enabled
    (else `drop_bad_job`, port); rank below the job's workers and source IP the rank's (else
@@ -68,7 +68,7 @@ import struct
 
 import numpy as np
 
-from host import wire as W
+from sim import wire as W
 from sim.codec import (
     BAD_ICRC,
     BAD_IP_CHECKSUM,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 
-from host import wire as W
+from sim import wire as W
 
 
 class Space(enum.Enum):

@@ -20,8 +20,8 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 
-from host import wire as W
 from sim import golden as G
+from sim import wire as W
 from tests.frames import scapy_frame
 from tests.switch_traffic import (
     HOST_IP,

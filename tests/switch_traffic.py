@@ -17,7 +17,7 @@ from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from host import wire as W
+from sim import wire as W
 from tests.frames import RETH, ImmDt, mac_str, scapy_frame
 
 SWITCH_IP = "10.0.0.1"

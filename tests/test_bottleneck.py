@@ -6,7 +6,7 @@ import random
 
 import numpy as np
 
-from host import wire as W
+from sim import wire as W
 from sim.bottleneck import NULL_BYTES, Bottleneck
 from sim.golden import GoldenSwitch
 from tests.switch_traffic import control_frame, job_config_records, make_workers, switch_records

@@ -1,5 +1,5 @@
-"""The golden model's frame codec (sim.codec) against scapy and host.wire: results written
-from templates are the frames `host.wire` builds and scapy rebuilds, byte for byte; the ICRC
+"""The golden model's frame codec (sim.codec) against scapy and sim.wire: results written
+from templates are the frames `sim.wire` builds and scapy rebuilds, byte for byte; the ICRC
 from a cached header state is scapy's, over the fields RoCEv2 masks and not over the others;
 a frame's header checks are cached per headers and length, never across lengths."""
 
@@ -12,8 +12,8 @@ from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from host import wire as W
 from sim import codec as C
+from sim import wire as W
 from tests.frames import CLASS_OPCODES, roce_frame
 from tests.switch_traffic import scapy_rebuilds
 

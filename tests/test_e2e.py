@@ -153,7 +153,7 @@ def test_priority_classes_survive_the_udp_path(serve):
 
     from host import SwitchControl
     from host import numerics as N
-    from host import wire as W
+    from sim import wire as W
 
     url, _, _ = serve
     ctl = SwitchControl(url)

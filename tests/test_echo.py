@@ -15,9 +15,9 @@ from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 
 from host import SwitchControl, Worker
-from host import wire as W
 from host.serve import SimServer, make_backend
 from host.transport import IP_MTU_DISCOVER, IP_PMTUDISC_DO, switch_port_for
+from sim import wire as W
 from sim.bench import contributions_per_second
 from sim.echo import EchoSwitch
 from sim.golden import GoldenSwitch, SlotCopy

@@ -11,8 +11,8 @@ import pytest
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 
-from host import wire as W
 from sim import golden as G
+from sim import wire as W
 from sim.golden import GoldenSwitch
 from tests.frames import ImmDt
 from tests.switch_traffic import (

@@ -7,9 +7,9 @@ from amaranth.sim import Simulator
 from scapy.layers.inet import IP
 from scapy.layers.l2 import ARP, Ether
 
-from host import wire as W
 from hw import headers as H
 from hw.mac_icrc import IcrcCheck, IcrcFill
+from sim import wire as W
 from tests import frames as F
 
 

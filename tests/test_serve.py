@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from host import wire as W
 from host.serve import SimServer
+from sim import wire as W
 from sim.golden import GoldenSwitch
 
 

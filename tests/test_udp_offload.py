@@ -18,9 +18,9 @@ from scapy.layers.l2 import Ether
 
 from host import SwitchControl, Worker
 from host import udp_offload as U
-from host import wire as W
 from host.numerics import LANES as N_LANES
 from host.serve import SimServer
+from sim import wire as W
 from sim.golden import GoldenSwitch
 
 SRC = W.Endpoint("10.1.0.2", 40000, 0x020000000002)

@@ -21,9 +21,9 @@ from scapy.layers.inet import IP
 from scapy.layers.l2 import Ether
 
 from host import SwitchControl, Worker
-from host import wire as W
 from host.serve import SimServer, attach_filter, datagrams_to
 from host.transport import UdpTransport
+from sim import wire as W
 from sim.golden import GoldenSwitch
 
 ROOT = os.geteuid() == 0

@@ -1,4 +1,4 @@
-"""host/wire.py against scapy's RoCEv2: contributions, results and control packets are the
+"""sim/wire.py against scapy's RoCEv2: contributions, results and control packets are the
 bytes scapy builds (ICRC included), and parse_frame rejects truncated and corrupted frames."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from host import wire as W
+from sim import wire as W
 from tests.frames import scapy_frame
 
 WORKER = W.Endpoint("10.1.0.7", 0xC123, 0x02AB00000007)
