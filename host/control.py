@@ -37,7 +37,6 @@ from sim import wire as W
 CONTROL_RTO_MIN = 0.05      # the shortest wait for a control answer, in seconds
 
 Records = list[tuple[int, int]]
-_CONTROL = bytes([W.OP_CONTROL])
 
 
 class PsnCounter:
@@ -127,7 +126,7 @@ class ControlChannel:
     def take_answer(self, datagram: bytes) -> bool:
         """Whether a datagram (its ICRC checked) is a control answer (then it is taken: its
         request's callback gets the records, none if they do not parse)."""
-        if datagram[:1] != _CONTROL:
+        if datagram[:1] != W.CONTROL_FIRST_BYTE:
             return False
         try:
             pkt = W.parse_transport(datagram, icrc_checked=True)

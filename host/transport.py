@@ -46,11 +46,11 @@ import urllib.parse
 
 from host import netif, udp_offload
 from sim import wire as W
+from sim.wire import CONTROL_FIRST_BYTE as _CONTROL
 
 IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
 IP_PMTUDISC_DO = getattr(socket, "IP_PMTUDISC_DO", 2)
 SWITCH_IP = "10.0.0.1"          # the switch's address for in-process workers
-_CONTROL = bytes([W.OP_CONTROL])
 
 
 def switch_port_for(ip: str, udp_port: int, ports: int) -> int:

@@ -48,7 +48,6 @@ from amaranth.lib.wiring import In, Out
 
 from . import headers as H
 from .aggregator_command import (
-    CONTROL_RECORD,
     MAX_CONTROL_PAYLOAD,
     Action,
     command,
@@ -429,9 +428,9 @@ class Aggregator(wiring.Component):
         clear_end = Signal(17)
         wire = [held.data[8 * i: 8 * i + 8] for i in range(self.width // 8)]
         which = record[:max(1, (records - 1).bit_length())]
-        current = Signal(CONTROL_RECORD)
+        current = Signal(H.CONTROL_RECORD)
         m.d.comb += current.eq(Array(
-            H.from_wire(CONTROL_RECORD, wire[8 * i: 8 * i + 8]).as_value()
+            H.from_wire(H.CONTROL_RECORD, wire[8 * i: 8 * i + 8]).as_value()
             for i in range(records))[which])
         in_payload = Array(held.keep[8 * i] for i in range(records))[which] & (record < records)
         address = current.address

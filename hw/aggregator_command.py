@@ -1,5 +1,5 @@
 """What the aggregator hands the egress ports, and what its stages hand each other: the
-actions a decided packet takes, a control request's records, and the layouts of a result's
+actions a decided packet takes, the largest control payload, and the layouts of a result's
 descriptor and of an egress beat. Plain declarations, no logic."""
 
 import enum
@@ -10,8 +10,7 @@ from amaranth.lib import data
 from . import headers as H
 from .beat import BeatLayout
 
-MAX_CONTROL_PAYLOAD = 512
-CONTROL_RECORD = H.Header("ControlRecord", {"address": 32, "value": 32})
+MAX_CONTROL_PAYLOAD = H.MAX_CONTROL_RECORDS * H.CONTROL_RECORD.length     # 512 bytes
 
 
 class Action(enum.IntEnum):

@@ -108,7 +108,7 @@ class Egress(wiring.Component):
             header.eth.ethertype.eq(H.ETHERTYPE_IPV4),
             header.ip.version.eq(4), header.ip.ihl.eq(5), header.ip.flags.eq(H.IP_FLAGS_DF),
             header.ip.ttl.eq(H.RESULT_TTL), header.ip.protocol.eq(H.IP_PROTO_UDP),
-            header.bth.pkey.eq(0xFFFF), header.payload_length.eq(desc.length),
+            header.bth.pkey.eq(H.PKEY_DEFAULT), header.payload_length.eq(desc.length),
         ]
         m.d.comb += header.bth.psn.eq(desc.psn)
         with m.If(desc.control):

@@ -211,10 +211,13 @@ def ipv4_checksum_sum(wire_bytes):
 
 # --- netagg's packets (sim/wire.py is the software side of the same format) -------------
 
-OP_CONTRIBUTION = 0x2B      # UC RDMA WRITE Only with Immediate: worker -> switch
-OP_RESULT = 0x2B            # the same opcode: switch -> worker
-OP_CONTROL = 0x24           # UC SEND Only to CONTROL_QPN: control request and reply
+OP_SEND_ONLY_UC = 0x24
+OP_WRITE_ONLY_IMM_UC = 0x2B
+OP_CONTRIBUTION = OP_WRITE_ONLY_IMM_UC      # worker -> switch
+OP_RESULT = OP_WRITE_ONLY_IMM_UC            # the same opcode: switch -> worker
+OP_CONTROL = OP_SEND_ONLY_UC                # to CONTROL_QPN: control request and reply
 CONTROL_QPN = 0x000003         # the switch's control QP: QP 0 and 1 are the SMI's and GSI's
+PKEY_DEFAULT = 0xFFFF          # the BTH's partition key in every packet
 
 
 def is_control(bth):
@@ -233,3 +236,16 @@ REQUEST_IMM = Header("RequestImm", {
 RESULT_IMM = Header("ResultImm", {
     "job": 4, "count": 6, "version": 1, "slot": 12, "exponent": 8, "overflow": 1,
 })
+
+# What a contribution's ImmDt can name: jobs (4 bits), ranks (5 bits) and slots per version
+# (12 bits; a slot has two copies, version 0 and 1).
+MAX_JOBS = 1 << REQUEST_IMM.wire_fields["job"]              # 16
+MAX_WORKERS = 1 << REQUEST_IMM.wire_fields["rank"]          # 32
+MAX_SLOTS = 1 << REQUEST_IMM.wire_fields["slot"]            # 4096
+# The largest payload (bytes of int32 lanes) of a contribution or a result; a switch may take
+# less (REG_MAX_PAYLOAD).
+MAX_PAYLOAD = 1024
+
+# A control request's payload: 1..MAX_CONTROL_RECORDS records of (address, value).
+CONTROL_RECORD = Header("ControlRecord", {"address": 32, "value": 32})
+MAX_CONTROL_RECORDS = 64

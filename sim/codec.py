@@ -23,17 +23,17 @@ import functools
 import struct
 from typing import NamedTuple
 
+from hw import headers as H
+from hw.headers import Verdict
+from hw.parser import MIN_ETHERNET_FRAME
 from sim import wire as W
 
-# Parser verdicts, in hw.headers.Verdict's order (the model does not import the gateware).
-OK, NOT_ROCE, TRUNCATED, BAD_LENGTH, BAD_IP_CHECKSUM, BAD_OPCODE, BAD_ICRC, OVERSIZE = range(8)
-MIN_ETHERNET_FRAME = 60
+OK = Verdict.OK         # the verdict every frame is compared with, bound once
 
-# Extension header length after the BTH, by opcode, and opcodes that carry no payload.
-_RC_EXT = {0x00: 0, 0x01: 0, 0x02: 0, 0x03: 4, 0x04: 0, 0x05: 4, 0x06: 16, 0x07: 0, 0x08: 0,
-           0x09: 4, 0x0A: 16, 0x0B: 20, 0x0C: 16, 0x0D: 4, 0x0E: 0, 0x0F: 4, 0x10: 4, 0x11: 4}
-EXT_LENGTH = {**_RC_EXT, **{0x20 + op: n for op, n in _RC_EXT.items() if op <= 0x0B}, 0x81: 0}
-NO_PAYLOAD = {0x0C, 0x11}
+# Extension header length after the BTH, by supported opcode, and opcodes that carry no
+# payload, by the opcode classes of `hw.headers`.
+EXT_LENGTH = {op: H.EXT_LENGTH[cls] for op, cls in H.OPCODE_CLASSES.items()}
+NO_PAYLOAD = {op for op, cls in H.OPCODE_CLASSES.items() if cls in H.NO_PAYLOAD}
 
 # The headers the parser's checks read: from the EtherType to the BTH's destination QP
 # (IPv4 as ten 16-bit words). The checks read these and the frame's length, nothing else (the
@@ -67,7 +67,7 @@ def decode(frame: bytes) -> tuple[int, Header | None]:
     """The parser's verdict on a frame, and its `Header` when the verdict is OK."""
     verdict, header, body_end, state = checks(bytes(frame[CHECKED]), len(frame))
     if verdict == OK and not icrc_matches(frame, body_end, state):
-        return BAD_ICRC, None
+        return Verdict.BAD_ICRC, None
     return verdict, header
 
 
@@ -84,39 +84,39 @@ def checks(headers: bytes, n: int) -> tuple[int, Header | None, int, int]:
     from its EtherType to its BTH's destination QP are `headers`: the verdict, and when it is
     OK, the frame's `Header`, where its ICRC is, and the ICRC's state after the headers."""
     if n < W.IP_OFFSET:
-        return TRUNCATED, None, 0, 0
+        return Verdict.TRUNCATED, None, 0, 0
     # zeros beyond the frame are only read after a length check has failed
     (ethertype, *ip, _sport, dport, udp_length, _udp_checksum, opcode, flags, _pkey,
      dqpn) = HEADERS.unpack(headers + bytes(HEADERS.size - len(headers)))
     if ethertype != 0x0800:
-        return NOT_ROCE, None, 0, 0
+        return Verdict.NOT_ROCE, None, 0, 0
     if n < W.UDP_OFFSET:
-        return TRUNCATED, None, 0, 0
+        return Verdict.TRUNCATED, None, 0, 0
     if ip[0] >> 8 != 0x45 or ip[3] & 0x3FFF or ip[4] & 0xFF != 17:
-        return NOT_ROCE, None, 0, 0
+        return Verdict.NOT_ROCE, None, 0, 0
     if W.ipv4_checksum(headers[2:2 + W.IP_LEN]):
-        return BAD_IP_CHECKSUM, None, 0, 0
+        return Verdict.BAD_IP_CHECKSUM, None, 0, 0
     if n < W.BTH_OFFSET:
-        return TRUNCATED, None, 0, 0
+        return Verdict.TRUNCATED, None, 0, 0
     if dport != W.ROCEV2_PORT:
-        return NOT_ROCE, None, 0, 0
+        return Verdict.NOT_ROCE, None, 0, 0
     if n < W.BTH_OFFSET + W.BTH_LEN:
-        return TRUNCATED, None, 0, 0
+        return Verdict.TRUNCATED, None, 0, 0
     if flags & 0x0F:
-        return NOT_ROCE, None, 0, 0
+        return Verdict.NOT_ROCE, None, 0, 0
     ext = EXT_LENGTH.get(opcode)
     if ext is None:
-        return BAD_OPCODE, None, 0, 0
+        return Verdict.BAD_OPCODE, None, 0, 0
     total = ip[1]
     ip_end = W.IP_OFFSET + total
     if n < ip_end:
-        return TRUNCATED, None, 0, 0
+        return Verdict.TRUNCATED, None, 0, 0
     padded = udp_length - (W.UDP_LEN + W.BTH_LEN + W.ICRC_LEN) - ext
     padcnt = (flags >> 4) & 3
     length_ok = n == ip_end or (n == MIN_ETHERNET_FRAME and ip_end < MIN_ETHERNET_FRAME)
     if (not length_ok or udp_length != total - W.IP_LEN or padded < 0 or padded % 4
             or padded < padcnt or (opcode in NO_PAYLOAD and padded)):
-        return BAD_LENGTH, None, 0, 0
+        return Verdict.BAD_LENGTH, None, 0, 0
     header = Header(opcode, dqpn & 0xFFFFFF, W.BTH_OFFSET + W.BTH_LEN + ext, padded - padcnt,
                     (ip[6] << 16) | ip[7])
     return OK, header, ip_end - W.ICRC_LEN, W.icrc_state(headers[2:])

@@ -19,7 +19,8 @@ What the switch does, frame by frame:
    on its port and goes on like any frame. `null=True/False` forces the decision (a
    testbench that saw the RTL's); only a droppable contribution can be null.
 3. Classification: opcode 0x2B (UC RDMA WRITE Only with Immediate) is a contribution; opcode
-   0x24 (UC SEND Only) to QPN 1 is a control request; anything else is `drop_unhandled`.
+   0x24 (UC SEND Only) to QPN 3 (CONTROL_QPN) is a control request; anything else is
+   `drop_unhandled`.
 4. A control request whose payload is not 1..64 whole records is `drop_bad_payload`; else
    each record is applied in order and the reply (`sim.wire`) goes out of the same port.
 5. A contribution is checked in this order: payload 4..max_payload bytes, a multiple of 4,
@@ -68,16 +69,10 @@ import struct
 
 import numpy as np
 
+from hw.headers import Verdict
 from sim import wire as W
 from sim.codec import (
-    BAD_ICRC,
-    BAD_IP_CHECKSUM,
-    BAD_LENGTH,
-    BAD_OPCODE,
-    NOT_ROCE,
     OK,
-    OVERSIZE,
-    TRUNCATED,
     Extension,
     Header,
     Request,
@@ -88,11 +83,8 @@ from sim.codec import (
 )
 from sim.golden_registers import Registers
 
-VERDICT_COUNTERS = {
-    NOT_ROCE: "drop_not_roce", TRUNCATED: "drop_truncated", BAD_LENGTH: "drop_bad_length",
-    BAD_IP_CHECKSUM: "drop_bad_ip_checksum", BAD_OPCODE: "drop_bad_opcode",
-    BAD_ICRC: "drop_bad_icrc", OVERSIZE: "drop_oversize",
-}
+# The port counter of each verdict but OK (as `hw.control` counts them).
+VERDICT_COUNTERS = {v: f"drop_{v.name.lower()}" for v in Verdict if v != Verdict.OK}
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 PORT_REFUSALS = {"drop_bad_payload", "drop_bad_job"}     # counted on the port, not the job
 
@@ -250,7 +242,7 @@ class GoldenSwitch(Registers):
         counters = self.port_counters[port]
         verdict, header = decode(frame)
         if verdict == OK and header.length > self.queue_capacity:
-            verdict, header = OVERSIZE, None
+            verdict, header = Verdict.OVERSIZE, None
         request = contribution(frame, header)
         droppable = _droppable(request)
         if null and not droppable:

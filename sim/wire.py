@@ -1,6 +1,7 @@
 """netagg's wire format, software side: the one place the host and the golden model build and
-read packets. The gateware declares the same format in `hw.headers`; tests check both against
-scapy's RoCEv2.
+read packets. The format is declared once, for the gateware and for this module: its opcodes,
+control QP, header lengths, limits and ImmDt layouts in `hw.headers`, the register map in
+`hw.regmap`; tests check both sides against scapy's RoCEv2.
 
 Every packet is a RoCEv2 frame (Ethernet, IPv4 without options, UDP to 4791, BTH, ...).
 
@@ -49,44 +50,40 @@ import struct
 import numpy as np
 from zlib_ng.zlib_ng import crc32  # zlib's CRC-32, the ICRC's, with carry-less multiply
 
-# The register map is declared once, in hw/regmap.py (plain data), and read here.
+from hw import headers as H
+from hw.headers import (  # noqa: F401  (the format's constants, for the codec's users)
+    CONTROL_QPN,
+    MAX_CONTROL_RECORDS,
+    MAX_JOBS,
+    MAX_PAYLOAD,
+    MAX_SLOTS,
+    MAX_WORKERS,
+    OP_CONTRIBUTION,
+    OP_CONTROL,
+    OP_RESULT,
+    OP_WRITE_ONLY_IMM_UC,
+    PKEY_DEFAULT,
+    ROCEV2_PORT,
+)
 from hw.regmap import *  # noqa: F403
 
-ROCEV2_PORT = 4791
-OP_SEND_ONLY_UC = 0x24
-OP_WRITE_ONLY_IMM_UC = 0x2B
-OP_CONTRIBUTION = OP_RESULT = OP_WRITE_ONLY_IMM_UC
-OP_CONTROL = OP_SEND_ONLY_UC
-CONTROL_QPN = 0x000003            # the switch's control QP (QP 0 and 1 are the SMI's and GSI's)
-PKEY_DEFAULT = 0xFFFF
-TTL = 64
-IP_FLAGS_DF = 0x4000              # flags/fragment offset word with Don't Fragment set
-MAX_PAYLOAD = 1024
-MAX_CONTROL_RECORDS = 64
-MAX_WORKERS = 32
-MAX_JOBS = 16
-MAX_SLOTS = 4096                  # per version; a slot has two copies (version 0 and 1)
+TTL = H.RESULT_TTL                # the canonical IPv4 header's, as the switch writes it
+_DONT_FRAGMENT = H.IP_FLAGS_DF << H.IPV4.wire_fields["fragment_offset"]  # flags, fragment offset
+CONTROL_FIRST_BYTE = bytes([OP_CONTROL])    # how a control packet's datagram begins
 
-ETH_LEN, IP_LEN, UDP_LEN, BTH_LEN, RETH_LEN, IMM_LEN, ICRC_LEN = 14, 20, 8, 12, 16, 4, 4
-IP_OFFSET = ETH_LEN
-UDP_OFFSET = IP_OFFSET + IP_LEN
-BTH_OFFSET = UDP_OFFSET + UDP_LEN
+ETH_LEN, IP_LEN, UDP_LEN, BTH_LEN = H.ETHERNET.length, H.IPV4.length, H.UDP.length, H.BTH.length
+RETH_LEN, IMM_LEN, ICRC_LEN = H.RETH.length, H.IMMDT.length, H.ICRC_LENGTH
+IP_OFFSET, UDP_OFFSET, BTH_OFFSET = H.IPV4_OFFSET, H.UDP_OFFSET, H.BTH_OFFSET
 
 
-def _bits(fields):
-    """(name, shift, width) of fields listed most significant first in a 32-bit word."""
-    out, pos = [], 32
-    for name, width in fields:
-        pos -= width
-        out.append((name, pos, width))
-    assert pos == 0
-    return out
+def _bits(header: H.Header) -> list[tuple[str, int, int]]:
+    """(name, shift, width) of the fields of a one-word header, most significant first."""
+    return [(name, header.size - offset - width, width)
+            for name, offset, width in header.field_offsets()]
 
 
-REQUEST_IMM = _bits([("job", 4), ("rank", 5), ("version", 1), ("slot", 12), ("exponent", 8),
-                     ("droppable", 1), ("reserved", 1)])
-RESULT_IMM = _bits([("job", 4), ("count", 6), ("version", 1), ("slot", 12), ("exponent", 8),
-                    ("overflow", 1)])
+REQUEST_IMM = _bits(H.REQUEST_IMM)
+RESULT_IMM = _bits(H.RESULT_IMM)
 SIGNED_FIELDS = {"exponent"}
 
 
@@ -158,9 +155,8 @@ def ipv4_checksum(header: bytes) -> int:
 # of them the ICRC masks to ones: IPv4 DSCP/ECN, TTL and header checksum, the UDP checksum,
 # BTH byte 4 (FECN, BECN, reserved).
 ICRC_HEADERS = IP_LEN + UDP_LEN + 8
-_ICRC_MASK = int.from_bytes(bytes.fromhex("00ff" "0000" "0000" "0000" "ff00" "ffff"
-                                          "00000000" "00000000" "0000" "0000" "0000" "ffff"
-                                          "00000000" "ff000000"), "big")
+_ICRC_MASK = int.from_bytes(bytes(0xFF if IP_OFFSET + i in H.ICRC_MASKED_BYTES else 0
+                                  for i in range(ICRC_HEADERS)), "big")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -186,7 +182,7 @@ def ip_udp_header(src, dst, sport: int, dport: int, udp_payload_len: int, dscp: 
     (checksum 0) headers for a datagram of `udp_payload_len` bytes (cached: a worker's
     repeat)."""
     total = IP_LEN + UDP_LEN + udp_payload_len
-    ip = struct.pack("!BBHHHBBH4s4s", 0x45, dscp << 2, total, 0, IP_FLAGS_DF, TTL, 17, 0,
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, dscp << 2, total, 0, _DONT_FRAGMENT, TTL, 17, 0,
                      ip_packed(src), ip_packed(dst))
     ip = ip[:10] + struct.pack("!H", ipv4_checksum(ip)) + ip[12:]
     return ip + struct.pack("!HHHH", sport, dport, UDP_LEN + udp_payload_len, 0)
@@ -253,8 +249,11 @@ class WireError(ValueError):
     """A frame or datagram that is not a well-formed netagg packet."""
 
 
-_HAS_RETH = {0x06, 0x0A, 0x0B, 0x26, 0x2A, 0x2B}
-_HAS_IMM = {0x03, 0x05, 0x09, 0x0B, 0x23, 0x25, 0x29, 0x2B}
+# The opcodes whose RETH and whose ImmDt `parse_transport` reads (by `hw.headers`' classes).
+_HAS_RETH = {op for op, cls in H.OPCODE_CLASSES.items()
+             if cls in (H.OpClass.RETH, H.OpClass.RETH_IMM)}
+_HAS_IMM = {op for op, cls in H.OPCODE_CLASSES.items()
+            if cls in (H.OpClass.IMM, H.OpClass.RETH_IMM)}
 
 
 def parse_transport(body: bytes, src: Endpoint | None = None, dst: Endpoint | None = None,

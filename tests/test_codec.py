@@ -12,6 +12,7 @@ from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
+from hw.headers import Verdict
 from sim import codec as C
 from sim import wire as W
 from tests.frames import CLASS_OPCODES, roce_frame
@@ -51,21 +52,21 @@ def test_icrc_masks_exactly_the_fields_rocev2_masks(opcode):
     IPv4 header on does, the checksum redone."""
     rng = random.Random(opcode)
     frame = bytes(roce_frame(opcode, rng.randbytes(rng.randrange(0, 64)), rng=rng, psn=5))
-    assert C.decode(frame)[0] == C.OK
+    assert C.decode(frame)[0] == Verdict.OK
     tos = Ether(frame)
     tos[IP].tos, tos[IP].chksum, tos[UDP].chksum = 0xB9, None, 0x1234
-    assert C.decode(bytes(tos))[0] == C.OK
+    assert C.decode(bytes(tos))[0] == Verdict.OK
     resv = bytearray(frame)
     resv[W.BTH_OFFSET + 4] ^= 0xFF
-    assert C.decode(bytes(resv))[0] == C.OK
+    assert C.decode(bytes(resv))[0] == Verdict.OK
     for offset in (W.IP_OFFSET + 12, W.UDP_OFFSET, W.BTH_OFFSET + 5, W.BTH_OFFSET + 11,
                    len(frame) - 5):
         changed = bytearray(frame)
         changed[offset] ^= 0x01
         pkt = Ether(bytes(changed))
         pkt[IP].chksum = None
-        assert C.decode(bytes(pkt))[0] == C.BAD_ICRC, offset
-        assert C.decode(_with_icrc(bytes(pkt)))[0] == C.OK
+        assert C.decode(bytes(pkt))[0] == Verdict.BAD_ICRC, offset
+        assert C.decode(_with_icrc(bytes(pkt)))[0] == Verdict.OK
 
 
 def test_header_checks_are_cached_per_length():
@@ -74,10 +75,10 @@ def test_header_checks_are_cached_per_length():
     frame = bytes(roce_frame(0x2B, bytes(64), rng=random.Random(3)))
     header = C.decode(frame)[1]
     assert header.start == W.BTH_OFFSET + W.BTH_LEN + 20 and header.length == 64
-    assert C.decode(frame[:-1])[0] == C.TRUNCATED
-    assert C.decode(frame + bytes(4))[0] == C.BAD_LENGTH
+    assert C.decode(frame[:-1])[0] == Verdict.TRUNCATED
+    assert C.decode(frame + bytes(4))[0] == Verdict.BAD_LENGTH
     assert C.decode(frame)[1] == header
     short = bytes(roce_frame(0x24, b"", rng=random.Random(4)))      # 58 bytes: padded to 60
     assert len(short) < C.MIN_ETHERNET_FRAME
-    assert C.decode(short + bytes(C.MIN_ETHERNET_FRAME - len(short)))[0] == C.OK
-    assert C.decode(short + bytes(C.MIN_ETHERNET_FRAME + 1 - len(short)))[0] == C.BAD_LENGTH
+    assert C.decode(short + bytes(C.MIN_ETHERNET_FRAME - len(short)))[0] == Verdict.OK
+    assert C.decode(short + bytes(C.MIN_ETHERNET_FRAME + 1 - len(short)))[0] == Verdict.BAD_LENGTH

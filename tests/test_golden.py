@@ -11,6 +11,7 @@ import pytest
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 
+from hw.headers import Verdict
 from sim import golden as G
 from sim import wire as W
 from sim.golden import GoldenSwitch
@@ -107,7 +108,7 @@ def _stale_frames(sc, batch, rnd, jobs):
     configured job, rank and slot whose MSN is not their use's."""
     n = 0
     for _, frame in batch:
-        if G.parse(frame)[0] != G.OK:
+        if G.parse(frame)[0] != Verdict.OK:
             continue
         pkt = W.parse_frame(frame)
         req = W.unpack_imm(W.REQUEST_IMM, pkt.imm)
