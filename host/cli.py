@@ -232,7 +232,7 @@ def main(argv=None) -> int:
         from sim.board import main as board_main
         return board_main(args.board, tap=args.tap, netns=args.netns)
     if args.command == "sim":
-        from host.serve import serve_main
+        from sim.serve import serve_main
         return serve_main(args.backend, args.host, args.pcap, ports=args.ports,
                           jobs=args.jobs, slots=args.slots, max_workers=args.max_workers)
     if args.command == "bench" and args.what == "allreduce":

@@ -95,7 +95,7 @@ def bench_congestion(backend: str = "golden", paths_list=(1, 2, 4), workers: int
                      priority: dict | None = None) -> dict:
     from rich.console import Console
 
-    from host.serve import SimServer, make_backend
+    from sim.serve import SimServer, make_backend
 
     console = Console(stderr=True, quiet=quiet)
     report = {"bench": "congestion", "backend": backend}
@@ -166,10 +166,10 @@ def _priority_run(workers, values, steps, loss_budget, credits, chosen, link_par
     import uuid
 
     from host import SwitchControl
-    from host.serve import SimServer
     from sim import wire as W
     from sim.bottleneck import Bottleneck
     from sim.golden import GoldenSwitch
+    from sim.serve import SimServer
 
     link = Bottleneck(GoldenSwitch(), **link_params)
     with SimServer(link).start() as server:

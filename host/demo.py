@@ -179,7 +179,7 @@ def demo(workers: int = 4, nodes: int = 2, values: int = 2_000_000, backend: str
 
     from host.control import SwitchControl
     from host.probe import sources
-    from host.serve import SimServer, make_backend
+    from sim.serve import SimServer, make_backend
 
     console = Console(stderr=True, quiet=as_json)
     server = None
@@ -264,7 +264,7 @@ def bench_allreduce(sizes, workers: int = 4, backend: str = "golden", transports
     from rich.console import Console
 
     from host import Worker
-    from host.serve import SimServer, make_backend
+    from sim.serve import SimServer, make_backend
 
     console = Console(stderr=True, quiet=quiet)
     out = {"bench": "allreduce", "backend": backend, "workers": workers, "dtype": "float32",

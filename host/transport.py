@@ -21,7 +21,7 @@ returns only datagrams whose ICRC checked out (the others are counted in `bad`).
 
 Batches: `send_batch` sends a step's contributions together. Over UDP, datagrams of one
 length, path and DSCP leave as runs through the kernel's segmentation offload (`GSO`, in
-`host.udp_offload`: each segment's ICRC rewritten for the IPv4 identification the kernel
+`sim.udp_offload`: each segment's ICRC rewritten for the IPv4 identification the kernel
 gives it, its index in the run), and results come back as runs where the kernel merges
 them (`UDP_GRO`).
 
@@ -37,26 +37,19 @@ switch answers the address a request came from.
 from __future__ import annotations
 
 import os
-import random
 import select
 import socket
 import threading
 import time
 import urllib.parse
 
-from host import netif, udp_offload
+from host import netif
+from sim import udp_offload
 from sim import wire as W
+from sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, request_on, switch_port_for
 from sim.wire import CONTROL_FIRST_BYTE as _CONTROL
 
-IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
-IP_PMTUDISC_DO = getattr(socket, "IP_PMTUDISC_DO", 2)
 SWITCH_IP = "10.0.0.1"          # the switch's address for in-process workers
-
-
-def switch_port_for(ip: str, udp_port: int, ports: int) -> int:
-    """The switch port that frames from (ip, udp_port) enter in a simulation's cabling
-    (`netagg sim serve`, in-process workers): (IPv4 address as an integer + UDP port) % ports."""
-    return (W.ip_to_int(ip) + udp_port) % ports
 
 
 SPRAY_POLICIES = ("round_robin", "least_loaded")
@@ -276,7 +269,7 @@ class UdpTransport(Transport):
 
     `gso` (the default, unless the environment sets NETAGG_GSO=0): `send_batch` sends runs
     through the kernel's segmentation offload, and the receiving socket takes runs the
-    kernel merged (`host.udp_offload`); False sends and receives one datagram a call (for a
+    kernel merged (`sim.udp_offload`); False sends and receives one datagram a call (for a
     NIC whose segmentation offload numbers the IPv4 identification otherwise)."""
 
     def __init__(self, url: str, bind_ip: str | None = None, bind_port: int = 0,
@@ -405,33 +398,6 @@ class UdpTransport(Transport):
     def close(self):
         for sock in self.socks:
             sock.close()
-
-
-def request_on(sock, addr, source: W.Endpoint, switch: W.Endpoint, records,
-               tries: int = 5, wait: float = 0.5) -> list[tuple[int, int]]:
-    """One control request from `sock` (whose address is `source`) to the switch at `addr`,
-    sent up to `tries` times, `wait` seconds apart, until its answer comes back to `sock`:
-    the answer's (address, value) records. For a socket no engine reads (a path socket, a
-    benchmark's sender); an engine's requests go through its control channel."""
-    psn = random.getrandbits(24)
-    request = W.control_request(records, psn, source, switch).datagram()
-    for _ in range(tries):
-        sock.sendto(request, addr)
-        deadline = time.monotonic() + wait
-        while (left := deadline - time.monotonic()) > 0:
-            select.select([sock], [], [], left)
-            try:
-                data, sender = sock.recvfrom(4096)
-            except BlockingIOError:
-                continue
-            try:
-                answer = W.parse_transport(data, W.Endpoint(*sender), source)
-            except W.WireError:
-                continue
-            if answer.opcode == W.OP_CONTROL and answer.psn == psn:
-                return W.unpack_records(answer.payload)
-    raise TimeoutError(f"the switch at {addr[0]}:{addr[1]} did not answer a control request "
-                       f"from {source.ip}:{source.port}")
 
 
 def route_source(addr) -> str:

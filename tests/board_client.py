@@ -20,9 +20,8 @@ from scapy.layers.inet import IP, UDP
 from scapy.packet import Raw, raw
 
 from hw.headers import CONTROL_QPN, OP_CONTROL, ROCEV2_PORT
+from sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO
 
-IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
-IP_PMTUDISC_DO = getattr(socket, "IP_PMTUDISC_DO", 2)
 BTH_BYTES, ICRC_BYTES = 12, 4
 
 

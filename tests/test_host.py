@@ -13,9 +13,9 @@ import pytest
 
 from host import NetaggError, NetaggTimeout, SwitchControl, Worker
 from host import numerics as N
-from host.serve import SimServer
 from sim import wire as W
 from sim.golden import GoldenSwitch
+from sim.serve import SimServer
 
 LENGTHS = [1, 3, N.LANES - 1, N.LANES, N.LANES + 1, 1000, 3 * N.LANES * N.DEFAULT_BLOCK + 7]
 

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from host.serve import SimServer
 from sim import wire as W
 from sim.golden import GoldenSwitch
+from sim.serve import SimServer
 
 
 def _other_traffic(stop: threading.Event):

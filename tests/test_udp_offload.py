@@ -1,5 +1,5 @@
 """Runs of datagrams through the kernel's UDP segmentation and receive offloads
-(`host.udp_offload`): each segment's ICRC holds, by scapy, for the IPv4 identification the
+(`sim.udp_offload`): each segment's ICRC holds, by scapy, for the IPv4 identification the
 kernel gives it; a run seen whole on loopback is cut as the kernel cuts it; a worker's runs
 through `netagg sim serve` reach the switch with no ICRC drop, whether it reads the headers
 as received or builds the canonical ones."""
@@ -17,11 +17,12 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
 from host import SwitchControl, Worker
-from host import udp_offload as U
 from host.numerics import LANES as N_LANES
-from host.serve import SimServer
+from sim import udp_offload as U
 from sim import wire as W
 from sim.golden import GoldenSwitch
+from sim.serve import SimServer
+from sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO
 
 SRC = W.Endpoint("10.1.0.2", 40000, 0x020000000002)
 DST = W.Endpoint("10.1.0.1", W.ROCEV2_PORT, 0x020000000001)
@@ -79,7 +80,7 @@ def test_gro_hands_a_run_whole_and_segments_cuts_it():
     tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     rx.bind(("127.0.0.1", 0))
     tx.bind(("127.0.0.1", 0))
-    tx.setsockopt(socket.IPPROTO_IP, 10, 2)      # IP_MTU_DISCOVER: DO (DF)
+    tx.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)     # DF
     rx.settimeout(2.0)
     if not U.enable_gro(rx):
         pytest.skip("this kernel has no UDP_GRO")

@@ -21,10 +21,10 @@ from scapy.layers.inet import IP
 from scapy.layers.l2 import Ether
 
 from host import SwitchControl, Worker
-from host.serve import SimServer, attach_filter, datagrams_to
 from host.transport import UdpTransport
 from sim import wire as W
 from sim.golden import GoldenSwitch
+from sim.serve import SimServer, attach_filter, datagrams_to
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="capturing on loopback and reading IPv4 "

@@ -11,7 +11,7 @@ datagram that arrives becomes an Ethernet frame for the backend:
   the sender's and the server's addresses, and the DSCP read with `IP_RECVTOS`.
 
 The frame enters switch port `switch_port_for(sender IPv4, sender UDP port, ports)`
-(`host.transport.switch_port_for`: the cabling of the simulation; the switch reports it to
+(`sim.udp.switch_port_for`: the cabling of the simulation; the switch reports it to
 the sender as REG_PORT). Then the backend runs, and each frame it sends leaves as a datagram
 from the address and UDP port the frame names as its source (control answers from the
 server's port 4791, results from the switch's REG_IP and REG_UDP_SPORT) to the address and
@@ -43,9 +43,9 @@ import sys
 import threading
 import time
 
-from host import transport as T
-from host import udp_offload
+from sim import udp_offload
 from sim import wire as W
+from sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, switch_port_for
 
 IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13 if sys.platform.startswith("linux") else None)
 BACKENDS = ("golden", "rtl", "echo")
@@ -79,7 +79,7 @@ def _ingress(ip: bytes, port: int, ports: int) -> tuple[bytes, int]:
     switch port they enter."""
     text = W.ip_text(ip)
     eth = bytes(6) + _sender_mac(text, port).to_bytes(6, "big") + b"\x08\x00"
-    return eth, T.switch_port_for(text, port, ports)
+    return eth, switch_port_for(text, port, ports)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -297,7 +297,7 @@ class SimServer:
         """A socket that sends from `source`, or None where this machine cannot."""
         if source not in self.senders:
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            sock.setsockopt(socket.IPPROTO_IP, T.IP_MTU_DISCOVER, T.IP_PMTUDISC_DO)
+            sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
             try:
                 sock.bind(source)
