@@ -47,7 +47,7 @@ from host import netif
 from sim import udp_offload
 from sim import wire as W
 from sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, request_on, switch_port_for
-from sim.wire import CONTROL_FIRST_BYTE as _CONTROL
+from sim.wire import CONTROL_FIRST_BYTE
 
 SWITCH_IP = "10.0.0.1"          # the switch's address for in-process workers
 
@@ -387,7 +387,7 @@ class UdpTransport(Transport):
                 good, bad = self._icrc.run(data, size, sender)
                 out += good
                 self.bad += bad
-            elif sender != (switch if data[:1] == _CONTROL else results):
+            elif sender != (switch if data[:1] == CONTROL_FIRST_BYTE else results):
                 self.stray += 1
             elif holds(data, sender):
                 out.append(data)
