@@ -48,13 +48,45 @@ TAG_USES = 16                   # the check lane's tags computed ahead, per slot
 @dataclasses.dataclass
 class _Span:
     """A work's messages in the window: global indices first .. first + count - 1, the
-    first `leading` of them exponent messages."""
+    first `leading` of them exponent messages; per message i (from 0) what its packet
+    carries, and per block its shared exponent once known."""
 
     work: Work
     first: int
     count: int
     leading: int
-    known: np.ndarray           # per block: its shared exponent is known
+    known: np.ndarray           # per block, and True last: its shared exponent is known
+    shared: np.ndarray          # per block: its shared exponent (fixed point)
+    chunk: np.ndarray           # per message: its data chunk, -1 for an exponent message
+    needs: np.ndarray           # per message: the block whose exponent it needs, -1 none
+    field: np.ndarray           # per message: its ImmDt exponent field
+    offset: np.ndarray          # per message: its RETH offset
+    dscp: np.ndarray            # per message: its DSCP
+
+    @classmethod
+    def of(cls, work: Work, first: int, leading: int) -> _Span:
+        w, count = work, leading + work.chunks
+        blocks = -(-w.chunks // w.block)
+        chunk = np.arange(count) - leading
+        data = chunk >= 0
+        block = np.where(data, chunk // w.block, -1)
+        field = np.full(count, N.EXP_NONE, np.int64)
+        if leading:                 # fixed point: a block's first chunk carries a later one's
+            field[:leading] = w.proposals[:leading]
+            carried = block + w.lookahead
+            carries = data & (chunk % w.block == 0) & (carried < blocks)
+            field[carries] = w.proposals[carried[carries]]
+        return cls(work, first, count, leading, np.append(np.zeros(blocks, bool), True),
+                   np.zeros(blocks, np.int64), np.where(data, chunk, -1),
+                   block if leading else np.full(count, -1), field,
+                   np.where(data, chunk * 4 * w.lanes, 0),
+                   np.where(data, W.priority_dscp(w.priority),
+                            W.priority_dscp(EXPONENT_CLASS)))
+
+    def know(self, block: int, exponent: int):
+        """Block `block`'s shared exponent is `exponent`."""
+        self.work.exponents[block] = exponent
+        self.known[block], self.shared[block] = True, exponent
 
 
 class PlainWindow:
@@ -100,11 +132,9 @@ class PlainWindow:
             and st.last_msn < engine.dealer.dealt for st in engine.slots)
 
     def add(self, work: Work):
-        leading = exponent_messages(work, self.slots)
-        blocks = -(-work.chunks // work.block)
-        self.spans.append(_Span(work, self.total, leading + work.chunks, leading,
-                                np.zeros(blocks, bool)))
-        self.total += leading + work.chunks
+        span = _Span.of(work, self.total, exponent_messages(work, self.slots))
+        self.spans.append(span)
+        self.total += span.count
 
     def idle(self) -> bool:
         return self.total == 0 or (self.cur < 0).all() and (self.next >= self.total).all()
@@ -150,8 +180,7 @@ class PlainWindow:
         leading = span.leading
         exps = i < leading
         for b, x in zip(i[exps].tolist(), exponent[exps].tolist()):
-            w.exponents[b] = x
-            span.known[b] = True
+            span.know(b, x)
         data = ~exps
         if not data.any():
             return
@@ -159,12 +188,11 @@ class PlainWindow:
         if leading:                         # a block's first chunk carries a later block's
             x = exponent[data]
             carried = chunk // w.block + w.lookahead
-            carrying = (chunk % w.block == 0) & (carried < len(span.known)) \
+            carrying = (chunk % w.block == 0) & (carried < len(span.shared)) \
                 & (x != N.EXP_NONE)
             for b, v in zip(carried[carrying].tolist(), x[carrying].tolist()):
                 if b not in w.exponents:
-                    w.exponents[b] = v
-                    span.known[b] = True
+                    span.know(b, v)
         e.stats.update(deliver_rows(w, chunk, lanes[rows[data], :-1],
                                     self.scale[done[data]] if leading else None,
                                     [e.workers], e.workers))
@@ -186,10 +214,7 @@ class PlainWindow:
         ready = np.ones(len(free), bool)
         for span in self._spans_of(g):
             mine = (g >= span.first) & (g < span.first + span.count)
-            i = g[mine] - span.first
-            blocked = (i >= span.leading) & ~span.known[np.maximum(i - span.leading, 0)
-                                                          // span.work.block]
-            ready[mine] = ~blocked if span.leading else True
+            ready[mine] = span.known[span.needs[g[mine] - span.first]]
         if e.credits:
             short = ready & (self.dealt + g >= e.limit)
             e.stats["credit_waits"] += int(short.sum())
@@ -248,25 +273,19 @@ class PlainWindow:
         """The lanes (check lane sealed), ImmDt exponent fields, RETH offsets and DSCPs of a
         span's messages `i` starting in `slots` with tags `tag`."""
         w, e = span.work, self.engine
-        exps = i < span.leading
-        chunk = np.maximum(i - span.leading, 0)
-        lanes = np.zeros((len(i), w.lanes + 1), np.int32)
-        saturated = np.zeros(len(i), bool)
-        data = ~exps
-        if data.any():
-            lanes[data], saturated[data] = w.lanes_of(chunk[data])
+        chunk = span.chunk[i]
+        if i.min() >= span.leading:             # (a step's usual batch: data chunks only)
+            lanes, saturated = w.lanes_of(chunk)
+        else:
+            data = chunk >= 0
+            lanes = np.zeros((len(i), w.lanes + 1), np.int32)
+            saturated = np.zeros(len(i), bool)
+            if data.any():
+                lanes[data], saturated[data] = w.lanes_of(chunk[data])
         lanes[:, -1] = np.where(saturated, N.INT32_MAX, e.check_lane.seal(tag, e.rank))
-        exponent = np.full(len(i), N.EXP_NONE, np.int64)
         if span.leading:
-            block = chunk // w.block
-            self.scale[slots[data]] = [w.exponents[b] for b in block[data].tolist()]
-            carried = block + w.lookahead
-            carries = data & (chunk % w.block == 0) & (carried * w.block < w.chunks)
-            exponent[carries] = w.proposals[carried[carries]]
-            exponent[exps] = w.proposals[i[exps]]
-        offset = np.where(exps, 0, chunk * 4 * w.lanes)
-        dscp = np.where(exps, W.priority_dscp(EXPONENT_CLASS), W.priority_dscp(w.priority))
-        return lanes, exponent, offset, dscp
+            self.scale[slots] = span.shared[span.needs[i]]
+        return lanes, span.field[i], span.offset[i], span.dscp[i]
 
     # --- leaving ------------------------------------------------------------------------
 
