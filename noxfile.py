@@ -15,7 +15,7 @@ def tests(session):
 @nox.session
 def lint(session):
     session.install("ruff>=0.6")
-    session.run("ruff", "check", "hw", "sim", "host", "tests", "bitstreams", "noxfile.py")
+    session.run("ruff", "check", "hw", "sim", "host", "apps", "tests", "bitstreams", "noxfile.py")
 
 
 @nox.session

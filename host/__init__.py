@@ -1,5 +1,5 @@
-"""netagg's host side: the wire format, number formats, the protocol engine, transports, the
-worker API (`Worker`) and the `netagg` command line."""
+"""netagg's host side: number formats, the protocol engine, transports, the worker API
+(`Worker`), switch control, and the "netagg" torch.distributed backend with its DDP hook."""
 
 from host.control import SwitchControl
 from host.engine import NetaggError, NetaggTimeout

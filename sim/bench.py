@@ -44,12 +44,13 @@ _COUNT, _VERSION, _SLOT = (_FIELDS[name] for name in ("count", "version", "slot"
 
 def start_server(backend: str, max_workers: int = 8, timeout: float = 120.0,
                  jobs: int | None = None):
-    """`netagg sim serve --backend NAME` in a process and session of its own, as a switch
-    started apart from its workers runs: (process, url). `jobs`: the switch's jobs (its
-    slots shared among them), `sim serve`'s default when None."""
+    """`netagg sim serve --backend NAME` (`sim.serve.serve_main`) in a process and session of
+    its own, as a switch started apart from its workers runs: (process, url). `jobs`: the
+    switch's jobs (its slots shared among them), `sim serve`'s default when None."""
+    call = f"serve_main({backend!r}, max_workers={max_workers}"
+    call += f", jobs={jobs})" if jobs else ")"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "host.cli", "sim", "serve", "--backend", backend,
-         "--max-workers", str(max_workers), *(["--jobs", str(jobs)] if jobs else [])],
+        [sys.executable, "-c", f"import sys; from sim.serve import serve_main; sys.exit({call})"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
     line = proc.stdout.readline() if ready else ""

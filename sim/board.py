@@ -268,7 +268,7 @@ def _report(sim: BoardSim) -> None:
 
 def _in_netns(board: str, prefix: str, netns: str) -> int:
     """Run the board in network namespace `netns` (created unless it exists, deleted at the
-    end if created here): this command again, under ``ip netns exec``."""
+    end if created here): `main` again, under ``ip netns exec``."""
     from . import tap as T
 
     try:
@@ -282,8 +282,8 @@ def _in_netns(board: str, prefix: str, netns: str) -> int:
         return 1
     _say(f"netagg sim board: network namespace {netns} ({'created' if created else 'existing'})"
          f"; enter it with `ip netns exec {netns} <shell or command>`")
-    command = ["ip", "netns", "exec", netns, sys.executable, "-m", "host.cli", "sim", "board",
-               "--board", board, "--tap", prefix]
+    call = f"import sys; from sim.board import main; sys.exit(main({board!r}, tap={prefix!r}))"
+    command = ["ip", "netns", "exec", netns, sys.executable, "-c", call]
     child = subprocess.Popen(command)
 
     def forward(number, frame):

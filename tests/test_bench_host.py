@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from host import bench_host as B
-from host.cli import main
+from apps import bench_host as B
+from apps.cli import main
 
 SIZES = [64 << 10, 256 << 10]
 pytestmark = pytest.mark.xdist_group("bench_host")     # one run of the bench for the module

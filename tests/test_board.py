@@ -92,7 +92,7 @@ class Running:
         """`own_namespace`: the command makes the namespace itself (``--netns``); else it
         runs in it under ``ip netns exec``."""
         self.namespace, self.log = namespace, log
-        command = [sys.executable, "-m", "host.cli", "sim", "board", "--board", board]
+        command = [sys.executable, "-m", "apps.cli", "sim", "board", "--board", board]
         if own_namespace:
             command += ["--netns", namespace]
         else:
@@ -168,7 +168,7 @@ def test_control_request_is_answered_through_both_ports(running, board):
 def _netagg(running, *args: str, timeout: float = 300) -> dict:
     """`netagg ARGS --json` in the board's namespace: its JSON object."""
     result = subprocess.run(["ip", "netns", "exec", running.namespace, sys.executable, "-m",
-                             "host.cli", *args, "--json"], cwd=ROOT, capture_output=True,
+                             "apps.cli", *args, "--json"], cwd=ROOT, capture_output=True,
                             text=True, timeout=timeout)
     assert result.stdout.strip(), f"{result.stderr}\n{running.log.read_text()}"
     return json.loads(result.stdout)
@@ -269,7 +269,7 @@ def test_netns_option_makes_the_namespace_and_deletes_it(board, tmp_path):
 @pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None,
                     reason="as root, dropping CAP_NET_ADMIN needs setpriv (util-linux)")
 def test_without_cap_net_admin_it_says_so_in_one_line():
-    command = [sys.executable, "-m", "host.cli", "sim", "board", "--board", BOARDS[0],
+    command = [sys.executable, "-m", "apps.cli", "sim", "board", "--board", BOARDS[0],
                "--tap", f"naggperm{os.getpid() % 1000}"]
     if os.geteuid() == 0:
         command = ["setpriv", "--inh-caps=-net_admin", "--bounding-set=-net_admin", *command]

@@ -12,8 +12,8 @@ import uuid
 import numpy as np
 import pytest
 
+from apps.demo import run_workers
 from host import NetaggTimeout, Worker
-from host.demo import run_workers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -24,7 +24,7 @@ def serve(tmp_path, request):
     backend = getattr(request, "param", "golden")
     pcap = tmp_path / "switch.pcap"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "host.cli", "sim", "serve", "--pcap", str(pcap),
+        [sys.executable, "-m", "apps.cli", "sim", "serve", "--pcap", str(pcap),
          "--backend", backend],
         cwd=ROOT, stdout=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": ROOT, "COLUMNS": "200"})

@@ -1,16 +1,16 @@
 """The flow-level model of `netagg scale` against closed forms, the loss model's limits, the
-reproduce table and the command's outputs (host/scale/, docs/scale.md)."""
+reproduce table and the command's outputs (apps/scale/, docs/scale.md)."""
 
 import json
 import math
 
 import pytest
 
-from host.scale import loss, topology
-from host.scale.cli import main, parse
-from host.scale.cluster import PAYLOAD, WIRE_BYTES, Cluster, Model, SwitchCalibration, Topology
-from host.scale.flow import Scheme, estimate
-from host.scale.reproduce import claims
+from apps.scale import loss, topology
+from apps.scale.cli import main, parse
+from apps.scale.cluster import PAYLOAD, WIRE_BYTES, Cluster, Model, SwitchCalibration, Topology
+from apps.scale.flow import Scheme, estimate
+from apps.scale.reproduce import claims
 
 GB = 1 << 30
 BIG = Model("1 GiB of gradient", GB // 4, 1.0)      # bandwidth-dominated

@@ -1,12 +1,12 @@
 """The flow-level model against the packet-level simulation on ns-3 at 8 and 16 workers
-(host/scale/ns3.py): within 10 %. Skipped without the `ns3` package (`pip install -e
+(apps/scale/ns3.py): within 10 %. Skipped without the `ns3` package (`pip install -e
 .[scale]`)."""
 
 import pytest
 
-from host.scale import ns3
-from host.scale.cluster import Cluster, Model, SwitchCalibration
-from host.scale.flow import Scheme, estimate
+from apps.scale import ns3
+from apps.scale.cluster import Cluster, Model, SwitchCalibration
+from apps.scale.flow import Scheme, estimate
 
 pytestmark = [
     pytest.mark.skipif(not ns3.available(),

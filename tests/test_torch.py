@@ -19,8 +19,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="pip install -e .[torch]")
 import torch.distributed as dist  # noqa: E402
 
-from host import torch_runs  # noqa: E402
-from host.cli import main  # noqa: E402
+from apps import torch_runs  # noqa: E402
+from apps.cli import main  # noqa: E402
 from sim.bench import start_server  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("torch")     # one switch; torchrun jobs one at a time

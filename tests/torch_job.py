@@ -16,9 +16,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import host.torch_backend as tb
+from apps.torch_train import exit_now
 from host import numerics as N
 from host.torch_hook import register
-from host.torch_train import exit_now
 
 VALUES = 5000          # 20 packets: more than one per hierarchical leader
 FORMAT = {torch.float32: N.FLOAT32, torch.float16: N.FLOAT16, torch.bfloat16: N.BFLOAT16}

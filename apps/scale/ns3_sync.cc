@@ -1,4 +1,4 @@
-// One gradient synchronisation at packet level on ns-3, compiled by cppyy (host/scale/ns3.py).
+// One gradient synchronisation at packet level on ns-3, compiled by cppyy (apps/scale/ns3.py).
 //
 // A star: every host (workers, and dedicated parameter servers) on its own point-to-point link
 // to one switch node, which forwards by IPv4 (global routing) and, for in-network aggregation,

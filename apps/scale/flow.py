@@ -43,8 +43,8 @@ import dataclasses
 import enum
 import math
 
-from host.scale import topology
-from host.scale.cluster import PAYLOAD, WIRE_BYTES, Cluster, Model, Topology
+from apps.scale import topology
+from apps.scale.cluster import PAYLOAD, WIRE_BYTES, Cluster, Model, Topology
 
 
 class Scheme(enum.Enum):

@@ -8,7 +8,7 @@ hierarchical when a node has more than one), each allreducing `values` float32 v
 worker's input) within the fixed-point bound (`host.numerics.error_bound`) and against the
 other workers' results (bit for bit). Node i's workers send from local address
 `binds[i % len(binds)]`; by default the demo finds one address per switch port this host
-reaches (`host.probe.sources`), so that nodes spread over every cabled port, and it reports
+reaches (`apps.probe.sources`), so that nodes spread over every cabled port, and it reports
 the contributions each switch port took.
 """
 
@@ -177,8 +177,8 @@ def demo(workers: int = 4, nodes: int = 2, values: int = 2_000_000, backend: str
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from apps.probe import sources
     from host.control import SwitchControl
-    from host.probe import sources
     from sim.serve import SimServer, make_backend
 
     console = Console(stderr=True, quiet=as_json)

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from host.scale.cluster import Cluster, Topology
+from apps.scale.cluster import Cluster, Topology
 
 
 @dataclasses.dataclass(frozen=True)

@@ -193,15 +193,15 @@ def main(argv=None) -> int:
                        help="run in this network namespace (created and deleted if new)")
     board.add_argument("--tap", default="nagg",
                        help="TAP device name prefix: port n is <prefix>n (default nagg)")
-    from host.scale.cli import add_parser as add_scale
+    from apps.scale.cli import add_parser as add_scale
     add_scale(sub)
     args = parser.parse_args(argv)
 
     if args.command == "scale":
-        from host.scale.cli import main as scale_main
+        from apps.scale.cli import main as scale_main
         return scale_main(args)
     if args.command == "demo":
-        from host.demo import demo as run_demo
+        from apps.demo import demo as run_demo
         report = run_demo(workers=args.workers, nodes=args.nodes, values=args.values,
                           backend=args.backend, steps=args.steps, as_json=args.json,
                           pcap=args.pcap, paths=args.paths, spray=args.spray,
@@ -211,7 +211,7 @@ def main(argv=None) -> int:
             print(json.dumps(report))
         return 0 if report["verified"] else 1
     if args.command == "train":
-        from host import torch_runs
+        from apps import torch_runs
         runs = {r.name: r for r in torch_runs.RUNS}
         chosen = args.runs.split(",")
         unknown = [r for r in chosen if r not in runs]
@@ -226,7 +226,7 @@ def main(argv=None) -> int:
         print(json.dumps(report) if args.json else torch_runs.summary(report))
         return 0
     if args.command == "probe":
-        from host.probe import probe_main
+        from apps.probe import probe_main
         return probe_main(args.url, args.json, args.timeout)
     if args.command == "sim" and args.sim_command == "board":
         from sim.board import main as board_main
@@ -236,7 +236,7 @@ def main(argv=None) -> int:
         return serve_main(args.backend, args.host, args.pcap, ports=args.ports,
                           jobs=args.jobs, slots=args.slots, max_workers=args.max_workers)
     if args.command == "bench" and args.what == "allreduce":
-        from host.demo import bench_allreduce
+        from apps.demo import bench_allreduce
         if args.sizes:
             sizes = [_size(s) for s in args.sizes.split(",")]
         else:
@@ -248,14 +248,14 @@ def main(argv=None) -> int:
             print(json.dumps(report))
         return 0
     if args.command == "bench" and args.what == "host":
-        from host.bench_host import bench_host
+        from apps.bench_host import bench_host
         report = bench_host([_size(s) for s in args.sizes.split(",")] if args.sizes else None,
                             workers=args.workers)
         if args.json:
             print(json.dumps(report))
         return 0
     if args.command == "bench" and args.what == "board":
-        from host.bench_board import bench_board
+        from apps.bench_board import bench_board
         report = bench_board(args.board, values=args.values,
                              workers=args.workers if args.nodes else None, nodes=args.nodes,
                              quiet=args.json)
@@ -263,7 +263,7 @@ def main(argv=None) -> int:
             print(json.dumps(report))
         return 0
     if args.command == "bench" and args.what == "congestion":
-        from host.congestion import bench_congestion
+        from apps.congestion import bench_congestion
         report = bench_congestion(args.backend, [int(p) for p in args.paths.split(",")],
                                   workers=args.workers, size=_size(args.size),
                                   spray=args.spray, repeat=args.repeat, quiet=args.json,

@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 
-from host.demo import demo
+from apps.demo import demo
 
 # Demo shapes that put a worker on each of a board's two ports: the Versa's one job of four
 # workers takes a node leader each, the Colorlight's two workers are flat.
@@ -34,7 +34,7 @@ def _board_demo(board: str, workers: int, nodes: int, values: int, steps: int,
 
     netns = f"netagg-bench-{os.getpid()}"
     tap.create_netns(netns)
-    inside = ["ip", "netns", "exec", netns, sys.executable, "-m", "host.cli"]
+    inside = ["ip", "netns", "exec", netns, sys.executable, "-m", "apps.cli"]
     proc = subprocess.Popen([*inside, "sim", "board", "--board", board],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             start_new_session=True)

@@ -1,7 +1,7 @@
 """One process of `netagg train`: a small CNN on scikit-learn's 8x8 digits, data-parallel with
 torch's DDP, under torchrun, with gloo or with netagg.
 
-    torchrun --nproc-per-node 2 -m host.torch_train --backend netagg --data digits.npz \\
+    torchrun --nproc-per-node 2 -m apps.torch_train --backend netagg --data digits.npz \\
         --out run.json [--loss-budget 0.05] [--epochs 15] [--batch 16] [--seed 0]
 
 The data (`digits`): the 1,797 images of `sklearn.datasets.load_digits` (bundled with
@@ -154,7 +154,7 @@ def train(args) -> dict | None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m host.torch_train", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m apps.torch_train", description=__doc__)
     p.add_argument("--backend", choices=["gloo", "netagg"], required=True)
     p.add_argument("--data", required=True, help=".npz of digits() (netagg train writes it)")
     p.add_argument("--out", required=True, help="rank 0 writes the run's JSON here")

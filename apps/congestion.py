@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from host.demo import run_workers
+from apps.demo import run_workers
 
 
 def _port_contributions(ctl) -> list[int]:

@@ -5,8 +5,8 @@ with priority drop, side by side.
                  [--backend golden|rtl] [--plot FILE] [--json]
 
 starts the simulated switch (`netagg sim serve`, the golden model by default) on a free
-loopback address, writes scikit-learn's digits once (`host.torch_train.digits`), and runs
-`host.torch_train` under torchrun, `workers` processes in `nodes` nodes (one torchrun agent
+loopback address, writes scikit-learn's digits once (`apps.torch_train.digits`), and runs
+`apps.torch_train` under torchrun, `workers` processes in `nodes` nodes (one torchrun agent
 per node, static rendezvous on 127.0.0.1, node i sending from the i-th address that reaches
 its own switch port, as `netagg demo` does), three times from the same seed:
 
@@ -131,9 +131,9 @@ def train_runs(workers: int = 4, nodes: int = 2, epochs: int = 15, seed: int = 0
                timeout: float = 600.0, quiet: bool = False) -> dict:
     from rich.console import Console
 
-    from host.probe import sources
-    from host.torch_train import digits
-    from host.train import switch_counters
+    from apps.probe import sources
+    from apps.torch_train import digits
+    from apps.train import switch_counters
     from sim.bench import start_server
 
     if workers % nodes:
@@ -158,7 +158,7 @@ def train_runs(workers: int = 4, nodes: int = 2, epochs: int = 15, seed: int = 0
                 try:
                     with console.status(f"run {run.name}: {workers} processes in {nodes} "
                                         f"nodes under torchrun"):
-                        torchrun(["-m", "host.torch_train", "--backend", run.backend,
+                        torchrun(["-m", "apps.torch_train", "--backend", run.backend,
                                   *args], url=url, nodes=nodes, per_node=workers // nodes,
                                  logs=tmp, what=f"netagg train: run {run.name}",
                                  timeout=timeout, binds=binds)

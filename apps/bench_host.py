@@ -53,7 +53,7 @@ import uuid
 import numpy as np
 import psutil
 
-from host.demo import demo_data
+from apps.demo import demo_data
 
 MB = 1e6
 DEFAULT_SIZES = [1 << 20, 8 << 20, 32 << 20]

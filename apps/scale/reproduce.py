@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from host.scale import topology
-from host.scale.cluster import MODELS, Cluster, Model, Topology
-from host.scale.flow import Scheme, estimate
+from apps.scale import topology
+from apps.scale.cluster import MODELS, Cluster, Model, Topology
+from apps.scale.flow import Scheme, estimate
 
 TOLERANCE = 0.05
 
