@@ -6,72 +6,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
-import time
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _line_rate_run(top: str, module: str, params: dict, env: dict, console, what: str) -> dict:
-    """Build `top` with `params` (cached) and run the cocotb test `line_rate` of
-    tests/`module`, which writes its figures as JSON; return them with the build time."""
-    from sim.build import cocotb_runner
-
-    if str(ROOT) not in sys.path:   # the runner hands sys.path to the simulator's Python
-        sys.path.insert(0, str(ROOT))
-    with console.status(f"{what}: building (cached after the first run) ..."):
-        t0 = time.perf_counter()
-        runner, build_dir = cocotb_runner(top, **params)
-        build_seconds = time.perf_counter() - t0
-    with console.status(f"{what}: streaming frames ..."), tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        runner.test(
-            test_module=f"tests.{module}", hdl_toplevel="top", testcase="line_rate",
-            build_dir=build_dir, test_dir=tmp,
-            extra_env={"PYTHONPATH": str(ROOT), "NETAGG_BENCH_OUT": str(out), **env},
-            log_file=Path(tmp) / "sim.log",
-        )
-        if not out.exists():
-            log = (Path(tmp) / "sim.log").read_text(errors="replace")[-3000:]
-            raise SystemExit(f"the line-rate run of {what} failed:\n{log}")
-        result = json.loads(out.read_text())
-    result["build_seconds"] = round(build_seconds, 1)
-    return result
-
-
-def bench_datapath(widths, quiet: bool) -> dict:
-    """Back-to-back RoCEv2 frames through one port's datapath (parser, queue, deparser) in
-    Verilator, per width: beats per cycle in and out, and simulated cycles per second."""
-    from rich.console import Console
-
-    console = Console(stderr=True, quiet=quiet)
-    results = {}
-    for width in widths:
-        result = _line_rate_run("datapath", "cocotb_datapath", {"width": width},
-                                {"NETAGG_WIDTH": str(width)}, console, f"width {width}")
-        results[str(width)] = result
-        console.print(
-            f"width {width:3}: {result['in_beats_per_cycle']:.3f} beats/cycle in, "
-            f"{result['out_beats_per_cycle']:.3f} out, "
-            f"{result['sim_cycles_per_second']:,.0f} simulated cycles/s")
-    return {"bench": "datapath", "widths": results}
-
-
-def bench_switch(ports: int, width: int, rounds: int, quiet: bool) -> dict:
-    """Contributions of 1024-byte payloads back to back on every port of the switch in
-    Verilator: input beats per cycle per port, latency from a slot's last contribution to its
-    first result beat, and simulated cycles per second."""
-    from rich.console import Console
-
-    console = Console(stderr=True, quiet=quiet)
-    params = {"ports": ports, "width": width, "jobs": 1, "max_workers": ports, "slots": 16}
-    env = {"NETAGG_SWITCH": json.dumps(params), "NETAGG_ROUNDS": str(rounds),
-           "NETAGG_WIDTH": str(width)}
-    result = _line_rate_run("switch", "cocotb_switch", params, env, console,
-                            f"{ports} x {width} bits")
-    return {"bench": "switch", **result}
-
 
 # Allreduce benchmark sizes: 4 KB .. 64 MB.
 ALLREDUCE_SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
@@ -274,6 +208,7 @@ def main(argv=None) -> int:
             print(json.dumps(report))
         return 0
     if args.command == "bench" and args.what == "switch":
+        from apps.bench_line_rate import bench_switch
         report = bench_switch(args.ports, args.width, args.rounds, quiet=args.json)
         if args.json:
             print(json.dumps(report))
@@ -285,6 +220,7 @@ def main(argv=None) -> int:
                   f"{report['cycles_per_second']:,.0f} simulated cycles/s")
         return 0
     if args.command == "bench":
+        from apps.bench_line_rate import bench_datapath
         widths = [int(w) for w in args.widths.split(",")]
         report = bench_datapath(widths, quiet=False)
         if args.json:

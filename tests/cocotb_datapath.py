@@ -1,22 +1,23 @@
 """cocotb testbench of one port's datapath (parser, packet queue, deparser): sim.tops.DatapathTop.
 
-Frames come from scapy (tests/frames.py); the width comes from NETAGG_WIDTH.
+Frames come from scapy (tests/frames.py); the width comes from NETAGG_WIDTH. The line-rate
+testcase is the benchmark's (sim/bench_datapath.py).
 """
 
-import json
 import os
 import random
 import struct
-import time
 
 import cocotb
-from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
+from cocotb.triggers import ClockCycles
 from cocotbext.axi import AxiStreamFrame
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
 from hw import headers as H
+from sim.bench_datapath import drive_back_to_back
+from sim.scapy_frames import roce_frame
 from tests import frames as F
 from tests.tb import WIDTH, DatapathTB, pack_header, unpack_header
 
@@ -112,8 +113,8 @@ def _edit(frame: bytes, offset: int, fmt: str, fn, fix_checksum=True) -> bytes:
 
 def corruptions(rng: random.Random):
     """(name, bad frame, expected verdict) for each header field and random bit flips."""
-    base = bytes(F.roce_frame(0x0A, bytes(rng.randrange(256) for _ in range(64)), rng=rng))
-    ack = bytes(F.roce_frame(0x11, b"", rng=rng))
+    base = bytes(roce_frame(0x0A, bytes(rng.randrange(256) for _ in range(64)), rng=rng))
+    ack = bytes(roce_frame(0x11, b"", rng=rng))
     cases = [
         ("ethertype IPv6", _edit(base, 12, "!H", lambda v: 0x86DD, False), V.NOT_ROCE),
         ("ARP frame", bytes(Ether(type=0x0806) / (b"\0" * 46)), V.NOT_ROCE),
@@ -132,7 +133,7 @@ def corruptions(rng: random.Random):
         ("UDP length tiny", _edit(base, 38, "!H", lambda v: 12), V.BAD_LENGTH),
         ("PadCnt", _edit(ack, 43, "!B", lambda v: v | 0x30), V.BAD_LENGTH),
         ("ACK with payload", _reicrc(_edit(
-            bytes(F.roce_frame(0x04, b"wxyz1234", rng=rng)), 42, "!B", lambda v: 0x11)),
+            bytes(roce_frame(0x04, b"wxyz1234", rng=rng)), 42, "!B", lambda v: 0x11)),
          V.BAD_LENGTH),
         ("trailing bytes", base + b"\0" * 8, V.BAD_LENGTH),
         ("opcode 0x12", _reicrc(_edit(base, 42, "!B", lambda v: 0x12)), V.BAD_OPCODE),
@@ -174,9 +175,9 @@ async def corrupted_frames(dut):
     cases = corruptions(rng)
     good, expected = [], {v.name: 0 for v in V if v != V.OK}
     for n, (_, bad, verdict) in enumerate(cases):
-        before = bytes(F.roce_frame(0x0A, bytes(rng.randrange(256) for _ in range(n % 70)),
+        before = bytes(roce_frame(0x0A, bytes(rng.randrange(256) for _ in range(n % 70)),
                                     rng=rng, psn=2 * n))
-        after = bytes(F.roce_frame(0x04, bytes(rng.randrange(256) for _ in range(n % 33)),
+        after = bytes(roce_frame(0x04, bytes(rng.randrange(256) for _ in range(n % 33)),
                                    rng=rng, psn=2 * n + 1))
         for frame in (before, bad, after):
             await tb.send(frame)
@@ -186,7 +187,7 @@ async def corrupted_frames(dut):
     masked = _edit(good[0], 15, "!B", lambda v: 0xB9)          # DSCP and ECN
     masked = _edit(masked, 22, "!B", lambda v: 3)               # TTL
     masked = _edit(masked, 46, "!B", lambda v: v | 0xC0, False)  # FECN, BECN
-    short = bytes(F.roce_frame(0x04, b"", rng=rng))
+    short = bytes(roce_frame(0x04, b"", rng=rng))
     for frame in (masked, short + b"\0" * (60 - len(short))):
         await tb.send(frame)
     good += [masked, short]
@@ -199,33 +200,6 @@ async def corrupted_frames(dut):
     assert counters.pop("passed") == len(good)
     names = {name: verdict.name for name, _, verdict in cases}
     assert counters == expected, (counters, expected, names)
-
-
-def _beats(frames) -> list[tuple[bytes, bool]]:
-    nb = WIDTH // 8
-    return [(frame[i : i + nb], i + nb >= len(frame))
-            for frame in frames for i in range(0, len(frame), nb)]
-
-
-async def _drive_back_to_back(dut, frames, stats=None):
-    """Drive `frames` on rx with no idle cycle, not even between frames (the bus models may
-    leave one); count in `stats` the cycles and the cycles the parser did not take a beat."""
-    stats = stats if stats is not None else {"stalls": 0, "cycles": 0}
-    beats = _beats(frames)
-    n = 0
-    while n < len(beats):
-        chunk, last = beats[n]
-        dut.rx_tdata.value = int.from_bytes(chunk, "little")
-        dut.rx_tkeep.value = (1 << len(chunk)) - 1
-        dut.rx_tlast.value = int(last)
-        dut.rx_tvalid.value = 1
-        await ReadOnly()
-        taken = int(dut.rx_tready.value)
-        stats["stalls"] += 1 - taken
-        stats["cycles"] += 1
-        await RisingEdge(dut.clk)
-        n += taken
-    dut.rx_tvalid.value = 0
 
 
 @cocotb.test()
@@ -241,7 +215,7 @@ async def runt_behind_each_size(dut):
     good = F.sweep(random.Random(WIDTH + 5), range(2 * nb + 13))
     runt = good[0][:8]
     frames = [frame for g in good for frame in (g, runt)]
-    await _drive_back_to_back(dut, frames)
+    await drive_back_to_back(dut, frames)
     got = await tb.recv_frames(tb.sink, len(good), tb.cycles_for(frames))
     for n, (want, have) in enumerate(zip(good, got)):
         assert have == want, f"good frame {n} ({len(want)} bytes) changed"
@@ -250,57 +224,3 @@ async def runt_behind_each_size(dut):
     assert counters.pop("passed") == len(good)
     assert counters == {v.name: len(good) if v == V.TRUNCATED else 0
                         for v in V if v != V.OK}, counters
-
-
-@cocotb.test()
-async def line_rate(dut):
-    """With no backpressure, back-to-back frames go in and out at one beat per cycle."""
-    tb = DatapathTB(dut, loopback=True, seed=15, source=False)
-    dut.rx_tvalid.value = 0
-    await tb.reset()
-    rng = random.Random(WIDTH + 4)
-    nb = WIDTH // 8
-    frames = [bytes(F.roce_frame(0x0A, bytes(1024), rng=rng, psn=n)) for n in range(24)]
-    frames += [bytes(F.roce_frame(rng.choice([0x0A, 0x04, 0x0B, 0x05]),
-                                  bytes(rng.randrange(nb, 1500)), rng=rng, psn=100 + n))
-               for n in range(24)]
-    beats = _beats(frames)
-    stats = {"stalls": 0, "out_beats": 0, "cycles": 0, "first_out": None, "last_out": None}
-
-    async def watch():
-        cycle = 0
-        while stats["out_beats"] < len(beats):
-            await ReadOnly()
-            if int(dut.tx_tvalid.value) and int(dut.tx_tready.value):
-                stats["out_beats"] += 1
-                stats["first_out"] = stats["first_out"] if stats["first_out"] is not None \
-                    else cycle
-                stats["last_out"] = cycle
-            await RisingEdge(dut.clk)
-            cycle += 1
-
-    watcher = cocotb.start_soon(watch())
-    wall = time.perf_counter()
-    await _drive_back_to_back(dut, frames, stats)
-    got = await tb.recv_frames(tb.sink, len(frames), tb.cycles_for(frames))
-    wall = time.perf_counter() - wall
-    await watcher
-    assert got == frames
-    assert stats["stalls"] == 0, stats
-    assert stats["cycles"] == len(beats)
-    # The output carries every beat. Being store-and-forward, it can only idle while a
-    # frame longer than the one before it is still arriving: it ends at most one frame
-    # (plus the pipeline's latency) after the input.
-    out_span = stats["last_out"] - stats["first_out"] + 1
-    longest = max(-(-len(f) // nb) for f in frames)
-    assert stats["last_out"] <= len(beats) + longest + 8, stats
-    report = os.environ.get("NETAGG_BENCH_OUT")
-    if report:
-        with open(report, "w") as f:
-            json.dump({
-                "width": WIDTH, "frames": len(frames), "beats": len(beats),
-                "in_beats_per_cycle": len(beats) / stats["cycles"],
-                "out_beats_per_cycle": len(beats) / out_span,
-                "latency_cycles": stats["first_out"], "wall_seconds": round(wall, 3),
-                "sim_cycles_per_second": round(stats["last_out"] / wall),
-            }, f)

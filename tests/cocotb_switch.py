@@ -5,23 +5,20 @@ The golden model applies the good frames in the order the switch committed them 
 ``committed{i}`` strobes; the k-th commit of a port is its k-th good frame; ``nulled{i}``
 says the switch dropped its payload by priority) and frames the parser rejects anywhere
 (they only count); the frames each port sends must equal the model's, byte for byte, in
-order.
+order. The driver (`SwitchTB`) and the line-rate testcase are the benchmark's
+(sim/bench_switch.py).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import time
 
 import cocotb
 import numpy as np
-from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 
 from sim import golden as G
 from sim import wire as W
+from sim.bench_switch import PARAMS, PORTS, WIDTH, SwitchTB
 from tests.frames import scapy_frame
 from tests.switch_traffic import (
     HOST_IP,
@@ -32,126 +29,12 @@ from tests.switch_traffic import (
     scenario,
 )
 
-PARAMS = json.loads(os.environ.get("NETAGG_SWITCH", "{}"))
-PORTS = PARAMS.get("ports", 4)
-WIDTH = PARAMS.get("width", 64)
-NB = WIDTH // 8
-
 
 def golden_switch() -> G.GoldenSwitch:
     return G.GoldenSwitch(
         ports=PORTS, jobs=PARAMS.get("jobs", 4), max_workers=PARAMS.get("max_workers", 8),
         slots=PARAMS.get("slots", 64), width=WIDTH,
         queue_capacity=PARAMS.get("queue_capacity", 4096))
-
-
-class SwitchTB:
-    """Drives every rx port from a queue of frames (back to back, or with idle cycles),
-    takes every tx port's frames (always ready, or with backpressure), and records commits."""
-
-    def __init__(self, dut, seed=0, idle=0.0, backpressure=0.0):
-        self.dut, self.idle, self.backpressure = dut, idle, backpressure
-        self.rng = random.Random(seed)
-        self.queues = [[] for _ in range(PORTS)]
-        self.sent = [[] for _ in range(PORTS)]          # frames fully sent, per port
-        self.received = [[] for _ in range(PORTS)]
-        self.commits = []                               # (cycle, port, nulled)
-        self.cycle = 0
-        self.beats_in = [0] * PORTS
-        self.stalls = [0] * PORTS                       # cycles a beat waited for tready
-        self.last_in_cycle = 0                          # the latest beat taken on any port
-        self.frame_starts = []                          # cycle of each frame's first beat out
-        self.sending = False
-        cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
-        self.rx = [self._port(f"rx{p}") for p in range(PORTS)]
-        self.tx = [self._port(f"tx{p}") for p in range(PORTS)]
-        self.committed = [getattr(dut, f"committed{p}") for p in range(PORTS)]
-        self.nulled = [getattr(dut, f"nulled{p}") for p in range(PORTS)]
-        for p in range(PORTS):
-            self.rx[p]["tvalid"].value = 0
-            self.tx[p]["tready"].value = 0
-
-    def _port(self, prefix):
-        return {n: getattr(self.dut, f"{prefix}_{n}")
-                for n in ("tdata", "tkeep", "tlast", "tvalid", "tready")}
-
-    async def reset(self):
-        self.dut.rst.value = 1
-        await ClockCycles(self.dut.clk, 4)
-        self.dut.rst.value = 0
-        await ClockCycles(self.dut.clk, 2)
-        cocotb.start_soon(self._run())
-
-    def send(self, port: int, frame: bytes):
-        self.queues[port].append(bytes(frame))
-
-    async def _run(self):
-        """One loop for every port, so that a cycle costs one trigger, not one per port."""
-        beats = [[] for _ in range(PORTS)]       # beats of the frame being sent
-        current = [None] * PORTS
-        partial = [bytearray() for _ in range(PORTS)]
-        while True:
-            for p in range(PORTS):
-                rx = self.rx[p]
-                if not beats[p] and self.queues[p]:
-                    current[p] = self.queues[p].pop(0)
-                    f = current[p]
-                    beats[p] = [f[i:i + NB] for i in range(0, len(f), NB)]
-                    beats[p][-1] = (beats[p][-1], True)
-                    beats[p][:-1] = [(b, False) for b in beats[p][:-1]]
-                if beats[p] and not (self.idle and self.rng.random() < self.idle):
-                    data, last = beats[p][0]
-                    rx["tdata"].value = int.from_bytes(data, "little")
-                    rx["tkeep"].value = (1 << len(data)) - 1
-                    rx["tlast"].value = int(last)
-                    rx["tvalid"].value = 1
-                else:
-                    rx["tvalid"].value = 0
-                self.tx[p]["tready"].value = int(
-                    not (self.backpressure and self.rng.random() < self.backpressure))
-            await ReadOnly()
-            fired = []
-            for p in range(PORTS):
-                rx, tx = self.rx[p], self.tx[p]
-                fired.append(bool(rx["tvalid"].value) and bool(rx["tready"].value))
-                if rx["tvalid"].value and not rx["tready"].value:
-                    self.stalls[p] += 1
-                if fired[p]:
-                    self.last_in_cycle = self.cycle
-                if tx["tvalid"].value and tx["tready"].value:
-                    if not partial[p]:
-                        self.frame_starts.append(self.cycle)
-                    keep = int(tx["tkeep"].value)
-                    n = bin(keep).count("1")
-                    partial[p] += int(tx["tdata"].value).to_bytes(NB, "little")[:n]
-                    if tx["tlast"].value:
-                        self.received[p].append(bytes(partial[p]))
-                        partial[p] = bytearray()
-                if self.committed[p].value:
-                    self.commits.append((self.cycle, p, bool(self.nulled[p].value)))
-            self.sending = any(beats) or any(partial)
-            await RisingEdge(self.dut.clk)
-            self.cycle += 1
-            for p in range(PORTS):
-                if fired[p]:
-                    self.beats_in[p] += 1
-                    beats[p].pop(0)
-                    if not beats[p]:
-                        self.sent[p].append(current[p])
-
-    async def drain(self, quiet=1000, limit=2_000_000):
-        """Wait until every frame is sent, and nothing has been committed or come out for
-        `quiet` cycles (a control request of 64 records takes about 150)."""
-        last_seen, start = None, self.cycle
-        while True:
-            await ClockCycles(self.dut.clk, 50)
-            seen = (sum(map(len, self.received)), len(self.commits))
-            busy = any(self.queues) or self.sending
-            if seen != last_seen or busy:
-                last_seen, quiet_since = seen, self.cycle
-            elif self.cycle - quiet_since >= quiet:
-                return
-            assert self.cycle - start < limit, "the switch did not go quiet"
 
 
 def accepted(model: G.GoldenSwitch, frame: bytes) -> bool:
@@ -324,60 +207,6 @@ async def saturation(dut):
     _, model, _ = await run_scenario(dut, seed=3, jobs=1, workers=2, slots=4, rounds=2,
                                      saturate=True, duplicates=0, malformed=0)
     assert model.model.job_counters[0]["overflows"] > 0
-
-
-@cocotb.test()
-async def line_rate(dut):
-    """Every port receives contributions back to back; the switch must take one beat per
-    cycle on every port, and send every result."""
-    bench = os.environ.get("NETAGG_BENCH_OUT")
-    tb = SwitchTB(dut, seed=9)
-    await tb.reset()
-    rng = random.Random(9)
-    rounds = int(os.environ.get("NETAGG_ROUNDS", "4"))
-    slots = 16
-    sc = scenario(rng, ports=PORTS, jobs=1, workers=PORTS, slots=slots, rounds=1,
-                  max_lanes=256, duplicates=0, malformed=0)
-    for f in sc.config:
-        tb.send(0, f)
-    await tb.drain()
-    ws = sc.workers[0]
-    lanes = np.arange(256, dtype=np.int32)
-    # Latency: one slot alone, from its last contribution's last beat to its first result beat.
-    for w in ws:
-        tb.send(w.port, w.contribution(slots - 1, 1, 0, lanes, 0, msn=slots - 1))
-    await tb.drain()
-    latency = min(c for c in tb.frame_starts if c > tb.last_in_cycle) - tb.last_in_cycle
-    received_before = sum(map(len, tb.received))
-    psn = 1
-    for rnd in range(rounds):
-        for s in range(slots):
-            for w in ws:
-                tb.send(w.port, w.contribution(s, rnd % 2, 0, lanes, psn,
-                                               msn=(rnd + 1) * slots + s))
-            psn += 1
-    start_cycle, start_beats, start_stalls = tb.cycle, list(tb.beats_in), list(tb.stalls)
-    t0 = time.perf_counter()
-    while any(tb.queues):
-        await ClockCycles(dut.clk, 100)
-    cycles = tb.cycle - start_cycle
-    seconds = time.perf_counter() - t0
-    await tb.drain()
-    results = sum(map(len, tb.received)) - received_before
-    expected = rounds * slots * PORTS
-    in_rate = [(tb.beats_in[p] - start_beats[p]) /
-               (tb.beats_in[p] - start_beats[p] + tb.stalls[p] - start_stalls[p])
-               for p in range(PORTS)]
-    dut._log.info("beats/cycle per port %s, results %d of %d", in_rate, results, expected)
-    assert results == expected
-    if bench:
-        with open(bench, "w") as fh:
-            json.dump({"ports": PORTS, "width": WIDTH, "beats_per_cycle": in_rate,
-                       "latency_cycles": latency,
-                       "cycles": cycles, "cycles_per_second": cycles / seconds,
-                       "results": results}, fh)
-    else:
-        assert min(in_rate) >= 0.99, in_rate
 
 
 # --- issue 5: priority drop, credits, spraying ------------------------------------------------

@@ -21,7 +21,8 @@ SIMULATORS = [
 
 def run_cocotb(module: str, top: str, testcase: str, simulator: str = "verilator",
                env: dict | None = None, **params):
-    """Run cocotb test `testcase` of tests/`module`.py on `top` built with `params`.
+    """Run cocotb test `testcase` of `module` (tests.cocotb_datapath, say) on `top` built
+    with `params`.
 
     WAVES=1 in the environment writes a waveform (VCD) into the build dir.
     """
@@ -34,7 +35,7 @@ def run_cocotb(module: str, top: str, testcase: str, simulator: str = "verilator
     }
     test_dir = Path(tempfile.mkdtemp(prefix=f"{testcase.split(',')[0]}-", dir=build_dir))
     runner.test(
-        test_module=f"tests.{module}", hdl_toplevel="top", testcase=testcase,
+        test_module=module, hdl_toplevel="top", testcase=testcase,
         build_dir=build_dir, test_dir=test_dir, extra_env=extra_env, waves=waves,
         results_xml=str(test_dir / "results.xml"),
     )

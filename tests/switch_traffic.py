@@ -18,7 +18,8 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
 from sim import wire as W
-from tests.frames import RETH, ImmDt, mac_str, scapy_frame
+from sim.scapy_frames import RETH, ImmDt
+from tests.frames import mac_str, scapy_frame
 
 SWITCH_IP = "10.0.0.1"
 SWITCH_MAC = 0x02AA00000001

@@ -15,7 +15,8 @@ from scapy.layers.l2 import Ether
 from hw.headers import Verdict
 from sim import codec as C
 from sim import wire as W
-from tests.frames import CLASS_OPCODES, roce_frame
+from sim.scapy_frames import roce_frame
+from tests.frames import CLASS_OPCODES
 from tests.switch_traffic import scapy_rebuilds
 
 

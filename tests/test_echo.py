@@ -19,9 +19,9 @@ from sim import wire as W
 from sim.bench import contributions_per_second
 from sim.echo import EchoSwitch
 from sim.golden import GoldenSwitch, SlotCopy
+from sim.scapy_frames import RETH, ImmDt
 from sim.serve import SimServer, make_backend
 from sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, switch_port_for
-from tests.frames import RETH, ImmDt
 from tests.switch_traffic import (
     SWITCH_IP,
     control_frame,

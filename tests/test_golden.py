@@ -15,7 +15,7 @@ from hw.headers import Verdict
 from sim import golden as G
 from sim import wire as W
 from sim.golden import GoldenSwitch
-from tests.frames import ImmDt
+from sim.scapy_frames import ImmDt
 from tests.switch_traffic import (
     check_results,
     control_frame,

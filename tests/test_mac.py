@@ -13,7 +13,7 @@ from tests.conftest import run_cocotb
     "icrc_both_ways",
 ])
 def test_mac(testcase):
-    run_cocotb("cocotb_mac", "mac", testcase, width=64)
+    run_cocotb("tests.cocotb_mac", "mac", testcase, width=64)
 
 
 def _beats(frame: bytes, nb: int = 8):

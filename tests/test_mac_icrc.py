@@ -10,6 +10,7 @@ from scapy.layers.l2 import ARP, Ether
 from hw import headers as H
 from hw.mac_icrc import IcrcCheck, IcrcFill
 from sim import wire as W
+from sim.scapy_frames import roce_frame
 from tests import frames as F
 
 
@@ -17,7 +18,7 @@ def _roce_frames(rng):
     frames = F.sweep(rng, [0, 1, 4, 13, 64, 255, 1024])
     # A short SEND Only without payload (58 bytes) arrives padded to 60: the padding is
     # after the ICRC, outside what it covers.
-    frames.append(bytes(F.roce_frame(0x04, rng=rng)) + b"\0\0")
+    frames.append(bytes(roce_frame(0x04, rng=rng)) + b"\0\0")
     return frames
 
 

@@ -1,4 +1,5 @@
-"""The switch's cocotb testbench (tests/cocotb_switch.py) under pytest."""
+"""The switch's cocotb testbench (tests/cocotb_switch.py) and its line-rate benchmark
+(sim/bench_switch.py) under pytest."""
 
 import json
 
@@ -10,18 +11,23 @@ from tests.conftest import SIMULATORS, run_cocotb
 SWITCH = {"ports": 4, "width": 64, "jobs": 2, "max_workers": 4, "slots": 16}
 
 
-def run(testcase, params=SWITCH, simulator="verilator", **env):
-    run_cocotb("cocotb_switch", "switch", testcase, simulator=simulator,
+def run(testcase, params=SWITCH, simulator="verilator", module="tests.cocotb_switch", **env):
+    run_cocotb(module, "switch", testcase, simulator=simulator,
                env={"NETAGG_SWITCH": json.dumps(params), **env}, **params)
 
 
 @pytest.mark.parametrize("testcase", [
     "control_path", "aggregate_scenario", "aggregate_idle_backpressure", "egress_pressure",
-    "saturation", "line_rate", "priority_drop", "credits_saturation", "sprayed_reordered",
+    "saturation", "priority_drop", "credits_saturation", "sprayed_reordered",
     "early_close",
 ])
 def test_switch(testcase):
     run(testcase)
+
+
+def test_line_rate():
+    """The benchmark's testcase: every port takes one beat per cycle, every result comes out."""
+    run("line_rate", module="sim.bench_switch")
 
 
 @pytest.mark.parametrize("simulator", SIMULATORS[1:])

@@ -74,7 +74,7 @@ def _calibration(args) -> SwitchCalibration:
     if args.calibration is None:
         return SwitchCalibration(clock_mhz=args.switch_mhz)
     if args.calibration == "run":
-        from apps.cli import bench_switch
+        from apps.bench_line_rate import bench_switch
         report = bench_switch(4, 512, 4, quiet=args.json)
     else:
         with open(args.calibration) as f:
