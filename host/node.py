@@ -15,6 +15,7 @@ Local worker 0 creates and finally unlinks both; the others attach, waiting for 
 
 from __future__ import annotations
 
+import threading
 import time
 import zlib
 from multiprocessing import resource_tracker, shared_memory
@@ -23,35 +24,40 @@ import numpy as np
 
 from host.errors import NetaggTimeout
 
+# The creator owns a segment: an attaching worker must not register it with the resource
+# tracker (which would unlink it at exit, or complain when the creator unlinks it). Attaching
+# turns registration off for a moment; the lock keeps that moment from overlapping another
+# thread's creation (workers of one process: a test's, or a node's in threads).
+_TRACKER = threading.Lock()
+
 
 def _attach(name: str, timeout: float) -> shared_memory.SharedMemory:
     deadline = time.monotonic() + timeout
     while True:
-        register = resource_tracker.register
-        # the creator owns the segment: an attaching process must not register it (its
-        # tracker would unlink it at exit, or complain when the creator unlinks it)
-        resource_tracker.register = lambda *args, **kwargs: None
-        try:
-            shm = shared_memory.SharedMemory(name=name)
-        except (FileNotFoundError, ValueError):   # not there yet, or not yet sized
-            if time.monotonic() > deadline:
-                raise NetaggTimeout(f"shared memory {name} was not created by local worker 0 "
-                                    f"within {timeout:.1f} s") from None
-            time.sleep(0.005)
-            continue
-        finally:
-            resource_tracker.register = register
-        return shm
+        with _TRACKER:
+            register = resource_tracker.register
+            resource_tracker.register = lambda *args, **kwargs: None
+            try:
+                return shared_memory.SharedMemory(name=name)
+            except (FileNotFoundError, ValueError):   # not there yet, or not yet sized
+                pass
+            finally:
+                resource_tracker.register = register
+        if time.monotonic() > deadline:
+            raise NetaggTimeout(f"shared memory {name} was not created by local worker 0 "
+                                f"within {timeout:.1f} s")
+        time.sleep(0.005)
 
 
 def _create(name: str, size: int) -> shared_memory.SharedMemory:
-    try:
-        old = shared_memory.SharedMemory(name=name)
-        old.close()
-        old.unlink()            # left by a run that crashed with the same session
-    except FileNotFoundError:
-        pass
-    return shared_memory.SharedMemory(name=name, create=True, size=size)
+    with _TRACKER:
+        try:
+            old = shared_memory.SharedMemory(name=name)
+            old.close()
+            old.unlink()            # left by a run that crashed with the same session
+        except FileNotFoundError:
+            pass
+        return shared_memory.SharedMemory(name=name, create=True, size=size)
 
 
 class Region:
