@@ -358,7 +358,12 @@ class Worker:
         return np.clip(N.exponent_of(np.array(out)), N.EXP_MIN, N.EXP_MAX)
 
     def _engine_lock(self):
-        return self.progress.lock if self.progress is not None else contextlib.nullcontext()
+        """What steps this worker's engine holds while it steps: the progress thread's lock,
+        or the in-process hub's (any thread waiting on the hub may step every engine on it)."""
+        if self.progress is not None:
+            return self.progress.lock
+        driver = self.transport.driver
+        return driver.lock if driver is not None else contextlib.nullcontext()
 
     def _submit(self, works):
         """Hand works to the engine; with background progress they are sent at once."""
