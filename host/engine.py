@@ -441,6 +441,8 @@ class Engine(Taking):
             raise NetaggTimeout(
                 f"job {self.job} was not configured for this run by its rank 0 within "
                 f"{self.timeout:.1f} s (rank {self.rank} of {self.workers} waits for it)")
+        if self.window is not None:
+            self.window.leave()             # its slots, to name what is stuck
         stuck = [s.inflight for s in self.slots if s.inflight]
         what = (f"slot {stuck[0].slot} (use {stuck[0].use}) sent {stuck[0].timer.attempts} "
                 f"times" if stuck else "no slot in flight")
