@@ -1,6 +1,8 @@
-"""What the aggregator hands the egress ports, and what its stages hand each other: the
-actions a decided packet takes, the largest control payload, and the layouts of a result's
-descriptor and of an egress beat. Plain declarations, no logic."""
+"""What the aggregator's parts hand each other and the egress ports: the actions a decided
+packet takes and the command that the decide stage queues for the payload stages, one per
+packet; the largest control payload; the result beats the payload stages give the egress
+ports, with the descriptor that addresses a result or a control reply; and the layouts of
+the slots' state and sums. Plain declarations, no logic."""
 
 import enum
 
@@ -40,27 +42,32 @@ def egress_beat(width: int, ports: int, max_workers: int):
 
 
 def slot_copy(max_workers: int):
-    """A slot copy's state: its contributors, their number (0: no use in progress), how many
-    brought data (not null), the payload length and the low bits of the use's message
-    number."""
+    """A slot copy's state: its contributors (`bitmap`), their number (`count`, 0: no use in
+    progress), how many brought data (`data`: not null), the payload length and the low bits
+    of the use's message number (`msn`)."""
     return data.StructLayout({"bitmap": max_workers, "count": 6, "data": 6, "length": 11,
                               "msn": 16})
 
 
+def slot_state(max_workers: int):
+    """A slot's state: its two copies, one per version (the shadow copies of SwitchML)."""
+    return data.ArrayLayout(slot_copy(max_workers), 2)
+
+
 def sums_row(lanes: int):
-    """A row of a slot copy's sums: its int32 lanes, whether one saturated, the largest
-    exponent field."""
+    """A row of a slot copy's sums: its int32 lanes, whether a lane saturated since the use
+    began, and the use's exponent (the largest of its contributions')."""
     return data.StructLayout({
         "lanes": data.ArrayLayout(signed(32), lanes), "overflow": 1, "exponent": signed(8),
     })
 
 
 def command(ports: int, slots: int, max_workers: int):
-    """What decide hands the payload stage for each packet: its action, ingress port,
-    whether it has a payload, emits a result or is null, its slot copy, the ports that send
-    the result and the result's descriptor."""
+    """What to do with a packet's payload: its `action`; the ingress `port` it comes from;
+    whether it has a payload to take (`has_payload`) and whether it is a null contribution's,
+    made of zeros (`null`); the slot (`index`); and whether beats go out (`emit`), from which
+    `ports`, with which descriptor (`desc`)."""
     return data.StructLayout({
-        "action": Action, "port": range(max(ports, 2)), "has_payload": 1, "emit": 1,
-        "null": 1, "index": range(slots), "ports": ports,
-        "desc": result_descriptor(max_workers),
+        "action": Action, "port": range(max(ports, 2)), "has_payload": 1, "emit": 1, "null": 1,
+        "index": range(slots), "ports": ports, "desc": result_descriptor(max_workers),
     })

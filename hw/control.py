@@ -1,17 +1,18 @@
 """Control: the switch's registers (`hw.regmap`): identity, its own addresses, the job table
 and the counters, read and written one record at a time by the aggregator when it serves a
-control request.
+control request (`records`, a `RecordPort`).
 
-The jobs' part of the job table is kept in flip-flops and shown whole on `job`, so the
-aggregator and every egress port read it without waiting. The workers' entries (MAC, IP, UDP
-port, QPN, R_Key, base address) are in LUT RAM, one copy per reader (`worker_at` ->
-`worker`, asynchronous): a wide table in flip-flops behind several read muxes is what the
-boards' routing could not fit. Each worker's switch port and IP are also kept in flip-flops
-(`worker_port`, `worker_ip`), for the aggregator's checks. After a reset the entries are
-written 0 one per cycle, and records wait for `ready`. Each job also counts the uses it
-completed (`completed`, the base of its credit limit), reset by a write of its CONFIG, which
-also raises `cleared` for the aggregator to clear the job's slots. The priority-drop thresholds
-(one per priority class) are shown on `thresholds` for the ingress ports.
+The jobs' part of the job table is kept in flip-flops and shown whole on `table` (a
+`JobTable`), so the aggregator and every egress port read it without waiting. The workers'
+entries (MAC, IP, UDP port, QPN, R_Key, base address) are in LUT RAM, one copy per reader
+(`readers`, each a `WorkerRead`: `at` -> `worker`, asynchronous): a wide table in flip-flops
+behind several read muxes is what the boards' routing could not fit. Each worker's switch
+port and IP are also kept in flip-flops (`table.worker_port`, `table.worker_ip`), for the
+aggregator's checks. After a reset the entries are written 0 one per cycle, and records wait
+for `records.ready`. Each job also counts the uses it completed (`completed`, the base of its
+credit limit), reset by a write of its CONFIG, which also raises `table.cleared` for the
+aggregator to clear the job's slots. The switch's own addresses are shown on `addresses`, the
+priority-drop thresholds (one per priority class) on `thresholds` for the ingress ports.
 
 Counters count pulses from the stages (`port_events`, `job_events`, `results`) and the
 packet queues' drops (`queue_dropped`); all are 32 bits and wrap, and live in a block RAM
@@ -45,6 +46,45 @@ VERDICT_COUNTERS = {f"drop_{v.name.lower()}": v for v in Verdict if v != Verdict
 PORT_EVENTS = ("rx", "tx", "drop_priority", "drop_unhandled", "drop_bad_job",
                "drop_bad_payload", "control")
 JOB_EVENTS = tuple(c for c in R.JOB_COUNTERS if c != "results")
+# The switch's own addresses, the source of its results.
+ADDRESSES = data.StructLayout({"mac": 48, "ip": 32, "udp_sport": 16})
+
+
+def JobTable(jobs: int, max_workers: int) -> wiring.Signature:
+    """The job table as its readers see it, every entry at once (`Control` drives it): each
+    job's entry; each worker's switch port and IP, at job * max_workers + rank; and `cleared`,
+    high in the cycle a record wrote job `cleared_job`'s CONFIG (its slots are to be
+    cleared)."""
+    entries = jobs * max_workers
+    return wiring.Signature({
+        "job": Out(JOB).array(jobs),
+        "worker_port": Out(4).array(entries),
+        "worker_ip": Out(32).array(entries),
+        "cleared": Out(1),
+        "cleared_job": Out(range(max(jobs, 2))),
+    })
+
+
+def RecordPort(ports: int) -> wiring.Signature:
+    """Records applied to the registers, from the side that applies them (the aggregator):
+    `record` is applied in the cycle its `en` is high, if `ready`; `rdata` shows the
+    addressed register (a counter's value, the cycle after); `request_port` is the port of
+    the control request being served (register PORT)."""
+    return wiring.Signature({
+        "record": Out(data.StructLayout({"en": 1, "write": 1, "addr": 16, "wdata": 32})),
+        "request_port": Out(range(max(ports, 2))),
+        "rdata": In(32),
+        "ready": In(1),           # records may be applied (not while starting from reset)
+    })
+
+
+def WorkerRead(entries: int) -> wiring.Signature:
+    """A read port of the workers' table, from the reader's side: the whole entry `at`
+    job * max_workers + rank, asynchronously."""
+    return wiring.Signature({
+        "at": Out(range(max(entries, 2))),
+        "worker": In(WORKER),
+    })
 
 
 class Control(wiring.Component):
@@ -57,21 +97,11 @@ class Control(wiring.Component):
         self.reset_mac, self.reset_ip = mac, ip
         entries = jobs * max_workers
         super().__init__({
-            "record": In(data.StructLayout({"en": 1, "write": 1, "addr": 16, "wdata": 32})),
-            "rdata": Out(32),
-            "ready": Out(1),          # records may be applied (not while starting from reset)
-            "request_port": In(range(max(ports, 2))),   # the port of the request served
-            "mac": Out(48), "ip": Out(32), "udp_sport": Out(16),
-            "job": Out(JOB).array(jobs),
-            # The job table's workers, at job * max_workers + rank: each one's switch port
-            # and IP for the aggregator, and a whole entry for each reader (egress ports).
-            "worker_port": Out(4).array(entries),
-            "worker_ip": Out(32).array(entries),
-            "worker_at": In(range(max(entries, 2))).array(readers),
-            "worker": Out(WORKER).array(readers),
+            "records": In(RecordPort(ports)),
+            "table": Out(JobTable(jobs, max_workers)),
+            "readers": In(WorkerRead(entries)).array(readers),
+            "addresses": Out(ADDRESSES),
             "thresholds": Out(16).array(R.PRIORITY_CLASSES),
-            "cleared": Out(1),                            # a CONFIG write, this cycle
-            "cleared_job": Out(range(max(jobs, 2))),
             "port_events": In(len(PORT_EVENTS)).array(ports),
             "job_events": In(len(JOB_EVENTS)).array(jobs),
             "results": In(range(ports + 1)).array(jobs),
@@ -80,14 +110,14 @@ class Control(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        rec = self.record
+        rec = self.records.record
         write = rec.en & rec.write
 
         # Registers and their addresses: (address, value, writable field or None).
         udp_sport = Signal(16, init=0xC000)
-        m.d.comb += self.udp_sport.eq(udp_sport)
+        m.d.comb += self.addresses.udp_sport.eq(udp_sport)
         mac, ip = Signal(48, init=self.reset_mac), Signal(32, init=self.reset_ip)
-        m.d.comb += [self.mac.eq(mac), self.ip.eq(ip)]
+        m.d.comb += [self.addresses.mac.eq(mac), self.addresses.ip.eq(ip)]
         params = ((self.ports << 24) | (self.jobs << 16) | (self.max_workers << 8)
                   | (self.width // 64))
         regs = [
@@ -99,7 +129,7 @@ class Control(wiring.Component):
             (R.REG_MAC_LO, mac[:32], mac[:32]),
             (R.REG_IP, ip, ip),
             (R.REG_UDP_SPORT, udp_sport, udp_sport),
-            (R.REG_PORT, self.request_port, None),
+            (R.REG_PORT, self.records.request_port, None),
         ]
         for c in range(R.PRIORITY_CLASSES):
             threshold = Signal(16, init=R.NEVER_DROP, name=f"threshold{c}")
@@ -107,7 +137,7 @@ class Control(wiring.Component):
             regs.append((R.drop_threshold(c), threshold, threshold))
         jobs = [Signal(JOB, name=f"job{j}") for j in range(self.jobs)]
         for j, job in enumerate(jobs):
-            m.d.comb += self.job[j].eq(job)
+            m.d.comb += self.table.job[j].eq(job)
             regs += [
                 (R.job_reg(j, R.JOB_SLOT_BASE), job.slot_base, job.slot_base),
                 (R.job_reg(j, R.JOB_SLOT_COUNT), job.slot_count, job.slot_count),
@@ -154,17 +184,17 @@ class Control(wiring.Component):
 
         # Records: read any register; write the writable ones.
         with m.If(port_counter | job_counter):
-            m.d.comb += self.rdata.eq(counters.data)
+            m.d.comb += self.records.rdata.eq(counters.data)
         with m.Switch(rec.addr):
             for addr, value, field in regs:
                 with m.Case(addr):
-                    m.d.comb += self.rdata.eq(value)
+                    m.d.comb += self.records.rdata.eq(value)
                     if field is not None:
                         with m.If(write):
                             m.d.sync += field.eq(rec.wdata)
             for j, job in enumerate(jobs):
                 with m.Case(R.job_reg(j, R.JOB_CONFIG)):
-                    m.d.comb += self.rdata.eq(Cat(job.workers, Const(0, 25), job.enable))
+                    m.d.comb += self.records.rdata.eq(Cat(job.workers, Const(0, 25), job.enable))
                     with m.If(write):
                         asked = rec.wdata[:6]
                         m.d.sync += [
@@ -172,7 +202,7 @@ class Control(wiring.Component):
                             job.workers.eq(Mux(asked > self.max_workers, self.max_workers, asked)),
                             job.completed.eq(0),
                         ]
-                        m.d.comb += [self.cleared.eq(1), self.cleared_job.eq(j)]
+                        m.d.comb += [self.table.cleared.eq(1), self.table.cleared_job.eq(j)]
         return m
 
     def _workers(self, m, write):
@@ -183,13 +213,14 @@ class Control(wiring.Component):
         m.submodules.workers = table = Memory(shape=WORKER, depth=max(entries, 2), init=[])
         table_wr = table.write_port()
         table_rd = table.read_port(domain="comb")
-        for i in range(len(self.worker)):
+        for i in range(len(self.readers)):
             reader = table.read_port(domain="comb")
-            m.d.comb += [reader.addr.eq(self.worker_at[i]), self.worker[i].eq(reader.data)]
+            m.d.comb += [reader.addr.eq(self.readers[i].at),
+                         self.readers[i].worker.eq(reader.data)]
 
         # The address of a worker register: JOB_BASE + job * JOB_STRIDE + WORKER_BASE
         # + rank * WORKER_STRIDE + offset.
-        addr, wdata = self.record.addr, self.record.wdata
+        addr, wdata = self.records.record.addr, self.records.record.wdata
         in_job = Signal(16)
         m.d.comb += in_job.eq(addr - R.JOB_BASE)
         job = in_job[9:13]
@@ -212,7 +243,7 @@ class Control(wiring.Component):
         old, new = table_rd.data, Signal(WORKER)
         wiping = Signal(init=1)
         wiped = Signal(range(max(entries, 2)))
-        m.d.comb += [new.eq(old), self.ready.eq(~wiping)]
+        m.d.comb += [new.eq(old), self.records.ready.eq(~wiping)]
         with m.If(wiping):
             m.d.comb += [table_wr.addr.eq(wiped), table_wr.data.eq(0), table_wr.en.eq(1)]
             m.d.sync += wiped.eq(wiped + 1)
@@ -225,11 +256,11 @@ class Control(wiring.Component):
             with m.Switch(offset):
                 for number, field in fields(old).items():
                     with m.Case(number):
-                        m.d.comb += [self.rdata.eq(field), fields(new)[number].eq(wdata)]
+                        m.d.comb += [self.records.rdata.eq(field), fields(new)[number].eq(wdata)]
 
         for i in range(entries):
             port, ip = Signal(4, name=f"worker{i}_port"), Signal(32, name=f"worker{i}_ip")
-            m.d.comb += [self.worker_port[i].eq(port), self.worker_ip[i].eq(ip)]
+            m.d.comb += [self.table.worker_port[i].eq(port), self.table.worker_ip[i].eq(ip)]
             with m.If(write & hit & (index == i)):
                 with m.If(offset == R.WORKER_PORT):
                     m.d.sync += port.eq(wdata[16:20])

@@ -25,6 +25,7 @@ from amaranth.lib.wiring import In, Out
 from . import headers as H
 from .aggregator_command import egress_beat, result_descriptor
 from .beat import BeatLayout, FrameStream
+from .control import ADDRESSES, JobTable, WorkerRead
 from .deparser import Deparser
 from .gearbox import Narrow
 from .ingress import REPLY_TO
@@ -32,9 +33,9 @@ from .ingress import REPLY_TO
 
 class Egress(wiring.Component):
     def __init__(self, *, port: int, ports: int, width: int, factor: int, jobs: int,
-                 max_workers: int, control, capacity: int = 4096, icrc: str = "engine"):
+                 max_workers: int, capacity: int = 4096, icrc: str = "engine"):
         self.port, self.ports, self.width, self.factor = port, ports, width, factor
-        self.jobs, self.max_workers, self.control = jobs, max_workers, control
+        self.jobs, self.max_workers = jobs, max_workers
         self.icrc = icrc
         wide = width * factor
         self.depth = capacity // (wide // 8)
@@ -43,6 +44,9 @@ class Egress(wiring.Component):
         super().__init__({
             "i": In(stream.Signature(egress_beat(wide, ports, max_workers))),
             "reply_to": In(REPLY_TO),             # the control reply's addresses
+            "table": In(JobTable(jobs, max_workers)),     # which ports the workers are on
+            "workers": Out(WorkerRead(jobs * max_workers)),   # the entry of a destination
+            "addresses": In(ADDRESSES),           # the switch's, the source of results
             "reply_sent": Out(1),                 # its header went to the deparser
             "o": Out(FrameStream(width)),
             "sent": Out(1),                       # a packet's header went to the deparser
@@ -52,7 +56,6 @@ class Egress(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        ctl = self.control
         MW, J = self.max_workers, self.jobs
         wide = self.width * self.factor
         ptr = range(2 * self.depth)
@@ -92,15 +95,15 @@ class Egress(wiring.Component):
         on_port = Signal(MW)            # the job's ranks whose results leave here
         job = desc.job[:max(1, (J - 1).bit_length())]
         m.d.comb += on_port.eq(Cat(*(
-            Array(ctl.worker_port[j * MW + r] for j in range(J))[job] == self.port
+            Array(self.table.worker_port[j * MW + r] for j in range(J))[job] == self.port
             for r in range(MW))))
         remaining = Signal(MW)           # destinations still to send to
         rank = Signal(range(max(MW, 2)))
         for r in reversed(range(MW)):
             with m.If(remaining[r]):
                 m.d.comb += rank.eq(r)
-        m.d.comb += ctl.worker_at[self.port].eq(desc.job * MW + rank)
-        worker = ctl.worker[self.port]
+        m.d.comb += self.workers.at.eq(desc.job * MW + rank)
+        worker = self.workers.worker
 
         header = Signal(H.PACKET_HEADER)
         reply_to = self.reply_to
@@ -125,9 +128,10 @@ class Egress(wiring.Component):
                 imm.job.eq(desc.job), imm.count.eq(desc.count), imm.version.eq(desc.version),
                 imm.slot.eq(desc.slot), imm.exponent.eq(desc.exponent),
                 imm.overflow.eq(desc.overflow),
-                header.eth.dst.eq(worker.mac), header.eth.src.eq(ctl.mac),
-                header.ip.src.eq(ctl.ip), header.ip.dst.eq(worker.ip),
-                header.udp.src_port.eq(ctl.udp_sport), header.udp.dst_port.eq(worker.udp_port),
+                header.eth.dst.eq(worker.mac), header.eth.src.eq(self.addresses.mac),
+                header.ip.src.eq(self.addresses.ip), header.ip.dst.eq(worker.ip),
+                header.udp.src_port.eq(self.addresses.udp_sport),
+                header.udp.dst_port.eq(worker.udp_port),
                 header.bth.opcode.eq(H.OP_RESULT), header.bth.dqpn.eq(worker.qpn),
                 header.opclass.eq(H.OpClass.RETH_IMM),
                 header.reth.va.eq(worker.va + desc.offset), header.reth.rkey.eq(worker.rkey),

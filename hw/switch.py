@@ -129,7 +129,8 @@ class Switch(wiring.Component):
         m.submodules.arbiter = arbiter = Arbiter(ingress[0].header.payload.shape(), P)
         m.submodules.aggregator = aggregator = Aggregator(
             ports=P, width=wide, jobs=J, max_workers=MW, slots=self.slots,
-            max_payload=self.max_payload, control=control)
+            max_payload=self.max_payload)
+        wiring.connect(m, aggregator.control, control.records)
         for p in range(P):
             wiring.connect(m, ingress[p].header, arbiter.i[p])
             wiring.connect(m, ingress[p].payload, aggregator.payload[p])
@@ -138,13 +139,15 @@ class Switch(wiring.Component):
         egress = []
         for p in range(P):
             port = Egress(port=p, ports=P, width=self.width, factor=self.factor, jobs=J,
-                          max_workers=MW, control=control, capacity=self.egress_capacity,
-                          icrc=self.icrc)
+                          max_workers=MW, capacity=self.egress_capacity, icrc=self.icrc)
             m.submodules[f"egress{p}"] = port
+            wiring.connect(m, port.workers, control.readers[p])
+            m.d.comb += port.addresses.eq(control.addresses)
             wiring.connect(m, port.o, wiring.flipped(self.tx[p]))
             m.d.comb += [port.reply_to.eq(ingress[p].reply_to),
                          ingress[p].reply_sent.eq(port.reply_sent | aggregator.reply_dropped[p])]
             egress.append(port)
+        wiring.connect(m, control.table, aggregator.table, *(port.table for port in egress))
         # A result beat leaves the aggregator when every port it goes to can take it, and
         # only then is it offered to them (an egress port's ready never depends on valid).
         targets = aggregator.egress.payload.ports

@@ -1,0 +1,168 @@
+"""The aggregator's decide stage: what a packet does to its slot, exactly once.
+
+Takes each looked-up packet (`i`) with its slot's state (`copies`, read by the lookup stage:
+for each of the slot's two versions, the shadow copies of SwitchML, its contributors, their
+number, how many brought data, the payload length and the message number of its use) and
+decides: start a new use (overwrite) for a later message, add to the use in progress, send a
+completed use's result again to the one worker (replay), or drop a duplicate or a stale
+message; a use completes at the job's quorum of contributions. It writes the slot's new state
+(`state`), queues a command for the payload stages (`command`, when `decided`) and gives the
+packet's events (`port_event`, `job_event`), among them each drop: a packet the lookup stage
+judged bad, a message other than its copy's use (stale), a duplicate contribution to a use in
+progress, or a contribution of another length than the use's. A control request that is not
+served (a bad length) is `unserved`: its barrier lifts.
+
+Latency: 1 cycle (the command is queued in the cycle the packet is decided); the stage moves
+with the lookup stage when `go` (the command queue has room).
+"""
+
+from amaranth import Array, Const, Module, Mux, Signal, signed
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from . import headers as H
+from .aggregator_command import Action, command, slot_state
+from .aggregator_lookup import Look, looked_up
+from .control import JOB_EVENTS, PORT_EVENTS, JobTable
+
+
+def state_write(slots: int, max_workers: int):
+    """A write of the slots' state: the slot (`addr`), its new state, and whether to write
+    it (`en`)."""
+    return data.StructLayout(
+        {"addr": range(slots), "data": slot_state(max_workers), "en": 1})
+
+
+class Decide(wiring.Component):
+    def __init__(self, *, ports: int, jobs: int, max_workers: int, slots: int):
+        self.ports, self.jobs, self.max_workers, self.slots = ports, jobs, max_workers, slots
+        super().__init__({
+            "i": In(stream.Signature(looked_up(ports, slots))),
+            "go": In(1),                  # the command queue has room: take `i`
+            "copies": In(slot_state(max_workers)),   # the state of `i`'s slot
+            "table": In(JobTable(jobs, max_workers)),
+            "state": Out(state_write(slots, max_workers)),
+            "command": Out(command(ports, slots, max_workers)),
+            "decided": Out(1),            # a packet decided, its command queued
+            "unserved": Out(1),           # a control request dropped
+            "port_event": Out(len(PORT_EVENTS)),    # with `decided`
+            "job_event": Out(len(JOB_EVENTS)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        P, MW, J = self.ports, self.max_workers, self.jobs
+        b, b_look, b_imm = self.i.payload.header, self.i.payload.look, self.i.payload.imm
+        m.d.comb += self.i.ready.eq(self.go)
+
+        version = b_imm.version
+        mine = self.copies[version]
+        bit = Signal(MW)
+        m.d.comb += bit.eq(Const(1, MW) << b_imm.rank)
+        new_count = Signal(7)
+        m.d.comb += new_count.eq(mine.count + 1)
+        finishes = new_count >= self.i.payload.quorum  # a quorum written lower meanwhile: now
+        new_data = Signal(6)
+        m.d.comb += new_data.eq(Mux(mine.count == 0, 0, mine.data) + ~b.null)
+        # The credit limit a result carries: the job's completed uses (this one included)
+        # plus its credits, as a running total.
+        b_job = Array(self.table.job)[b_imm.job[: max(1, (J - 1).bit_length())]]
+        limit = Signal(24)
+        m.d.comb += limit.eq(b_job.completed + b_job.credits + finishes)
+        cmd = self.command
+        desc = cmd.desc
+        m.d.comb += [
+            cmd.port.eq(b.port), cmd.index.eq(self.i.payload.index), cmd.null.eq(b.null),
+            cmd.has_payload.eq((b.payload_length != 0)
+                               & (~b.null | (cmd.action != Action.DRAIN))),
+            desc.job.eq(b_imm.job), desc.slot.eq(b_imm.slot), desc.version.eq(version),
+            desc.count.eq(new_data), desc.exponent.eq(b_imm.exponent),
+            desc.offset.eq(b.reth.va), desc.length.eq(b.payload_length),
+            desc.psn.eq(Mux(b_look == Look.CONTROL, b.bth.psn, limit)),
+            cmd.action.eq(Action.DRAIN),
+        ]
+        new_state = Signal(slot_state(MW))
+        m.d.comb += new_state.eq(self.copies)
+        update = Signal()
+        distance = Signal(signed(16))       # of this message from the copy's use
+        m.d.comb += distance.eq(b.reth.rkey[:16] - mine.msn)
+        count_port, count_job = self._count_port, self._count_job
+
+        with m.Switch(b_look):
+            with m.Case(Look.UNHANDLED):
+                m.d.comb += count_port("drop_unhandled")
+            with m.Case(Look.BAD_PAYLOAD):
+                m.d.comb += count_port("drop_bad_payload")
+            with m.Case(Look.BAD_JOB):
+                m.d.comb += count_port("drop_bad_job")
+            with m.Case(Look.BAD_WORKER):
+                m.d.comb += count_job("drop_bad_worker")
+            with m.Case(Look.BAD_SLOT):
+                m.d.comb += count_job("drop_bad_slot")
+            with m.Case(Look.BAD_CREDIT):
+                m.d.comb += count_job("drop_credit")
+            with m.Case(Look.CONTROL):
+                m.d.comb += [
+                    count_port("control"), cmd.action.eq(Action.CONTROL), cmd.emit.eq(1),
+                    desc.control.eq(1), cmd.ports.eq(Const(1, P) << b.port),
+                ]
+            with m.Case(Look.AGGREGATE):
+                self._aggregate(m, mine, new_state[version], bit, distance, new_count,
+                                new_data, finishes, limit, b_job, update)
+        decided = self.decided
+        m.d.comb += [
+            decided.eq(self.go & self.i.valid),
+            self.state.addr.eq(self.i.payload.index), self.state.data.eq(new_state),
+            self.state.en.eq(decided & update),
+            self.unserved.eq(decided & H.is_control(b.bth) & (b_look != Look.CONTROL)),
+        ]
+        return m
+
+    def _count_port(self, name):
+        return self.port_event[PORT_EVENTS.index(name)].eq(1)
+
+    def _count_job(self, name):
+        return self.job_event[JOB_EVENTS.index(name)].eq(1)
+
+    def _aggregate(self, m, mine, new, bit, distance, new_count, new_data, finishes, limit,
+                   b_job, update):
+        """A contribution that passed the lookup's checks, against its copy (`mine`): a
+        replay, a drop, or a contribution that updates the copy (`new`) and may complete
+        the use."""
+        MW = self.max_workers
+        b = self.i.payload.header
+        cmd = self.command
+        desc = cmd.desc
+        count_job = self._count_job
+        seen = (mine.bitmap & bit).any()
+        idle = mine.count == 0              # no use in progress: the last one completed
+        fresh = mine.bitmap == 0            # never used since the job's slots were cleared
+        new_use = idle & (fresh | (distance > 0))
+        with m.If(idle & ~new_use & (distance == 0)):
+            m.d.comb += [
+                count_job("replays"), cmd.action.eq(Action.REPLAY),
+                cmd.emit.eq(1), desc.dests.eq(bit), cmd.ports.eq(self.i.payload.worker_port),
+                desc.count.eq(mine.data), limit.eq(b_job.completed + b_job.credits),
+            ]
+        with m.Elif(~new_use & (distance != 0)):
+            m.d.comb += count_job("drop_stale")
+        with m.Elif(~new_use & seen):
+            m.d.comb += count_job("duplicates")
+        with m.Elif(~new_use & (mine.length != b.payload_length)):
+            m.d.comb += count_job("drop_bad_length")
+        with m.Else():
+            m.d.comb += [
+                update.eq(1), count_job("contributions"),
+                cmd.action.eq(Mux(new_use, Action.OVERWRITE, Action.ADD)),
+                new.bitmap.eq(Mux(new_use, bit, mine.bitmap | bit)),
+                new.count.eq(Mux(finishes, 0, new_count)),
+                new.data.eq(new_data),
+                new.length.eq(b.payload_length),
+                new.msn.eq(b.reth.rkey[:16]),
+            ]
+            with m.If(finishes):
+                m.d.comb += [
+                    count_job("completed"), cmd.emit.eq(1),
+                    desc.dests.eq((Const(1, MW + 1) << self.i.payload.workers) - 1),
+                    cmd.ports.eq(self.i.payload.completion_ports),
+                ]

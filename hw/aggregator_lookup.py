@@ -1,0 +1,154 @@
+"""The aggregator's lookup stage: what a packet is, and whether the job table lets it in.
+
+Takes committed header entries (`header`) one a cycle, unless a control request is being
+served (`barrier`: none is taken behind it), and classifies each (`Look`): a contribution,
+checked for its payload length, job, rank and source IP, slot, and credit (its message
+number, RETH.rkey, below the job's completed uses plus its credits), in that order, the first
+failed check naming it; a control request, checked for its length; or neither (unhandled).
+It gives the slot's index in the state memory (`index`, read in the same cycle) and passes
+the packet on (`o`) with what the decide stage needs of its job: its workers, its quorum (at
+most its workers; 0 means all), the ports its workers are on (`completion_ports`) and the
+port of the packet's worker (`worker_port`).
+
+Latency: 2 cycles (a register for the header, one for the verdict, beside the state read);
+the whole stage moves when `o.ready`, or waits. Drops nothing: the decide stage drops what
+this stage judged bad.
+"""
+
+import enum
+
+from amaranth import Array, Cat, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from . import headers as H
+from .aggregator_command import MAX_CONTROL_PAYLOAD
+from .control import JobTable
+from .ingress import ingress_header
+
+
+class Look(enum.IntEnum):
+    UNHANDLED = 0
+    BAD_PAYLOAD = 1
+    BAD_JOB = 2
+    BAD_WORKER = 3
+    BAD_SLOT = 4
+    BAD_CREDIT = 5
+    CONTROL = 6
+    AGGREGATE = 7
+
+
+def looked_up(ports: int, slots: int):
+    """A packet as the lookup stage passes it on: its header entry, the verdict, and what the
+    decide stage reads of its job and slot."""
+    return data.StructLayout({
+        "header": ingress_header(ports), "look": Look, "imm": H.REQUEST_IMM,
+        "index": range(slots), "workers": 6, "quorum": 6,
+        "completion_ports": ports, "worker_port": ports,
+    })
+
+
+class Lookup(wiring.Component):
+    def __init__(self, *, ports: int, jobs: int, max_workers: int, slots: int,
+                 max_payload: int):
+        self.ports, self.jobs, self.max_workers = ports, jobs, max_workers
+        self.slots, self.max_payload = slots, max_payload
+        super().__init__({
+            "header": In(stream.Signature(ingress_header(ports))),
+            "barrier": In(1),             # a control request is being served: take none
+            "table": In(JobTable(jobs, max_workers)),
+            "request": Out(1),            # a control request was taken (raises the barrier)
+            "index": Out(17),             # the slot to read the state of, when o.ready
+            "o": Out(stream.Signature(looked_up(ports, slots))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        P, MW, J = self.ports, self.max_workers, self.jobs
+        table = self.table
+        go = self.o.ready
+
+        a_valid = Signal()
+        a = Signal(self.header.payload.shape(), reset_less=True)
+        m.d.comb += self.header.ready.eq(go & ~self.barrier)
+        with m.If(go):
+            m.d.sync += a_valid.eq(self.header.valid & ~self.barrier)
+            m.d.sync += a.eq(self.header.payload)
+        m.d.comb += self.request.eq(
+            self.header.valid & self.header.ready & H.is_control(self.header.payload.bth))
+
+        imm = H.REQUEST_IMM(a.immdt.data)
+        job_number = imm.job
+        job = Array(table.job)[job_number[: max(1, (J - 1).bit_length())]]
+        index = self.index
+        m.d.comb += index.eq(job.slot_base + imm.slot)
+        look = self._look(m, a, imm, job, index)
+        completion_ports = Signal(P)
+        rank_ports = [Array(table.worker_port[j * MW + r] for j in range(J))[job_number]
+                      for r in range(MW)]
+        m.d.comb += completion_ports.eq(Cat(*(
+            Cat(*(((rank_ports[r] == p) & (r < job.workers)) for r in range(MW))).any()
+            for p in range(P))))
+        worker_port = Signal(P)
+        worker_port_number = Array(table.worker_port)[job_number * MW + imm.rank]
+        m.d.comb += worker_port.eq(Cat(*((worker_port_number == p) for p in range(P))))
+
+        b_valid, b = Signal(), Signal(a.shape(), reset_less=True)
+        b_look, b_imm = Signal(Look), Signal(H.REQUEST_IMM, reset_less=True)
+        b_index = Signal(range(self.slots), reset_less=True)
+        b_workers, b_quorum = Signal(6, reset_less=True), Signal(6, reset_less=True)
+        b_completion_ports = Signal(P, reset_less=True)
+        b_worker_port = Signal(P, reset_less=True)
+        with m.If(go):
+            m.d.sync += [
+                b_valid.eq(a_valid), b.eq(a), b_look.eq(look), b_imm.eq(imm),
+                b_index.eq(index), b_workers.eq(job.workers),
+                b_quorum.eq(Mux((job.quorum == 0) | (job.quorum >= job.workers),
+                                job.workers, job.quorum)),
+                b_completion_ports.eq(completion_ports), b_worker_port.eq(worker_port),
+            ]
+        o = self.o.payload
+        m.d.comb += [
+            self.o.valid.eq(b_valid), o.header.eq(b), o.look.eq(b_look), o.imm.eq(b_imm),
+            o.index.eq(b_index), o.workers.eq(b_workers), o.quorum.eq(b_quorum),
+            o.completion_ports.eq(b_completion_ports), o.worker_port.eq(b_worker_port),
+        ]
+        return m
+
+    def _look(self, m, a, imm, job, index):
+        """The packet's class: the first check it fails, or what it is."""
+        MW, J = self.max_workers, self.jobs
+        length = a.payload_length
+        job_number = imm.job
+        worker_ip = Array(self.table.worker_ip)[job_number * MW + imm.rank]
+        contribution = a.bth.opcode == H.OP_CONTRIBUTION
+        control = H.is_control(a.bth)
+        length_ok = ((length >= 4) & (length <= self.max_payload) & (length[:2] == 0)
+                     & (a.reth.dma_length == length))
+        control_length_ok = (length >= 8) & (length <= MAX_CONTROL_PAYLOAD) & (length[:3] == 0)
+        job_ok = (job_number < J) & job.enable
+        worker_ok = (imm.rank < job.workers) & (imm.rank < MW) & (worker_ip == a.ip.src)
+        slot_ok = (imm.slot < job.slot_count) & (index < self.slots)
+        ahead = Signal(32)          # the message's distance beyond the job's completed uses
+        m.d.comb += ahead.eq(a.reth.rkey - job.completed)
+        credit_ok = (job.credits == 0) | (ahead[-1] | (ahead < job.credits))
+
+        look = Signal(Look)
+        with m.If(contribution):
+            with m.If(~length_ok):
+                m.d.comb += look.eq(Look.BAD_PAYLOAD)
+            with m.Elif(~job_ok):
+                m.d.comb += look.eq(Look.BAD_JOB)
+            with m.Elif(~worker_ok):
+                m.d.comb += look.eq(Look.BAD_WORKER)
+            with m.Elif(~slot_ok):
+                m.d.comb += look.eq(Look.BAD_SLOT)
+            with m.Elif(~credit_ok):
+                m.d.comb += look.eq(Look.BAD_CREDIT)
+            with m.Else():
+                m.d.comb += look.eq(Look.AGGREGATE)
+        with m.Elif(control):
+            m.d.comb += look.eq(Mux(control_length_ok, Look.CONTROL, Look.BAD_PAYLOAD))
+        with m.Else():
+            m.d.comb += look.eq(Look.UNHANDLED)
+        return look
