@@ -5,21 +5,21 @@ wide beats of `width` bits, from the packet's ingress port) and gives the egress
 result packets' payloads, each with a descriptor on its last beat and the mask of the ports
 that send it. Its parts, one a file:
 
-- lookup (`hw.aggregator_lookup.Lookup`, 2 cycles): classifies the packet (contribution,
-  control request, or unhandled), checks its payload length, job, rank and source IP, slot,
-  and credit (its message number, RETH.rkey, below the job's completed uses plus its
-  credits), and reads the slot's state;
-- decide (`hw.aggregator_decide.Decide`, 1 cycle): with the slot's state (for each of its two
-  versions: bitmap, count, data contributions, length, and the message number of its use)
-  decides: start a new use (overwrite) for a later message, add to the use in progress, send
-  a completed use's result again to the one worker (replay), or drop a duplicate or a stale
-  message; a use completes at the job's quorum of contributions; updates the state and
-  queues a command (`hw.aggregator_command`);
-- sums (`hw.aggregator_sums.Sums`, one wide beat per cycle, 2 cycles): reads each row of the
-  slot's sums, adds the beat's int32 lanes with saturation (an overflow bit and the exponent,
-  the maximum, are kept per row), writes the row back, and, when the packet completed the
-  slot or is a replay, sends the row on as the result's payload. A null contribution (its
-  payload dropped by priority at ingress) brings zeros, made there;
+- lookup (`hw.aggregator_lookup.Lookup`; 2 cycles: the header, then its verdict):
+  classifies the packet (contribution, control request, or unhandled), checks its payload
+  length, job, rank and source IP, slot, and credit (its message number, RETH.rkey, below
+  the job's completed uses plus its credits), and reads the slot's state;
+- decide (`hw.aggregator_decide.Decide`; combinational, its command queue adds a cycle): with
+  the slot's state (for each of its two versions: bitmap, count, data contributions, length,
+  and the message number of its use) decides: start a new use (overwrite) for a later
+  message, add to the use in progress, send a completed use's result again to the one worker
+  (replay), or drop a duplicate or a stale message; a use completes at the job's quorum of
+  contributions; updates the state and queues a command (`hw.aggregator_command`);
+- sums (`hw.aggregator_sums.Sums`; one wide beat per cycle, 1 cycle a beat): reads each row of
+  the slot's sums, adds the beat's int32 lanes with saturation (an overflow bit and the
+  exponent, the maximum, are kept per row), writes the row back, and, when the packet
+  completed the slot or is a replay, sends the row on as the result's payload. A null
+  contribution (its payload dropped by priority at ingress) brings zeros, made there;
 - records (`hw.aggregator_records.Records`): for a control request, applies each record to
   `Control`'s registers (`control`) and sends the reply through the sums' output stage;
 - clearing (`hw.aggregator_clearing.Clearing`): clears the slots of each job whose CONFIG a

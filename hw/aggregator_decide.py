@@ -12,8 +12,9 @@ judged bad, a message other than its copy's use (stale), a duplicate contributio
 progress, or a contribution of another length than the use's. A control request that is not
 served (a bad length) is `unserved`: its barrier lifts.
 
-Latency: 1 cycle (the command is queued in the cycle the packet is decided); the stage moves
-with the lookup stage when `go` (the command queue has room).
+Latency: none of its own (combinational: the command is written to the queue in the cycle
+the packet is decided); the stage moves with the lookup stage when `go` (the command queue
+has room).
 """
 
 from amaranth import Array, Const, Module, Mux, Signal, signed
@@ -24,6 +25,13 @@ from . import headers as H
 from .aggregator_command import Action, command, slot_state
 from .aggregator_lookup import Look, looked_up
 from .control import JOB_EVENTS, PORT_EVENTS, JobTable
+
+# The counter of each verdict of the lookup stage that drops the packet.
+DROPPED = {
+    Look.UNHANDLED: "drop_unhandled", Look.BAD_PAYLOAD: "drop_bad_payload",
+    Look.BAD_JOB: "drop_bad_job", Look.BAD_WORKER: "drop_bad_worker",
+    Look.BAD_SLOT: "drop_bad_slot", Look.BAD_CREDIT: "drop_credit",
+}
 
 
 def state_write(slots: int, max_workers: int):
@@ -86,24 +94,14 @@ class Decide(wiring.Component):
         update = Signal()
         distance = Signal(signed(16))       # of this message from the copy's use
         m.d.comb += distance.eq(b.reth.rkey[:16] - mine.msn)
-        count_port, count_job = self._count_port, self._count_job
 
         with m.Switch(b_look):
-            with m.Case(Look.UNHANDLED):
-                m.d.comb += count_port("drop_unhandled")
-            with m.Case(Look.BAD_PAYLOAD):
-                m.d.comb += count_port("drop_bad_payload")
-            with m.Case(Look.BAD_JOB):
-                m.d.comb += count_port("drop_bad_job")
-            with m.Case(Look.BAD_WORKER):
-                m.d.comb += count_job("drop_bad_worker")
-            with m.Case(Look.BAD_SLOT):
-                m.d.comb += count_job("drop_bad_slot")
-            with m.Case(Look.BAD_CREDIT):
-                m.d.comb += count_job("drop_credit")
+            for look, counter in DROPPED.items():
+                with m.Case(look):
+                    m.d.comb += self._count(counter)
             with m.Case(Look.CONTROL):
                 m.d.comb += [
-                    count_port("control"), cmd.action.eq(Action.CONTROL), cmd.emit.eq(1),
+                    self._count("control"), cmd.action.eq(Action.CONTROL), cmd.emit.eq(1),
                     desc.control.eq(1), cmd.ports.eq(Const(1, P) << b.port),
                 ]
             with m.Case(Look.AGGREGATE):
@@ -118,10 +116,10 @@ class Decide(wiring.Component):
         ]
         return m
 
-    def _count_port(self, name):
-        return self.port_event[PORT_EVENTS.index(name)].eq(1)
-
-    def _count_job(self, name):
+    def _count(self, name):
+        """The packet's event `name`, of its port or of its job."""
+        if name in PORT_EVENTS:
+            return self.port_event[PORT_EVENTS.index(name)].eq(1)
         return self.job_event[JOB_EVENTS.index(name)].eq(1)
 
     def _aggregate(self, m, mine, new, bit, distance, new_count, new_data, finishes, limit,
@@ -133,26 +131,26 @@ class Decide(wiring.Component):
         b = self.i.payload.header
         cmd = self.command
         desc = cmd.desc
-        count_job = self._count_job
+        count = self._count
         seen = (mine.bitmap & bit).any()
         idle = mine.count == 0              # no use in progress: the last one completed
         fresh = mine.bitmap == 0            # never used since the job's slots were cleared
         new_use = idle & (fresh | (distance > 0))
         with m.If(idle & ~new_use & (distance == 0)):
             m.d.comb += [
-                count_job("replays"), cmd.action.eq(Action.REPLAY),
+                count("replays"), cmd.action.eq(Action.REPLAY),
                 cmd.emit.eq(1), desc.dests.eq(bit), cmd.ports.eq(self.i.payload.worker_port),
                 desc.count.eq(mine.data), limit.eq(b_job.completed + b_job.credits),
             ]
         with m.Elif(~new_use & (distance != 0)):
-            m.d.comb += count_job("drop_stale")
+            m.d.comb += count("drop_stale")
         with m.Elif(~new_use & seen):
-            m.d.comb += count_job("duplicates")
+            m.d.comb += count("duplicates")
         with m.Elif(~new_use & (mine.length != b.payload_length)):
-            m.d.comb += count_job("drop_bad_length")
+            m.d.comb += count("drop_bad_length")
         with m.Else():
             m.d.comb += [
-                update.eq(1), count_job("contributions"),
+                update.eq(1), count("contributions"),
                 cmd.action.eq(Mux(new_use, Action.OVERWRITE, Action.ADD)),
                 new.bitmap.eq(Mux(new_use, bit, mine.bitmap | bit)),
                 new.count.eq(Mux(finishes, 0, new_count)),
@@ -162,7 +160,7 @@ class Decide(wiring.Component):
             ]
             with m.If(finishes):
                 m.d.comb += [
-                    count_job("completed"), cmd.emit.eq(1),
+                    count("completed"), cmd.emit.eq(1),
                     desc.dests.eq((Const(1, MW + 1) << self.i.payload.workers) - 1),
                     cmd.ports.eq(self.i.payload.completion_ports),
                 ]

@@ -12,8 +12,8 @@ go to the records stage (`request`), and its reply comes back (`reply`) to leave
 A completion whose sums saturated is counted (`overflowed`, of job `overflowed_job`), at its
 last beat.
 
-Latency: 2 cycles, a beat taken and its row read, then the row written and the result beat
-offered; one beat per cycle, with no gap between packets. Drops nothing: the decide stage has
+Latency: 1 cycle, from a beat taken (its row's read issued) to the row written and the result
+beat offered; one beat per cycle, with no gap between packets. Drops nothing: the decide stage has
 chosen what is drained.
 """
 
