@@ -6,16 +6,16 @@ Core clock: 625 MHz / 25 = 25 MHz, chosen from line rate, not more. A 64-bit por
 8 bytes a cycle: 1 Gb/s (125 MB/s) needs 15.6 MHz, and the 128-bit aggregator, which takes
 both ports' payloads through one pipeline, needs 2 x 125 MB/s / 16 bytes, the same 15.6 MHz.
 25 MHz (200 MB/s per port) leaves 60 % for a frame's partly filled last beat and the
-per-packet cycles, and the core's deepest paths (42 MHz after placement) meet it.
+per-packet cycles, and the core's deepest paths (43 MHz after placement) meet it.
 
 Size: one job of up to four workers, 64 slots (as many as the block RAM allows: each 16
 slots of 1 KB payloads take about 17 of the 108 block RAMs), 16 header entries per ingress
-queue, the ICRC in the MACs: 19,686 LUT4 positions of 43,848 (45 %), 12,022 flip-flops,
-94 block RAMs. Every clock meets its constraint after routing (core 47.3 MHz against 25,
-eth_tx 191.9, eth0_rx 197.4, eth1_rx 191.8 against 125). Routing takes router2 371 passes
+queue, the ICRC in the MACs: 19,505 LUT4 positions of 43,848 (44 %), 12,022 flip-flops,
+94 block RAMs. Every clock meets its constraint after routing (core 43.1 MHz against 25,
+eth_tx 190.6, eth0_rx 219.4, eth1_rx 238.0 against 125). Routing takes router2 467 passes
 with its alternative weights and a present-congestion weight that grows by 0.05 a pass
 (``router2/currCongWeightMult``, a setting `bitstreams.build` writes into the netlist).
-The build takes about 18 minutes on 2 cores, beside the Colorlight's.
+The build takes about 10 minutes on 2 cores shared with other jobs.
 """
 
 from amaranth_boards.versa_ecp5_5g import VersaECP55GPlatform
