@@ -13,8 +13,9 @@ that send it. Its parts, one a file:
   the slot's state (for each of its two versions: bitmap, count, data contributions, length,
   and the message number of its use) decides: start a new use (overwrite) for a later
   message, add to the use in progress, send a completed use's result again to the one worker
-  (replay), or drop a duplicate or a stale message; a use completes at the job's quorum of
-  contributions; updates the state and queues a command (`hw.aggregator_command`);
+  (replay, for a message of the use's length), or drop a duplicate or a stale message; a use
+  completes at the job's quorum of contributions; updates the state and queues a command
+  (`hw.aggregator_command`);
 - sums (`hw.aggregator_sums.Sums`; one wide beat per cycle, 1 cycle a beat): reads each row of
   the slot's sums, adds the beat's int32 lanes with saturation (an overflow bit and the
   exponent, the maximum, are kept per row), writes the row back, and, when the packet

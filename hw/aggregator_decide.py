@@ -4,13 +4,14 @@ Takes each looked-up packet (`i`) with its slot's state (`copies`, read by the l
 for each of the slot's two versions, the shadow copies of SwitchML, its contributors, their
 number, how many brought data, the payload length and the message number of its use) and
 decides: start a new use (overwrite) for a later message, add to the use in progress, send a
-completed use's result again to the one worker (replay), or drop a duplicate or a stale
-message; a use completes at the job's quorum of contributions. It writes the slot's new state
-(`state`), queues a command for the payload stages (`command`, when `decided`) and gives the
-packet's events (`port_event`, `job_event`), among them each drop: a packet the lookup stage
-judged bad, a message other than its copy's use (stale), a duplicate contribution to a use in
-progress, or a contribution of another length than the use's. A control request that is not
-served (a bad length) is `unserved`: its barrier lifts.
+completed use's result again to the one worker (replay, for a message of the use's length),
+or drop a duplicate or a stale message; a use completes at the job's quorum of
+contributions. It writes the slot's new state (`state`), queues a command for the payload
+stages (`command`, when `decided`) and gives the packet's events (`port_event`,
+`job_event`), among them each drop: a packet the lookup stage judged bad, a message other
+than its copy's use (stale), a duplicate contribution to a use in progress, or a
+contribution of another length than the use's (in progress or completed). A control request
+that is not served (a bad length) is `unserved`: its barrier lifts.
 
 Latency: none of its own (combinational: the command is written to the queue in the cycle
 the packet is decided); the stage moves with the lookup stage when `go` (the command queue
@@ -137,11 +138,16 @@ class Decide(wiring.Component):
         fresh = mine.bitmap == 0            # never used since the job's slots were cleared
         new_use = idle & (fresh | (distance > 0))
         with m.If(idle & ~new_use & (distance == 0)):
-            m.d.comb += [
-                count("replays"), cmd.action.eq(Action.REPLAY),
-                cmd.emit.eq(1), desc.dests.eq(bit), cmd.ports.eq(self.i.payload.worker_port),
-                desc.count.eq(mine.data), limit.eq(b_job.completed + b_job.credits),
-            ]
+            # The result's rows go out with the request's payload beats: a request of another
+            # length than the use's would send a part of the sums, or rows beyond them.
+            with m.If(mine.length != b.payload_length):
+                m.d.comb += count("drop_bad_length")
+            with m.Else():
+                m.d.comb += [
+                    count("replays"), cmd.action.eq(Action.REPLAY), cmd.emit.eq(1),
+                    desc.dests.eq(bit), cmd.ports.eq(self.i.payload.worker_port),
+                    desc.count.eq(mine.data), limit.eq(b_job.completed + b_job.credits),
+                ]
         with m.Elif(~new_use & (distance != 0)):
             m.d.comb += count("drop_stale")
         with m.Elif(~new_use & seen):

@@ -39,7 +39,8 @@ What the switch does, frame by frame:
      begins: bitmap, count, data, length, MSN, sums, exponent and overflow are overwritten
      by this contribution's (zeros for a null's sums); if d == 0, the use is complete and
      its result goes again to this worker alone, whether or not its bit is set (it may have
-     arrived after the use closed early) (`replays`); if d < 0, `drop_stale`;
+     arrived after the use closed early) (`replays`), unless its length is not the use's
+     (`drop_bad_length`); if d < 0, `drop_stale`;
    - a use in progress: d != 0 is `drop_stale`; the worker's bit already set is
      `duplicates`; a different length is `drop_bad_length`; else the lanes are added
      (a null adds zeros), the exponent is the maximum (a null's included), the bit is set,
@@ -286,6 +287,9 @@ class GoldenSwitch(Registers):
         bit = 1 << rank
         d = _signed(msn - copy.msn16, 16)
         if copy.count == 0:
+            if copy.bitmap and d == 0 and len(payload) != copy.length:
+                counters["drop_bad_length"] += 1
+                return []
             if copy.bitmap and d == 0:
                 counters["replays"] += 1
                 return self._results(j, slot, version, copy, [rank], reth.va)
