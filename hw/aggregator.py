@@ -8,7 +8,8 @@ that send it. Its parts, one a file:
 - lookup (`hw.aggregator_lookup.Lookup`; 2 cycles: the header, then its verdict):
   classifies the packet (contribution, control request, or unhandled), checks its payload
   length, job, rank and source IP, slot, and credit (its message number, RETH.rkey, below
-  the job's completed uses plus its credits), and reads the slot's state;
+  the job's completed uses, the one the packet in decide completes included, plus its
+  credits), and reads the slot's state;
 - decide (`hw.aggregator_decide.Decide`; combinational, its command queue adds a cycle): with
   the slot's state (for each of its two versions: bitmap, count, data contributions, length,
   and the message number of its use) decides: start a new use (overwrite) for a later
@@ -102,6 +103,11 @@ class Aggregator(wiring.Component):
         wiring.connect(m, table, lookup.table, decide.table, clearing.table)
         wiring.connect(m, wiring.flipped(self.header), lookup.header)
         wiring.connect(m, lookup.o, decide.i)
+        m.d.comb += [
+            lookup.completing.eq(
+                decide.decided & decide.job_event[JOB_EVENTS.index("completed")]),
+            lookup.completing_job.eq(lookup.o.payload.imm.job),
+        ]
         for p in range(P):
             wiring.connect(m, wiring.flipped(self.payload[p]), sums.payload[p])
         wiring.connect(m, sums.request, records.request)

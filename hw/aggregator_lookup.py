@@ -3,8 +3,10 @@
 Takes committed header entries (`header`) one a cycle, unless a control request is being
 served (`barrier`: none is taken behind it), and classifies each (`Look`): a contribution,
 checked for its payload length, job, rank and source IP, slot, and credit (its message
-number, RETH.rkey, below the job's completed uses plus its credits), in that order, the first
-failed check naming it; a control request, checked for its length; or neither (unhandled).
+number, RETH.rkey, below the job's completed uses plus its credits; the use the packet in
+the decide stage completes, `completing`, which the job's count takes only a cycle later,
+included), in that order, the first failed check naming it; a control request, checked for
+its length; or neither (unhandled).
 It gives the slot's index in the state memory (`index`, read in the same cycle) and passes
 the packet on (`o`) with what the decide stage needs of its job: its workers, its quorum (at
 most its workers; 0 means all), the ports its workers are on (`completion_ports`) and the
@@ -57,6 +59,8 @@ class Lookup(wiring.Component):
             "header": In(stream.Signature(ingress_header(ports))),
             "barrier": In(1),             # a control request is being served: take none
             "table": In(JobTable(jobs, max_workers)),
+            "completing": In(1),          # the packet in decide completes a use of its job
+            "completing_job": In(H.REQUEST_IMM.wire_fields["job"]),
             "request": Out(1),            # a control request was taken (raises the barrier)
             "index": Out(17),             # the slot to read the state of, when o.ready
             "o": Out(stream.Signature(looked_up(ports, slots))),
@@ -130,7 +134,8 @@ class Lookup(wiring.Component):
         worker_ok = (imm.rank < job.workers) & (imm.rank < MW) & (worker_ip == a.ip.src)
         slot_ok = (imm.slot < job.slot_count) & (index < self.slots)
         ahead = Signal(32)          # the message's distance beyond the job's completed uses
-        m.d.comb += ahead.eq(a.reth.rkey - job.completed)
+        m.d.comb += ahead.eq(a.reth.rkey - job.completed
+                             - (self.completing & (self.completing_job == job_number)))
         credit_ok = (job.credits == 0) | (ahead[-1] | (ahead < job.credits))
 
         look = Signal(Look)

@@ -85,3 +85,18 @@ def test_a_replay_of_another_length_is_dropped(switch):
     assert lanes_of(again).tolist() == lanes_of(result).tolist() == values.tolist()
     c = job_counters(switch, 0)
     assert (c["drop_bad_length"], c["replays"], c["results"]) == (2, 1, 2)
+
+
+def test_back_to_back_completions_move_the_credit_limit(switch):
+    """Two uses of a job with one credit, committed in consecutive cycles (the same length
+    on ports 0 and 1): the second is within the limit the first's completion moves. The
+    RTL's lookup read COMPLETED before the completion ahead of it counted, and dropped the
+    second as beyond the credit."""
+    [w] = configure(switch, [(2, 1, 0, 1, 1)])[2]
+    lanes = np.arange(16, dtype=np.int32)
+    assert len(exchange(switch, [(0, w.contribution(0, 0, 0, lanes, 1, msn=0))])) == 1
+    out = exchange(switch, [(0, w.contribution(0, 1, 0, lanes, 2, msn=1)),
+                            (1, w.contribution(0, 0, 0, lanes + 1, 3, msn=2))])
+    assert [dissect(f)[BTH].psn for _, f in out] == [3, 4]      # COMPLETED + CREDITS
+    c = job_counters(switch, 2)
+    assert (c["completed"], c["drop_credit"], c["COMPLETED"]) == (3, 0, 3)
