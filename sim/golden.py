@@ -59,7 +59,9 @@ What the switch does, frame by frame:
    completion was counted (for a replay, its current value). Its ImmDt count is the number
    of contributions with data (nulls excluded); a use of nulls only sums to zeros.
 8. A write of a job's CONFIG clears the slot state of the job's slot range and its
-   COMPLETED register.
+   COMPLETED register. In a control request, the slots are cleared once its last record has
+   been applied, those of the job's slot range then (the gateware clears them after the
+   request, one slot per cycle).
 """
 
 from __future__ import annotations
@@ -206,6 +208,7 @@ class GoldenSwitch(Registers):
         self.port_counters = [dict.fromkeys(W.PORT_COUNTERS, 0) for _ in range(ports)]
         self.job_counters = [dict.fromkeys(W.JOB_COUNTERS, 0) for _ in range(jobs)]
         self._pending = collections.deque()
+        self._cleared = None          # in a control request: the jobs whose CONFIG it wrote
         self._templates = {}          # the result headers of each destination and length
 
     # --- the backend interface ------------------------------------------------------------
@@ -347,8 +350,13 @@ class GoldenSwitch(Registers):
         return self.state[index][version], job.needed, range(job.workers)
 
     def _clear(self, job: Job):
-        """The slot state of the job's slot range, and its COMPLETED, back to reset."""
+        """The slot state of the job's slot range, and its COMPLETED, back to reset. Inside a
+        control request the slots wait for its last record (`_control`)."""
         job.completed = 0
+        if self._cleared is not None:
+            if not any(j is job for j in self._cleared):
+                self._cleared.append(job)
+            return
         for s in range(job.slot_base, min(job.slot_base + job.slot_count, self.slots)):
             self.state[s] = [SlotCopy(), SlotCopy()]
 
@@ -389,11 +397,14 @@ class GoldenSwitch(Registers):
             return []
         self.port_counters[port]["control"] += 1
         pkt = W.parse_frame(frame[:W.IP_OFFSET + struct.unpack_from("!H", frame, 16)[0]])
-        replies = []
+        replies, self._cleared = [], []
         for addr, value in W.unpack_records(payload):
             if addr & W.WRITE:
                 self.write(addr & ~W.WRITE, value)
             replies.append((addr, self.read(addr & ~W.WRITE, port)))
+        cleared, self._cleared = self._cleared, None
+        for job in cleared:
+            self._clear(job)
         reply = W.Packet(W.OP_CONTROL, W.CONTROL_QPN, pkt.psn, W.pack_records(replies),
                          src=pkt.dst, dst=pkt.src)
         return [(port, reply.frame())]

@@ -100,3 +100,22 @@ def test_back_to_back_completions_move_the_credit_limit(switch):
     assert [dissect(f)[BTH].psn for _, f in out] == [3, 4]      # COMPLETED + CREDITS
     c = job_counters(switch, 2)
     assert (c["completed"], c["drop_credit"], c["COMPLETED"]) == (3, 0, 3)
+
+
+def test_a_config_write_clears_the_slot_range_the_request_leaves(switch):
+    """A request that writes job 1's CONFIG and then moves its slot range clears the slots
+    of the range it leaves (1..4), as the gateware clears them after the request: the use
+    job 0 had begun in slot 4 is gone, and its first worker's contribution begins it again
+    instead of being a duplicate."""
+    workers = configure(switch, [(0, 2, 4, 1, 0), (1, 1, 0, 4, 0)])
+    a, b = workers[0]
+    exchange(switch, [(0, a.contribution(0, 0, 0, np.full(4, 5, np.int32), 1, msn=0))])
+    exchange(switch, [(0, control_frame([
+        (W.WRITE | W.job_reg(1, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=1)),
+        (W.WRITE | W.job_reg(1, W.JOB_SLOT_BASE), 1)]))])
+    assert exchange(switch, [(0, a.contribution(0, 0, 0, np.full(4, 7, np.int32), 2,
+                                                msn=0))]) == []
+    out = exchange(switch, [(0, b.contribution(0, 0, 0, np.full(4, 1, np.int32), 1, msn=0))])
+    assert [lanes_of(f).tolist() for _, f in out] == [[8] * 4] * 2
+    c = job_counters(switch, 0)
+    assert (c["contributions"], c["duplicates"], c["completed"]) == (3, 0, 1)
