@@ -127,6 +127,14 @@ def main(argv=None) -> int:
                        help="run in this network namespace (created and deleted if new)")
     board.add_argument("--tap", default="nagg",
                        help="TAP device name prefix: port n is <prefix>n (default nagg)")
+    fuzz = sub.add_parser("fuzz", help="differential fuzzing: the switch's RTL against its "
+                                       "golden model on good and mutated frames")
+    fuzz.add_argument("--frames", type=int, default=10_000)
+    fuzz.add_argument("--seed", type=int, default=0)
+    fuzz.add_argument("--width", type=int, default=64, help="bits per port")
+    fuzz.add_argument("--minimise", action="store_true",
+                      help="shrink the first difference to the fewest frames that show it")
+    fuzz.add_argument("--json", action="store_true", help="print one JSON object")
     from apps.scale.cli import add_parser as add_scale
     add_scale(sub)
     args = parser.parse_args(argv)
@@ -159,6 +167,9 @@ def main(argv=None) -> int:
             torch_runs.plot(report, args.plot)
         print(json.dumps(report) if args.json else torch_runs.summary(report))
         return 0
+    if args.command == "fuzz":
+        from sim.fuzz import main as fuzz_main
+        return fuzz_main(args.frames, args.seed, args.json, args.width, args.minimise)
     if args.command == "probe":
         from apps.probe import probe_main
         return probe_main(args.url, args.json, args.timeout)

@@ -1,0 +1,197 @@
+"""The good traffic of the switch's fuzzer (`sim.fuzz`): frames as the host sends them.
+
+`Traffic.epoch` configures one or two jobs through the control path as the host does (each
+worker writes its job-table row, rank 0 the job's slot range, credits, quorum, CONFIG and its
+R_Key; the first epoch also the switch's own addresses), then sends several uses of each of
+their slots by every worker (versions alternating, MSN use * slots + slot, random int32 lanes
+below 2**24 so that sums do not saturate, workers in random order, some droppable with a
+random priority, some on another port than their own, a few sent again: duplicates, replays,
+stale messages), and ends with `reads`: control requests that read every register and
+counter of `register_names`. Every frame is a `Frame`, tagged with the `Kind` that made it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import random
+from collections.abc import Iterator
+
+import numpy as np
+
+from sim import wire as W
+
+SWITCH = W.Endpoint("10.0.0.1", W.ROCEV2_PORT, 0x02AA00000001)
+HOST = W.Endpoint("10.0.255.254", 0xD000, 0x02BB000000FE)     # where register reads come from
+
+
+class Kind(enum.Enum):
+    """What made a frame of the stream."""
+
+    CONTROL = "control"              # good: configuration, as the host writes it
+    CONTRIBUTION = "contribution"    # good
+    RESEND = "resend"                # good, sent again: a duplicate, a replay or stale
+    READ = "read"                    # good: a read of the registers and counters
+    BYTES = "bytes"                  # the mutations (`sim.fuzz_mutations`)
+    BITS = "bits"
+    FIELD = "field"
+    PAYLOAD = "payload"
+    TRUNCATE = "truncate"
+    EXTEND = "extend"
+    RECORDS = "records"
+
+    @property
+    def mutated(self) -> bool:
+        return self not in (Kind.CONTROL, Kind.CONTRIBUTION, Kind.RESEND, Kind.READ)
+
+
+@dataclasses.dataclass(frozen=True)
+class Frame:
+    """One frame of the stream: where it goes in, its bytes, and what made it."""
+
+    port: int
+    data: bytes
+    kind: Kind
+    note: str = ""            # the field and value a mutation set
+
+    @property
+    def control(self) -> bool:
+        """Whether the switch may take it as a control request (sent alone)."""
+        return len(self.data) > W.BTH_OFFSET and self.data[W.BTH_OFFSET] == W.OP_CONTROL
+
+
+@dataclasses.dataclass
+class Member:
+    """A worker of a job in one epoch."""
+
+    job: int
+    rank: int
+    port: int
+    endpoint: W.Endpoint
+    qpn: int
+    rkey: int
+    va: int
+    psn: int = 0
+
+    def next_psn(self) -> int:
+        self.psn = (self.psn + 1) & 0xFFFFFF
+        return self.psn
+
+
+def register_names(ports: int, jobs: int) -> dict[int, str]:
+    """Every register a checkpoint reads, by address: the global ones, each job's, and the
+    port and job counters."""
+    names = {a: f"global {a:#06x}" for a in range(W.REG_PORT + 1)}
+    names |= {W.drop_threshold(c): f"drop threshold {c}" for c in range(W.PRIORITY_CLASSES)}
+    for j in range(jobs):
+        for field in ("CONFIG", "SLOT_BASE", "SLOT_COUNT", "CREDITS", "QUORUM", "COMPLETED"):
+            names[W.job_reg(j, getattr(W, f"JOB_{field}"))] = f"job {j} {field}"
+        names |= {W.job_counter(j, n): f"job {j} {n}" for n in W.JOB_COUNTERS}
+    for p in range(ports):
+        names |= {W.port_counter(p, n): f"port {p} {n}" for n in W.PORT_COUNTERS}
+    return names
+
+
+def reads(ports: int, jobs: int, rng: random.Random, psn: int = 0) -> list[Frame]:
+    """Control requests that read every register of `register_names`, from the host on a
+    random port."""
+    addresses = list(register_names(ports, jobs))
+    port = rng.randrange(ports)
+    return [Frame(port, W.control_request([(a, 0) for a in addresses[i:i + 64]], psn + i,
+                                          HOST, SWITCH).frame(), Kind.READ)
+            for i in range(0, len(addresses), W.MAX_CONTROL_RECORDS)]
+
+
+class Traffic:
+    """Good traffic, an epoch at a time (see the module's docstring)."""
+
+    def __init__(self, rng: random.Random, ports: int, jobs: int, max_workers: int,
+                 slots: int, max_payload: int):
+        self.rng, self.np_rng = rng, np.random.default_rng(rng.getrandbits(64))
+        self.ports, self.jobs, self.max_workers, self.slots = ports, jobs, max_workers, slots
+        self.lanes = max_payload // 4
+        self.epochs = 0
+
+    def _member(self, job: int, rank: int) -> Member:
+        rng = self.rng
+        endpoint = W.Endpoint(f"10.{job + 1}.{self.epochs % 200}.{rank + 10}",
+                              0xC100 + 16 * job + rank, 0x020000000000 | (job << 8) | rank)
+        return Member(job, rank, rng.randrange(self.ports), endpoint, rng.randrange(1, 1 << 24),
+                      rng.getrandbits(32), rng.getrandbits(64))
+
+    def _control(self, m: Member, records) -> Frame:
+        records = [(a | W.WRITE, v) for a, v in records]
+        return Frame(m.port, W.control_request(records, m.next_psn(), m.endpoint,
+                                               SWITCH).frame(), Kind.CONTROL)
+
+    def _configure(self, job: int, members: list[Member], base: int, count: int, credits: int,
+                   quorum: int) -> Iterator[Frame]:
+        """The control requests the host sends to set up a job (`host.worker`)."""
+        for m in members:
+            e = m.endpoint
+            yield self._control(m, [
+                (W.worker_reg(job, m.rank, W.WORKER_PORT),
+                 W.WORKER_ENDPOINT.pack(switch_port=m.port, udp_port=e.port)),
+                (W.worker_reg(job, m.rank, W.WORKER_MAC_HI), e.mac >> 32),
+                (W.worker_reg(job, m.rank, W.WORKER_MAC_LO), e.mac & 0xFFFFFFFF),
+                (W.worker_reg(job, m.rank, W.WORKER_IP), W.ip_to_int(e.ip)),
+                (W.worker_reg(job, m.rank, W.WORKER_QPN), m.qpn),
+                (W.worker_reg(job, m.rank, W.WORKER_VA_HI), m.va >> 32),
+                (W.worker_reg(job, m.rank, W.WORKER_VA_LO), m.va & 0xFFFFFFFF)]
+                + ([(W.worker_reg(job, m.rank, W.WORKER_RKEY), m.rkey)] if m.rank else []))
+        yield self._control(members[0], [
+            (W.job_reg(job, W.JOB_SLOT_BASE), base), (W.job_reg(job, W.JOB_SLOT_COUNT), count),
+            (W.job_reg(job, W.JOB_CREDITS), credits), (W.job_reg(job, W.JOB_QUORUM), quorum),
+            (W.job_reg(job, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=len(members))),
+            (W.worker_reg(job, 0, W.WORKER_RKEY), members[0].rkey)])
+
+    def _contribution(self, m: Member, slot: int, use: int, count: int, lanes: np.ndarray,
+                      exponent: int) -> Frame:
+        rng = self.rng
+        marks = {}
+        if rng.random() < 0.2:
+            marks = dict(droppable=True, dscp=W.priority_dscp(rng.randrange(8)))
+        packet = W.contribution(job=m.job, rank=m.rank, slot=slot, version=use % 2,
+                                offset=slot * 4 * self.lanes, lanes=lanes.tobytes(),
+                                psn=m.next_psn(), src=m.endpoint, dst=SWITCH,
+                                exponent=exponent, msn=use * count + slot, **marks)
+        port = rng.randrange(self.ports) if rng.random() < 0.2 else m.port
+        return Frame(port, packet.frame(), Kind.CONTRIBUTION)
+
+    def epoch(self) -> Iterator[Frame]:
+        rng = self.rng
+        if self.epochs == 0:      # the switch's own addresses, as the host writes them
+            yield Frame(0, W.control_request(
+                [(W.WRITE | W.REG_IP, W.ip_to_int(SWITCH.ip)),
+                 (W.WRITE | W.REG_MAC_HI, SWITCH.mac >> 32),
+                 (W.WRITE | W.REG_MAC_LO, SWITCH.mac & 0xFFFFFFFF)], 0, HOST,
+                SWITCH).frame(), Kind.CONTROL)
+        self.epochs += 1
+        jobs, base = {}, rng.randrange(max(1, self.slots - 8))
+        for j in rng.sample(range(self.jobs), min(self.jobs, rng.choice((1, 2)))):
+            members = [self._member(j, r) for r in range(rng.randint(1, min(4, self.max_workers)))]
+            count = min(rng.randint(1, 4), self.slots - base)
+            if count < 1:
+                break
+            n = len(members)
+            credits = rng.choice((0, count, count, 2 * count, rng.randint(1, count)))
+            yield from self._configure(j, members, base, count, credits,
+                                       rng.choice((0, 0, 0, rng.randint(1, n))))
+            jobs[j], base = (members, count), base + count
+        sent = []
+        for use in range(rng.randint(1, 6)):
+            batch = []
+            for members, count in jobs.values():
+                for slot in range(count):
+                    n = rng.choice((1, 2, 3, 4, 8, 16, 31, 64, 128, self.lanes))
+                    for m in members:
+                        lanes = self.np_rng.integers(-(1 << 24), 1 << 24, n, dtype="<i4")
+                        batch.append(self._contribution(m, slot, use, count, lanes,
+                                                        rng.randint(-8, 8)))
+            rng.shuffle(batch)
+            for frame in batch:
+                yield frame
+                if sent and rng.random() < 0.05:   # a retransmission: duplicate or replay
+                    yield dataclasses.replace(rng.choice(sent[-64:]), kind=Kind.RESEND)
+                sent.append(frame)
+        yield from reads(self.ports, self.jobs, rng)
