@@ -165,7 +165,7 @@ class Work:
             v = values * np.float32(2.0 ** shift)
             return np.rint(v, out=v)
         v = N.to_float64(values, self.fmt)
-        v *= 2.0 ** (self.frac - exponent)
+        v *= 2.0 ** shift
         return np.rint(v, out=v)
 
     def stats(self) -> dict:
@@ -393,7 +393,8 @@ def messages_of(work: Work, nslots: int) -> list[Message]:
     if work.loss_budget > 0 and work.fmt.kind == "fixed":
         work.droppable = plan_droppable(chunk_norms(work), work.loss_budget, work.priority)
     leading = exponent_messages(work, nslots)
-    return [message_at(work, i, leading) for i in range(leading + work.chunks)]
+    carries = [-1] * leading + carried_blocks(work, np.arange(work.chunks)).tolist()
+    return [message_at(work, i, leading, carries[i]) for i in range(leading + work.chunks)]
 
 
 def exponent_messages(work: Work, nslots: int) -> int:
@@ -405,18 +406,24 @@ def exponent_messages(work: Work, nslots: int) -> int:
     return min(work.lookahead, -(-work.chunks // work.block))
 
 
-def message_at(work: Work, i: int, leading: int) -> Message:
-    """A tensor's message `i` in dealing order, after `leading` exponent messages."""
+def carried_blocks(work: Work, chunks: np.ndarray) -> np.ndarray:
+    """Per data chunk, the block whose exponent proposal it carries (a block b's first chunk
+    carries block b + lookahead, if the tensor has it; fixed point only), -1 for none."""
+    carried = chunks // work.block + work.lookahead
+    carries = (work.fmt.kind == "fixed") & (chunks % work.block == 0) \
+        & (carried * work.block < work.chunks)
+    return np.where(carries, carried, -1)
+
+
+def message_at(work: Work, i: int, leading: int, carries: int) -> Message:
+    """A tensor's message `i` in dealing order, after `leading` exponent messages, carrying
+    the proposal of block `carries` (`carried_blocks`; -1 for none)."""
     if i < leading:
         return Message(work, MessageKind.EXPONENT, i, pclass=EXPONENT_CLASS)
     c = i - leading
     cls = work.droppable.get(c) if work.droppable else None
-    b = c // work.block
-    fixed = work.fmt.kind == "fixed"
-    ahead = b + work.lookahead
-    carries = ahead if fixed and c % work.block == 0 and ahead * work.block < work.chunks \
-        else -1
-    return Message(work, MessageKind.DATA, c, needs=b if fixed else -1, carries=carries,
+    return Message(work, MessageKind.DATA, c,
+                   needs=c // work.block if work.fmt.kind == "fixed" else -1, carries=carries,
                    droppable=cls is not None, pclass=work.priority if cls is None else cls)
 
 

@@ -34,6 +34,7 @@ from host import numerics as N
 from host.messages import (
     EXPONENT_CLASS,
     Work,
+    carried_blocks,
     deliver_rows,
     exponent_messages,
     message_at,
@@ -59,6 +60,7 @@ class _Span:
     shared: np.ndarray          # per block: its shared exponent (fixed point)
     chunk: np.ndarray           # per message: its data chunk, -1 for an exponent message
     needs: np.ndarray           # per message: the block whose exponent it needs, -1 none
+    carries: np.ndarray         # per message: the block whose proposal it carries, -1 none
     field: np.ndarray           # per message: its ImmDt exponent field
     offset: np.ndarray          # per message: its RETH offset
     dscp: np.ndarray            # per message: its DSCP
@@ -70,15 +72,14 @@ class _Span:
         chunk = np.arange(count) - leading
         data = chunk >= 0
         block = np.where(data, chunk // w.block, -1)
+        carries = np.append(np.full(leading, -1), carried_blocks(w, np.arange(w.chunks)))
         field = np.full(count, N.EXP_NONE, np.int64)
-        if leading:                 # fixed point: a block's first chunk carries a later one's
+        if leading:                 # fixed point: the proposals the messages carry
             field[:leading] = w.proposals[:leading]
-            carried = block + w.lookahead
-            carries = data & (chunk % w.block == 0) & (carried < blocks)
-            field[carries] = w.proposals[carried[carries]]
+            field[carries >= 0] = w.proposals[carries[carries >= 0]]
         return cls(work, first, count, leading, np.append(np.zeros(blocks, bool), True),
                    np.zeros(blocks, np.int64), np.where(data, chunk, -1),
-                   block if leading else np.full(count, -1), field,
+                   block if leading else np.full(count, -1), carries, field,
                    np.where(data, chunk * 4 * w.lanes, 0),
                    np.where(data, W.priority_dscp(w.priority),
                             W.priority_dscp(EXPONENT_CLASS)))
@@ -106,7 +107,6 @@ class PlainWindow:
         self.cur_use = np.zeros(n, np.int64)
         self.tag = np.zeros(n, np.int64)
         self.whole = np.zeros(n, np.int64)          # the check lane of a complete result
-        self.scale = np.zeros(n, np.int64)          # a data chunk's shared exponent
         self.last_psn = np.array([_NO_PSN if st.last_psn == -float("inf") else st.last_psn
                                   for st in e.slots], np.int64)
         self.sent_at = np.zeros(n)
@@ -168,14 +168,13 @@ class PlainWindow:
         exponent = np.asarray(batch.exponent)[rows]
         for span in self._spans_of(g):
             mine = (g >= span.first) & (g < span.first + span.count)
-            self._taken(span, g[mine] - span.first, rows[mine], done[mine], exponent[mine],
-                        batch.lanes)
+            self._taken(span, g[mine] - span.first, rows[mine], exponent[mine], batch.lanes)
         self.spans = [span for span in self.spans if not span.work.done]
         return np.flatnonzero(~ok).tolist()
 
-    def _taken(self, span: _Span, i: np.ndarray, rows: np.ndarray, done: np.ndarray,
-               exponent: np.ndarray, lanes: np.ndarray):
-        """Messages `i` of a span completed, by results `rows` in slots `done`."""
+    def _taken(self, span: _Span, i: np.ndarray, rows: np.ndarray, exponent: np.ndarray,
+               lanes: np.ndarray):
+        """Messages `i` of a span completed, by results `rows`."""
         w, e = span.work, self.engine
         leading = span.leading
         exps = i < leading
@@ -184,17 +183,15 @@ class PlainWindow:
         data = ~exps
         if not data.any():
             return
-        chunk = i[data] - leading
-        if leading:                         # a block's first chunk carries a later block's
-            x = exponent[data]
-            carried = chunk // w.block + w.lookahead
-            carrying = (chunk % w.block == 0) & (carried < len(span.shared)) \
-                & (x != N.EXP_NONE)
+        i, chunk = i[data], i[data] - leading
+        if leading:                         # the proposals carried: later blocks' exponents
+            x, carried = exponent[data], span.carries[i]
+            carrying = (carried >= 0) & (x != N.EXP_NONE)
             for b, v in zip(carried[carrying].tolist(), x[carrying].tolist()):
                 if b not in w.exponents:
                     span.know(b, v)
         e.stats.update(deliver_rows(w, chunk, lanes[rows[data], :-1],
-                                    self.scale[done[data]] if leading else None,
+                                    span.shared[span.needs[i]] if leading else None,
                                     [e.workers], e.workers))
         e._finish_chunk(w, len(chunk))
 
@@ -231,15 +228,14 @@ class PlainWindow:
         self.whole[slots] = e.workers * tag + e.check_lane.everyone
         spans = self._spans_of(g)
         if len(spans) == 1:
-            lanes, exponent, offset, dscp = self._payloads(spans[0], g - spans[0].first, slots,
-                                                           tag)
+            lanes, exponent, offset, dscp = self._payloads(spans[0], g - spans[0].first, tag)
         else:
             lanes = np.zeros((len(g), spans[0].work.lanes + 1), np.int32)
             exponent, offset, dscp = np.zeros_like(g), np.zeros_like(g), np.zeros_like(g)
             for span in spans:
                 mine = (g >= span.first) & (g < span.first + span.count)
                 lanes[mine], exponent[mine], offset[mine], dscp[mine] = self._payloads(
-                    span, g[mine] - span.first, slots[mine], tag[mine])
+                    span, g[mine] - span.first, tag[mine])
         datagrams = e.writer.datagrams(
             lanes, paths=[0] * len(slots), slot=slots, version=use & 1, offset=offset,
             msn=self.dealt + g, psn=e.psns.take(len(slots)), exponent=exponent,
@@ -269,9 +265,9 @@ class PlainWindow:
             ahead = use - self.tag_base[slots]
         return self.tag_table[slots, ahead]
 
-    def _payloads(self, span: _Span, i: np.ndarray, slots: np.ndarray, tag: np.ndarray):
+    def _payloads(self, span: _Span, i: np.ndarray, tag: np.ndarray):
         """The lanes (check lane sealed), ImmDt exponent fields, RETH offsets and DSCPs of a
-        span's messages `i` starting in `slots` with tags `tag`."""
+        span's messages `i` starting with tags `tag`."""
         w, e = span.work, self.engine
         chunk = span.chunk[i]
         if i.min() >= span.leading:             # (a step's usual batch: data chunks only)
@@ -283,8 +279,6 @@ class PlainWindow:
             if data.any():
                 lanes[data], saturated[data] = w.lanes_of(chunk[data])
         lanes[:, -1] = np.where(saturated, N.INT32_MAX, e.check_lane.seal(tag, e.rank))
-        if span.leading:
-            self.scale[slots] = span.shared[span.needs[i]]
         return lanes, span.field[i], span.offset[i], span.dscp[i]
 
     # --- leaving ------------------------------------------------------------------------
@@ -315,7 +309,8 @@ class PlainWindow:
                 st.last_msn = self.dealt + int(self.next[s]) - self.slots
             for g in inflight + list(range(int(self.next[s]), self.total, self.slots)):
                 span = spans[int(np.searchsorted(starts, g, side="right")) - 1]
-                m = message_at(span.work, g - span.first, span.leading)
+                m = message_at(span.work, g - span.first, span.leading,
+                               int(span.carries[g - span.first]))
                 m.slot, m.seq = s, self.dealt + g
                 if g != self.cur[s]:
                     st.queue.append(m)
