@@ -32,7 +32,7 @@ class Registers:
         if addr < W.PORT_COUNTERS_BASE:
             j, off = divmod(addr - W.JOB_BASE, W.JOB_STRIDE)
             if j >= self.jobs:
-                return None, 0, 0
+                return Space.NONE, 0, 0
             if off >= W.WORKER_BASE:
                 rank, field = divmod(off - W.WORKER_BASE, W.WORKER_STRIDE)
                 if rank >= self.max_workers:
