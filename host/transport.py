@@ -348,8 +348,9 @@ class UdpTransport(Transport):
             pass        # a full buffer: as a lost packet
 
     def send_batch(self, datagrams: list, paths: list[int], dscps: list[int]):
+        size = len(datagrams[0])
         if paths.count(paths[0]) == len(paths) and dscps.count(dscps[0]) == len(dscps) \
-                and len(datagrams[0]) * len(datagrams) == sum(map(len, datagrams)):
+                and all(len(d) == size for d in datagrams):
             self._set_tos(paths[0], dscps[0])       # (a step's usual batch: one run)
             self.runs.send(self.socks[paths[0]], datagrams)
             return

@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import socket
 import struct
-import zlib
 
 import numpy as np
 
@@ -49,11 +48,11 @@ def ident_deltas(length: int) -> np.ndarray:
     of a datagram (BTH .. ICRC) of `length` bytes, as the ICRC field's little-endian word."""
     covered = 8 + W.IP_LEN + W.UDP_LEN + length - W.ICRC_LEN
     zero = bytearray(covered)
-    base = zlib.crc32(zero)
+    base = W.crc32(zero)
     deltas = np.zeros(MAX_SEGMENTS, np.uint32)
     for i in range(1, MAX_SEGMENTS):
         zero[_IDENT_AT:_IDENT_AT + 2] = i.to_bytes(2, "big")
-        deltas[i] = zlib.crc32(zero) ^ base
+        deltas[i] = W.crc32(zero) ^ base
     return deltas
 
 

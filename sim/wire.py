@@ -390,24 +390,21 @@ class IcrcCheck:
 
     def run(self, data: bytes, size: int, sender: tuple[str, int]) -> tuple[list, int]:
         """The datagrams of a run of `size`-byte datagrams from one sender (as UDP_GRO
-        merges them) whose ICRC holds, and how many did not."""
+        merges them) whose ICRC holds, and how many did not. A run of whole datagrams that
+        share their first 8 bytes (a switch's results to one worker) shares one CRC state
+        and is compared as an array; any other is checked a datagram at a time."""
         view = memoryview(data)
+        datagrams = [view[at:at + size] for at in range(0, len(data), size)]
         full = len(data) // size
-        if size % 4 or full * size != len(data) or size < 8 + ICRC_LEN:
-            good = [d for d in (view[at:at + size] for at in range(0, len(data), size))
-                    if self.holds(d, sender)]
-            return good, -(-len(data) // size) - len(good)
-        words = np.frombuffer(data, "<u4").reshape(full, size // 4)
-        if (words[:, :2] != words[0, :2]).any():
-            good = [d for d in (view[at:at + size] for at in range(0, len(data), size))
-                    if self.holds(d, sender)]
-            return good, full - len(good)
+        words = np.frombuffer(data, "<u4").reshape(full, size // 4) \
+            if size % 4 == 0 and full * size == len(data) and size >= 8 + ICRC_LEN else None
+        if words is None or (words[:, :2] != words[0, :2]).any():
+            good = [d for d in datagrams if self.holds(d, sender)]
+            return good, len(datagrams) - len(good)
         end = size - ICRC_LEN
         state = self._state(sender, end, bytes(view[:8]))
-        crcs = np.fromiter((crc32(view[at + 8:at + end], state)
-                            for at in range(0, len(data), size)), np.uint32, full)
-        ok = (crcs == words[:, -1]).tolist()
-        good = [view[i * size:(i + 1) * size] for i in range(full) if ok[i]]
+        crcs = np.fromiter((crc32(d[8:end], state) for d in datagrams), np.uint32, full)
+        good = [d for d, ok in zip(datagrams, (crcs == words[:, -1]).tolist()) if ok]
         return good, full - len(good)
 
 

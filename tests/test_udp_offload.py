@@ -129,3 +129,23 @@ def test_netagg_gso_0_sends_one_datagram_a_call(monkeypatch):
             counters = w.counters()
     np.testing.assert_array_equal(out, x)
     assert counters["gso_runs"] == 0 and counters["packets_sent"] >= 50_000 // N_LANES
+
+
+def test_a_gro_run_keeps_the_datagrams_whose_icrc_holds_and_counts_the_others():
+    """As a worker checks the results a switch sent: the ICRC over the canonical headers
+    from the sender to the receiver, whole runs as an array, others one at a time."""
+    sender = (DST.ip, 49152)
+    receiver = W.IcrcCheck(SRC)
+    results = [W.contribution(job=0, rank=1, slot=s, version=0, offset=0,
+                              lanes=np.arange(64, dtype="<i4").tobytes(), psn=s,
+                              src=W.Endpoint(*sender), dst=SRC, msn=s).datagram()
+               for s in range(5)]
+    corrupted = bytearray(results[2])
+    corrupted[40] ^= 1
+    run = b"".join(results[:2]) + bytes(corrupted) + b"".join(results[3:])
+    good, bad = receiver.run(run, len(results[0]), sender)
+    assert [bytes(d) for d in good] == results[:2] + results[3:] and bad == 1
+    # a run whose last datagram is shorter (checked one at a time)
+    short = results[4][:-8]
+    good, bad = receiver.run(b"".join(results[:4]) + short, len(results[0]), sender)
+    assert [bytes(d) for d in good] == results[:4] and bad == 1
