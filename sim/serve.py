@@ -341,9 +341,15 @@ class SimServer:
                 continue
             end = W.ETH_LEN + (frame[W.IP_OFFSET + 2] << 8 | frame[W.IP_OFFSET + 3])
             datagram = memoryview(frame)[W.BTH_OFFSET:end]
-            key = (source, dst, len(datagram) if dst[0].startswith("127.") else id(frame))
-            runs.setdefault(key, [sock]).append(datagram)
-        for (_, dst, _), (sock, *run) in runs.items():
+            if dst[0].startswith("127."):
+                runs.setdefault((sock, dst, len(datagram)), []).append(datagram)
+                continue
+            try:
+                sock.sendto(datagram, dst)
+                stats["datagrams_out"] += 1
+            except OSError:
+                stats["undeliverable"] += 1
+        for (sock, dst, _), run in runs.items():
             try:
                 self._runs.send(sock, run, dst)
                 stats["datagrams_out"] += len(run)
