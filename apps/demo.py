@@ -21,8 +21,7 @@ import time
 import uuid
 
 import numpy as np
-
-from host import numerics as N
+from netagg.host import numerics as N
 
 
 def demo_data(rank: int, values: int, seed: int, dtype: str = "float32") -> np.ndarray:
@@ -43,7 +42,7 @@ def worker_main(rank: int, world: int, url: str, local_size: int, session: str, 
     barrier the workers pass together once set up, so that the timed allreduce does not
     include the processes' start-up skew (a peer still importing numpy looks to the others
     like lost packets: they retransmit until it sends)."""
-    from host import Worker
+    from netagg.host import Worker
     try:
         data = demo_data(rank, values, seed, dtype)
         pieces = np.array_split(data, steps)
@@ -174,12 +173,11 @@ def demo(workers: int = 4, nodes: int = 2, values: int = 2_000_000, backend: str
          steps: int = 8, as_json: bool = False, pcap: str | None = None,
          timeout: float = 60.0, paths: int = 1, spray: str = "round_robin",
          switch: str | None = None, binds=None, switch_params: dict | None = None) -> dict:
+    from netagg.apps.probe import sources
+    from netagg.host.control import SwitchControl
+    from netagg.sim.serve import SimServer, make_backend
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from apps.probe import sources
-    from host.control import SwitchControl
-    from sim.serve import SimServer, make_backend
 
     console = Console(stderr=True, quiet=as_json)
     server = None
@@ -261,10 +259,9 @@ def bench_allreduce(sizes, workers: int = 4, backend: str = "golden", transports
     worker against `SimServer`); and, with `simulator`, the switch RTL's cycles per second
     driven from Python (frames in and out through sim.model) beside a pure C++ loop over the
     same model and the same aggregation traffic."""
+    from netagg.host import Worker
+    from netagg.sim.serve import SimServer, make_backend
     from rich.console import Console
-
-    from host import Worker
-    from sim.serve import SimServer, make_backend
 
     console = Console(stderr=True, quiet=quiet)
     out = {"bench": "allreduce", "backend": backend, "workers": workers, "dtype": "float32",
@@ -298,7 +295,7 @@ def bench_allreduce(sizes, workers: int = 4, backend: str = "golden", transports
             console.print(f"UDP        {size:>10,} B: {r['goodput_MBps']:8.3f} MB/s "
                           f"({r['seconds']:.3f} s, {r['retransmissions']} retransmissions)")
     if simulator:
-        from sim import model
+        from netagg.sim import model
         with console.status("the switch RTL driven from Python and from a C++ loop ..."):
             params = dict(RTL_PARAMS)
             out["simulator"] = model.bench(

@@ -14,11 +14,11 @@ import ipaddress
 import socket
 import time
 
-from host import netif
-from host.control import SwitchControl
-from host.engine import NetaggError
-from host.transport import UdpTransport, parse_udp_url
-from sim import wire as W
+from netagg.host import netif
+from netagg.host.control import SwitchControl
+from netagg.host.engine import NetaggError
+from netagg.host.transport import UdpTransport, parse_udp_url
+from netagg.sim import wire as W
 
 JOB_FIELDS = (("config", W.JOB_CONFIG), ("slot_base", W.JOB_SLOT_BASE),
               ("slot_count", W.JOB_SLOT_COUNT), ("credits", W.JOB_CREDITS),

@@ -42,10 +42,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from sim import wire as W
-
-ROOT = Path(__file__).resolve().parent.parent
+from netagg.sim import wire as W
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,9 +72,7 @@ def torchrun(target: list[str], *, url: str, nodes: int, per_node: int, logs: Pa
     procs, files = [], []
     for node in range(nodes):
         env = {**os.environ, "NETAGG_SWITCH": url, "GLOO_SOCKET_IFNAME": "lo",
-               "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
-                                                           os.environ.get("PYTHONPATH")]))}
+               "OMP_NUM_THREADS": "1"}
         if binds:
             env["NETAGG_BIND"] = binds[node % len(binds)]
         files.append(logs / (re.sub(r"[^\w.]+", "-", what) + f"-node{node}.log"))
@@ -114,7 +109,7 @@ def _tail(log: Path, lines: int = 40) -> str:
 
 def _drop_everything(url: str, on: bool, saved: list[int] | None = None) -> list[int]:
     """Every class's drop threshold to 0 (on), or back to `saved`; returns the old ones."""
-    from host.control import SwitchControl
+    from netagg.host.control import SwitchControl
 
     ctl = SwitchControl(url)
     try:
@@ -129,12 +124,11 @@ def _drop_everything(url: str, on: bool, saved: list[int] | None = None) -> list
 def train_runs(workers: int = 4, nodes: int = 2, epochs: int = 15, seed: int = 0,
                loss_budget: float = 0.05, backend: str = "golden", runs=RUNS,
                timeout: float = 600.0, quiet: bool = False) -> dict:
+    from netagg.apps.probe import sources
+    from netagg.apps.torch_train import digits
+    from netagg.apps.train import switch_counters
+    from netagg.sim.bench import start_server
     from rich.console import Console
-
-    from apps.probe import sources
-    from apps.torch_train import digits
-    from apps.train import switch_counters
-    from sim.bench import start_server
 
     if workers % nodes:
         raise ValueError(f"{workers} workers do not split into {nodes} nodes")
@@ -158,7 +152,7 @@ def train_runs(workers: int = 4, nodes: int = 2, epochs: int = 15, seed: int = 0
                 try:
                     with console.status(f"run {run.name}: {workers} processes in {nodes} "
                                         f"nodes under torchrun"):
-                        torchrun(["-m", "apps.torch_train", "--backend", run.backend,
+                        torchrun(["-m", "netagg.apps.torch_train", "--backend", run.backend,
                                   *args], url=url, nodes=nodes, per_node=workers // nodes,
                                  logs=tmp, what=f"netagg train: run {run.name}",
                                  timeout=timeout, binds=binds)

@@ -100,7 +100,7 @@ def train(args) -> dict | None:
     torch.manual_seed(args.seed)
     model = nn.parallel.DistributedDataParallel(DigitsCNN())
     if args.backend == "netagg":
-        from host.torch_hook import register
+        from netagg.host.torch_hook import register
         register(model, loss_budget=args.loss_budget)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     n = len(data["y_train"])
@@ -154,7 +154,7 @@ def train(args) -> dict | None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m apps.torch_train", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m netagg.apps.torch_train", description=__doc__)
     p.add_argument("--backend", choices=["gloo", "netagg"], required=True)
     p.add_argument("--data", required=True, help=".npz of digits() (netagg train writes it)")
     p.add_argument("--out", required=True, help="rank 0 writes the run's JSON here")
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.backend == "netagg":
-        import host.torch_backend  # noqa: F401  (registers the backend)
+        import netagg.host.torch_backend  # noqa: F401  (registers the backend)
     dist.init_process_group(args.backend)
     try:
         report = train(args)

@@ -28,10 +28,9 @@ import time
 import uuid
 
 import numpy as np
-
-from host.control import SwitchControl
-from host.worker import Worker
-from sim import wire as W
+from netagg.host.control import SwitchControl
+from netagg.host.worker import Worker
+from netagg.sim import wire as W
 
 # Layer priorities: the first layer's weights (most of the gradient) in the default class,
 # its biases and the output layer higher.
@@ -121,7 +120,7 @@ def train(switch=None, *, workers: int = 4, steps: int = 100, batch: int = 32,
     the workers counted: contributions sent, priority drops and their fraction, lost
     contributions, chunks scaled up or filled in, and the run's seconds."""
     if switch is None:
-        from sim.golden import GoldenSwitch
+        from netagg.sim.golden import GoldenSwitch
         switch = GoldenSwitch()
     data = make_data(seed) if data is None else data
     priorities = dict(PRIORITIES if priorities is None else priorities)

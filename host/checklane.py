@@ -48,9 +48,8 @@ import enum
 import math
 
 import numpy as np
-
-from host.messages import MessageKind, Result, Send, SlotState
-from host.retransmit import RttEstimator
+from netagg.host.messages import MessageKind, Result, Send, SlotState
+from netagg.host.retransmit import RttEstimator
 
 MEMBERSHIP_MAX_WORKERS = 16     # up to this, the check lane also carries the contributors
 POKE_RTOS = 16                  # a waiting rank asks for its result after this many RTOs

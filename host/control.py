@@ -29,10 +29,10 @@ import dataclasses
 import time
 from typing import Callable
 
-from host import transport as T
-from host.errors import NetaggError, NetaggTimeout
-from host.retransmit import RetransmitTimer, RttEstimator
-from sim import wire as W
+from netagg.host import transport as T
+from netagg.host.errors import NetaggError, NetaggTimeout
+from netagg.host.retransmit import RetransmitTimer, RttEstimator
+from netagg.sim import wire as W
 
 CONTROL_RTO_MIN = 0.05      # the shortest wait for a control answer, in seconds
 

@@ -53,13 +53,12 @@ import time
 from typing import Callable
 
 import numpy as np
-
-from host import numerics as N
-from host import transport as T
-from host.checklane import MEMBERSHIP_MAX_WORKERS, CheckLane, poke_delay
-from host.control import ControlChannel, PsnCounter
-from host.errors import NetaggError, NetaggTimeout
-from host.messages import (
+from netagg.host import numerics as N
+from netagg.host import transport as T
+from netagg.host.checklane import MEMBERSHIP_MAX_WORKERS, CheckLane, poke_delay
+from netagg.host.control import ControlChannel, PsnCounter
+from netagg.host.errors import NetaggError, NetaggTimeout
+from netagg.host.messages import (
     DEFAULT_PRIORITY,
     Dealer,
     Message,
@@ -70,11 +69,11 @@ from host.messages import (
     messages_of,
     plan_droppable,
 )
-from host.retransmit import RttEstimator
-from host.taking import Taking
-from host.window import PlainWindow
-from host.wire_arrays import ContributionWriter
-from sim import wire as W
+from netagg.host.retransmit import RttEstimator
+from netagg.host.taking import Taking
+from netagg.host.window import PlainWindow
+from netagg.host.wire_arrays import ContributionWriter
+from netagg.sim import wire as W
 
 __all__ = ["Engine", "JoinCheck", "Work", "NetaggError", "NetaggTimeout", "DEFAULT_PRIORITY",
            "plan_droppable"]

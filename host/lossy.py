@@ -7,8 +7,8 @@ import heapq
 import random
 import time
 
-from host.transport import Transport
-from sim import wire as W
+from netagg.host.transport import Transport
+from netagg.sim import wire as W
 
 
 class LossyTransport(Transport):

@@ -43,10 +43,9 @@ import enum
 import math
 
 import numpy as np
-
-from host import numerics as N
-from host.retransmit import RetransmitTimer
-from sim import wire as W
+from netagg.host import numerics as N
+from netagg.host.retransmit import RetransmitTimer
+from netagg.sim import wire as W
 
 DEFAULT_PRIORITY = 4
 EXPONENT_CLASS = W.PRIORITY_CLASSES - 1

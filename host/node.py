@@ -21,8 +21,7 @@ import zlib
 from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
-
-from host.errors import NetaggTimeout
+from netagg.host.errors import NetaggTimeout
 
 # The creator owns a segment: an attaching worker must not register it with the resource
 # tracker (which would unlink it at exit, or complain when the creator unlinks it). Attaching

@@ -26,12 +26,11 @@ from __future__ import annotations
 import time
 
 import numpy as np
-
-from host import numerics as N
-from host.checklane import Match, Outcome
-from host.messages import Message, MessageKind, Result, Send, SlotState, Work, deliver
-from host.wire_arrays import read_results
-from sim import wire as W
+from netagg.host import numerics as N
+from netagg.host.checklane import Match, Outcome
+from netagg.host.messages import Message, MessageKind, Result, Send, SlotState, Work, deliver
+from netagg.host.wire_arrays import read_results
+from netagg.sim import wire as W
 
 
 class Taking:

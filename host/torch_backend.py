@@ -1,7 +1,7 @@
 """The "netagg" backend of torch.distributed: all_reduce through the switch, the rest by gloo.
 
     import torch.distributed as dist
-    import host.torch_backend                   # registers the backend "netagg"
+    import netagg.host.torch_backend                   # registers the backend "netagg"
     dist.init_process_group("netagg")           # under torchrun; NETAGG_SWITCH=udp://...
 
 Set-up (`init_process_group`, through torch's plugin interface): the rank and world size are
@@ -44,11 +44,10 @@ import warnings
 
 import torch
 import torch.distributed as dist
-
-from host.errors import NetaggError
-from host.torch_tensors import as_array, store_result, switch_op
-from host.torch_work import Completer, NetaggWork, Pending
-from host.worker import Worker
+from netagg.host.errors import NetaggError
+from netagg.host.torch_tensors import as_array, store_result, switch_op
+from netagg.host.torch_work import Completer, NetaggWork, Pending
+from netagg.host.worker import Worker
 
 BACKEND = "netagg"
 MAX_WORKER_TIMEOUT = 60.0       # seconds without progress before an allreduce fails

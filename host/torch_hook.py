@@ -29,10 +29,9 @@ import dataclasses
 
 import torch
 import torch.distributed as dist
+from netagg.host.torch_backend import NetaggProcessGroup
+from netagg.host.torch_tensors import switch_op
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-from host.torch_backend import NetaggProcessGroup
-from host.torch_tensors import switch_op
 
 WEIGHT_CLASSES = (3, 4, 5)      # weights, first layers lowest
 BIAS_CLASS = 6                  # biases and norms

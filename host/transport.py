@@ -43,11 +43,11 @@ import threading
 import time
 import urllib.parse
 
-from host import netif
-from sim import udp_offload
-from sim import wire as W
-from sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, request_on, switch_port_for
-from sim.wire import CONTROL_FIRST_BYTE
+from netagg.host import netif
+from netagg.sim import udp_offload
+from netagg.sim import wire as W
+from netagg.sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, request_on, switch_port_for
+from netagg.sim.wire import CONTROL_FIRST_BYTE
 
 SWITCH_IP = "10.0.0.1"          # the switch's address for in-process workers
 

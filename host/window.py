@@ -29,9 +29,8 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-
-from host import numerics as N
-from host.messages import (
+from netagg.host import numerics as N
+from netagg.host.messages import (
     EXPONENT_CLASS,
     Work,
     carried_blocks,
@@ -39,8 +38,8 @@ from host.messages import (
     exponent_messages,
     message_at,
 )
-from host.retransmit import RetransmitTimer
-from sim import wire as W
+from netagg.host.retransmit import RetransmitTimer
+from netagg.sim import wire as W
 
 _NO_PSN = -(1 << 62)            # the credit limit of a slot that has taken no result
 TAG_USES = 16                   # the check lane's tags computed ahead, per slot

@@ -26,10 +26,9 @@ import dataclasses
 import functools
 
 import numpy as np
-
-from host import numerics as N
-from host.messages import Result
-from sim import wire as W
+from netagg.host import numerics as N
+from netagg.host.messages import Result
+from netagg.sim import wire as W
 
 _HEAD = [("opcode", "u1"), ("flags", "u1"), ("pkey", ">u2"), ("dqpn", ">u4"), ("psn", ">u4"),
          ("va", ">u8"), ("rkey", ">u4"), ("dma_length", ">u4"), ("imm", ">u4")]

@@ -1,6 +1,6 @@
 """The worker API, in the style of torch.distributed.
 
-    from host import Worker
+    from netagg.host import Worker
     w = Worker(rank, world_size, switch="udp://127.0.0.1:4791", session="run-42")
     total = w.allreduce(gradient)                  # blocking, returns a new array
     h = w.allreduce_async([g1, g2], op="mean")     # several tensors in one step
@@ -66,17 +66,16 @@ import time
 import zlib
 
 import numpy as np
-
-from host import netif
-from host import numerics as N
-from host import transport as T
-from host.control import SwitchControl, make_transport, read_params
-from host.engine import Engine, JoinCheck
-from host.errors import NetaggError, NetaggTimeout
-from host.lossy import LossyTransport
-from host.messages import DEFAULT_PRIORITY, Work
-from host.progress import Progress
-from sim import wire as W
+from netagg.host import netif
+from netagg.host import numerics as N
+from netagg.host import transport as T
+from netagg.host.control import SwitchControl, make_transport, read_params
+from netagg.host.engine import Engine, JoinCheck
+from netagg.host.errors import NetaggError, NetaggTimeout
+from netagg.host.lossy import LossyTransport
+from netagg.host.messages import DEFAULT_PRIORITY, Work
+from netagg.host.progress import Progress
+from netagg.sim import wire as W
 
 __all__ = ["Worker", "Handle", "SwitchControl", "NetaggError", "NetaggTimeout"]
 
@@ -185,7 +184,7 @@ class Worker:
             self.engine = None
         self.shm = None
         if local_size > 1:
-            from host.node import NodeShm
+            from netagg.host.node import NodeShm
             self.shm = NodeShm(self.session, self.node, self.local_rank, local_size, timeout)
         self.progress = None        # the background progress of a UDP worker
         if self.engine is not None and transport.driver is not None:

@@ -109,7 +109,8 @@ class Egress(wiring.Component):
         reply_to = self.reply_to
         m.d.comb += [
             header.eth.ethertype.eq(H.ETHERTYPE_IPV4),
-            header.ip.version.eq(4), header.ip.ihl.eq(5), header.ip.flags.eq(H.IP_FLAGS_DF),
+            header.ip.version.eq(H.IPV4_VERSION), header.ip.ihl.eq(H.IPV4_IHL),
+            header.ip.flags.eq(H.IP_FLAGS_DF),
             header.ip.ttl.eq(H.RESULT_TTL), header.ip.protocol.eq(H.IP_PROTO_UDP),
             header.bth.pkey.eq(H.PKEY_DEFAULT), header.payload_length.eq(desc.length),
         ]

@@ -85,6 +85,7 @@ AETH = Header("AETH", {"syndrome": 8, "msn": 24})
 
 ETHERTYPE_IPV4 = 0x0800
 IP_PROTO_UDP = 17
+IPV4_VERSION, IPV4_IHL = 4, 5       # IPv4 without options: its first byte 0x45
 ROCEV2_PORT = 4791
 
 ETH_OFFSET = 0

@@ -26,9 +26,8 @@ import sys
 import time
 
 import psutil
-
-from sim import wire as W
-from sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, request_on
+from netagg.sim import wire as W
+from netagg.sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, request_on
 
 # BTH, RETH and ImmDt of a contribution: the header the senders write for each use.
 _HEAD = struct.Struct("!BBHIIQIII")

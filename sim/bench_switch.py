@@ -23,8 +23,7 @@ import cocotb
 import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
-
-from sim import wire as W
+from netagg.sim import wire as W
 
 PARAMS = json.loads(os.environ.get("NETAGG_SWITCH", "{}"))
 PORTS = PARAMS.get("ports", 4)

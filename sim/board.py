@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from hw.headers import ROCEV2_PORT
+from netagg.hw.headers import ROCEV2_PORT
 
 from .verilated import (
     ContractError,
@@ -96,7 +96,7 @@ def clock_ratio(core_hz: float) -> int:
 
 def longest_frame() -> int:
     """The longest frame a board's port carries: what the MACs' buffers hold."""
-    from hw.mac import Mac
+    from netagg.hw.mac import Mac
 
     return inspect.signature(Mac).parameters["buffer_bytes"].default
 
@@ -141,8 +141,8 @@ class BoardSim(LoadedModel):
     """
 
     def __init__(self, board: str):
-        from bitstreams import target
-        from bitstreams.top import WIDTH
+        from netagg.bitstreams import target
+        from netagg.bitstreams.top import WIDTH
 
         self.board = board
         self.target = target(board)
@@ -203,7 +203,7 @@ def _serve_on_taps(board: str, prefix: str) -> int:
     from . import tap as T
 
     try:
-        from bitstreams import target
+        from netagg.bitstreams import target
 
         ports = len(target(board).ports)
     except ModuleNotFoundError as exc:

@@ -89,7 +89,7 @@ def _design_sources(top: str) -> list[Path]:
     board top its design and targets in bitstreams/ (not the bitstream flow)."""
     paths = [*(ROOT / "hw").rglob("*.py"), ROOT / "sim" / "tops.py"]
     if top == "board":
-        from bitstreams import BOARDS
+        from netagg.bitstreams import BOARDS
 
         paths += [ROOT / "bitstreams" / f"{name}.py" for name in ("__init__", "top", *BOARDS)]
     return sorted(paths)

@@ -23,10 +23,10 @@ import functools
 import struct
 from typing import NamedTuple
 
-from hw import headers as H
-from hw.headers import Verdict
-from hw.parser import MIN_ETHERNET_FRAME
-from sim import wire as W
+from netagg.hw import headers as H
+from netagg.hw.headers import Verdict
+from netagg.hw.parser import MIN_ETHERNET_FRAME
+from netagg.sim import wire as W
 
 OK = Verdict.OK         # the verdict every frame is compared with, bound once
 
@@ -88,11 +88,11 @@ def checks(headers: bytes, n: int) -> tuple[int, Header | None, int, int]:
     # zeros beyond the frame are only read after a length check has failed
     (ethertype, *ip, _sport, dport, udp_length, _udp_checksum, opcode, flags, _pkey,
      dqpn) = HEADERS.unpack(headers + bytes(HEADERS.size - len(headers)))
-    if ethertype != 0x0800:
+    if ethertype != H.ETHERTYPE_IPV4:
         return Verdict.NOT_ROCE, None, 0, 0
     if n < W.UDP_OFFSET:
         return Verdict.TRUNCATED, None, 0, 0
-    if ip[0] >> 8 != 0x45 or ip[3] & 0x3FFF or ip[4] & 0xFF != 17:
+    if ip[0] >> 8 != W.IPV4_FIRST_BYTE or ip[3] & 0x3FFF or ip[4] & 0xFF != H.IP_PROTO_UDP:
         return Verdict.NOT_ROCE, None, 0, 0
     if W.ipv4_checksum(headers[2:2 + W.IP_LEN]):
         return Verdict.BAD_IP_CHECKSUM, None, 0, 0

@@ -32,9 +32,8 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-
-from sim import wire as W
-from sim.codec import (
+from netagg.sim import wire as W
+from netagg.sim.codec import (
     CHECKED,
     ICRC_WORD,
     OK,
@@ -45,7 +44,7 @@ from sim.codec import (
     request,
     result_imm,
 )
-from sim.golden import GoldenSwitch, Job, SlotCopy, _signed
+from netagg.sim.golden import GoldenSwitch, Job, SlotCopy, _signed
 
 _RETH_AT = W.BTH_OFFSET + W.BTH_LEN                     # the RETH's offset in a frame
 _SHORTEST = _RETH_AT + RETH_IMM.size + 4 + ICRC_WORD.size   # a contribution of one lane

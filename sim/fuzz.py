@@ -34,11 +34,10 @@ import time
 from collections.abc import Iterable, Iterator
 
 import numpy as np
-
-from sim import wire as W
-from sim.codec import OK, contribution, decode
-from sim.fuzz_mutations import Mutator
-from sim.fuzz_traffic import HOST, SWITCH, Frame, Kind, Traffic, reads, register_names
+from netagg.sim import wire as W
+from netagg.sim.codec import OK, contribution, decode
+from netagg.sim.fuzz_mutations import Mutator
+from netagg.sim.fuzz_traffic import HOST, SWITCH, Frame, Kind, Traffic, reads, register_names
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 MUTATION_RATE = 0.5           # mutated frames per good frame after it (a fifth more ahead)
@@ -240,7 +239,7 @@ class Comparer:
 
     def _batch(self, batch: list[tuple[int, Frame]]) -> bool:
         """One batch through both switches; False if the RTL did not go quiet."""
-        from sim.model import SimulationTimeout
+        from netagg.sim.model import SimulationTimeout
 
         s = self.summary
         s.batches += 1
@@ -348,8 +347,8 @@ def main(frames: int, seed: int, as_json: bool = False, width: int = 64,
     minimised with `shrink`; exit status 1 on any difference or wrong sum."""
     import json
 
-    from sim.golden import GoldenSwitch
-    from sim.model import make_switch
+    from netagg.sim.golden import GoldenSwitch
+    from netagg.sim.model import make_switch
 
     with make_switch(width=width) as rtl:
         s = Comparer(rtl, GoldenSwitch(width=width), seed).run(stream(seed, frames))

@@ -24,9 +24,9 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from hw import headers as H
-from sim import wire as W
-from sim.fuzz_traffic import Kind
+from netagg.hw import headers as H
+from netagg.sim import wire as W
+from netagg.sim.fuzz_traffic import Kind
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,8 +18,7 @@ import random
 from collections.abc import Iterator
 
 import numpy as np
-
-from sim import wire as W
+from netagg.sim import wire as W
 
 SWITCH = W.Endpoint("10.0.0.1", W.ROCEV2_PORT, 0x02AA00000001)
 HOST = W.Endpoint("10.0.255.254", 0xD000, 0x02BB000000FE)     # where register reads come from

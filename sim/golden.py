@@ -71,10 +71,9 @@ import dataclasses
 import struct
 
 import numpy as np
-
-from hw.headers import Verdict
-from sim import wire as W
-from sim.codec import (
+from netagg.hw.headers import Verdict
+from netagg.sim import wire as W
+from netagg.sim.codec import (
     OK,
     Extension,
     Header,
@@ -84,7 +83,7 @@ from sim.codec import (
     decode,
     result_imm,
 )
-from sim.golden_registers import Registers
+from netagg.sim.golden_registers import Registers
 
 # The port counter of each verdict but OK (as `hw.control` counts them).
 VERDICT_COUNTERS = {v: f"drop_{v.name.lower()}" for v in Verdict if v != Verdict.OK}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 
-from sim import wire as W
+from netagg.sim import wire as W
 
 
 class Space(enum.Enum):

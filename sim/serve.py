@@ -44,9 +44,9 @@ import sys
 import threading
 import time
 
-from sim import udp_offload
-from sim import wire as W
-from sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, switch_port_for
+from netagg.sim import udp_offload
+from netagg.sim import wire as W
+from netagg.sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, switch_port_for
 
 IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13 if sys.platform.startswith("linux") else None)
 BACKENDS = ("golden", "rtl", "echo")
@@ -58,13 +58,13 @@ _ANCILLARY = udp_offload.gro_ancillary(socket.CMSG_SPACE(4))     # segment size 
 def make_backend(name: str = "golden", **params):
     """A switch backend by name; `params` as GoldenSwitch's (ports, jobs, max_workers, slots)."""
     if name == "golden":
-        from sim.golden import GoldenSwitch
+        from netagg.sim.golden import GoldenSwitch
         return GoldenSwitch(**params)
     if name == "echo":
-        from sim.echo import EchoSwitch
+        from netagg.sim.echo import EchoSwitch
         return EchoSwitch(**params)
     if name == "rtl":
-        from sim import model
+        from netagg.sim import model
         return model.make_switch(**params)
     raise ValueError(f"unknown backend {name!r}: {', '.join(BACKENDS)}")
 

@@ -9,12 +9,11 @@ tvalid, tready), so cocotbext-axi's models drive them.
 
 from amaranth import Elaboratable, Module, Signal
 from amaranth.lib import wiring
-
-from hw import headers as H
-from hw.deparser import Deparser
-from hw.icrc import IcrcEngine
-from hw.packet_queue import COUNTER_WIDTH, PacketQueue
-from hw.parser import Parser
+from netagg.hw import headers as H
+from netagg.hw.deparser import Deparser
+from netagg.hw.icrc import IcrcEngine
+from netagg.hw.packet_queue import COUNTER_WIDTH, PacketQueue
+from netagg.hw.parser import Parser
 
 
 class _AxisPorts:
@@ -202,7 +201,7 @@ class SwitchTop(Elaboratable):
     ``nulled{i}``, high with it when that frame was dropped by priority to a null."""
 
     def __init__(self, ports: int = 4, width: int = 64, **params):
-        from hw.switch import Switch
+        from netagg.hw.switch import Switch
 
         self.switch = Switch(ports=ports, width=width, **params)
         self.rx = [_AxisPorts(f"rx{i}", width) for i in range(ports)]
@@ -235,7 +234,7 @@ class MacTop(Elaboratable):
     resets all three domains. The MAC is the boards' (``icrc=True``)."""
 
     def __init__(self, width: int = 64):
-        from hw.mac import COUNTER_WIDTH, Mac
+        from netagg.hw.mac import COUNTER_WIDTH, Mac
 
         self.mac = Mac(width, rx_domain="eth_rx", tx_domain="eth_tx", icrc=True)
         self.rx_icrc_ok = Signal(name="rx_tuser")
@@ -294,8 +293,8 @@ class BoardTop(Elaboratable):
     their initial values."""
 
     def __init__(self, board: str):
-        from bitstreams import target
-        from bitstreams.top import BoardCore
+        from netagg.bitstreams import target
+        from netagg.bitstreams.top import BoardCore
 
         self.target = target(board)
         self.core = BoardCore(self.target)

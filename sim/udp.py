@@ -11,7 +11,7 @@ import select
 import socket
 import time
 
-from sim import wire as W
+from netagg.sim import wire as W
 
 IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
 IP_PMTUDISC_DO = getattr(socket, "IP_PMTUDISC_DO", 2)

@@ -31,8 +31,7 @@ import socket
 import struct
 
 import numpy as np
-
-from sim import wire as W
+from netagg.sim import wire as W
 
 UDP_SEGMENT = 103               # linux/udp.h
 UDP_GRO = 104

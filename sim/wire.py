@@ -48,10 +48,8 @@ import ipaddress
 import struct
 
 import numpy as np
-from zlib_ng.zlib_ng import crc32  # zlib's CRC-32, the ICRC's, with carry-less multiply
-
-from hw import headers as H
-from hw.headers import (  # noqa: F401  (the format's constants, for the codec's users)
+from netagg.hw import headers as H
+from netagg.hw.headers import (  # noqa: F401  (the format's constants, for the codec's users)
     CONTROL_QPN,
     MAX_CONTROL_RECORDS,
     MAX_JOBS,
@@ -65,9 +63,11 @@ from hw.headers import (  # noqa: F401  (the format's constants, for the codec's
     PKEY_DEFAULT,
     ROCEV2_PORT,
 )
-from hw.regmap import *  # noqa: F403
+from netagg.hw.regmap import *  # noqa: F403
+from zlib_ng.zlib_ng import crc32  # zlib's CRC-32, the ICRC's, with carry-less multiply
 
 TTL = H.RESULT_TTL                # the canonical IPv4 header's, as the switch writes it
+IPV4_FIRST_BYTE = H.IPV4_VERSION << 4 | H.IPV4_IHL     # version and IHL, no options
 _DONT_FRAGMENT = H.IP_FLAGS_DF << H.IPV4.wire_fields["fragment_offset"]  # flags, fragment offset
 CONTROL_FIRST_BYTE = bytes([OP_CONTROL])    # how a control packet's datagram begins
 
@@ -182,7 +182,8 @@ def ip_udp_header(src, dst, sport: int, dport: int, udp_payload_len: int, dscp: 
     (checksum 0) headers for a datagram of `udp_payload_len` bytes (cached: a worker's
     repeat)."""
     total = IP_LEN + UDP_LEN + udp_payload_len
-    ip = struct.pack("!BBHHHBBH4s4s", 0x45, dscp << 2, total, 0, _DONT_FRAGMENT, TTL, 17, 0,
+    ip = struct.pack("!BBHHHBBH4s4s", IPV4_FIRST_BYTE, dscp << 2, total, 0, _DONT_FRAGMENT, TTL,
+                     H.IP_PROTO_UDP, 0,
                      ip_packed(src), ip_packed(dst))
     ip = ip[:10] + struct.pack("!H", ipv4_checksum(ip)) + ip[12:]
     return ip + struct.pack("!HHHH", sport, dport, UDP_LEN + udp_payload_len, 0)
@@ -437,10 +438,11 @@ def frame_datagram(frame: bytes) -> tuple[bytes, bytes]:
     its lengths checked (`WireError` if they do not hold); the ICRC is the reader's."""
     if len(frame) < BTH_OFFSET + BTH_LEN + ICRC_LEN:
         raise WireError(f"frame of {len(frame)} bytes is too short for RoCEv2")
-    if frame[12:14] != b"\x08\x00" or frame[IP_OFFSET] != 0x45:
+    if (int.from_bytes(frame[ETH_LEN - 2:ETH_LEN], "big") != H.ETHERTYPE_IPV4
+            or frame[IP_OFFSET] != IPV4_FIRST_BYTE):
         raise WireError("not IPv4 without options")
     total = struct.unpack_from("!H", frame, IP_OFFSET + 2)[0]
-    if frame[IP_OFFSET + 9] != 17 or total > len(frame) - ETH_LEN:
+    if frame[IP_OFFSET + 9] != H.IP_PROTO_UDP or total > len(frame) - ETH_LEN:
         raise WireError("not UDP, or IPv4 length beyond the frame")
     if struct.unpack_from("!H", frame, UDP_OFFSET + 4)[0] + IP_LEN != total:
         raise WireError("UDP length disagrees with the IPv4 length")

@@ -15,10 +15,10 @@ import random
 
 import cocotb
 import numpy as np
+from netagg.sim import golden as G
+from netagg.sim import wire as W
+from netagg.sim.bench_switch import PARAMS, PORTS, WIDTH, SwitchTB
 
-from sim import golden as G
-from sim import wire as W
-from sim.bench_switch import PARAMS, PORTS, WIDTH, SwitchTB
 from tests.frames import scapy_frame
 from tests.switch_traffic import (
     HOST_IP,

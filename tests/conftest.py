@@ -8,9 +8,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hw.beat import WIDTHS  # noqa: E402
-from sim.build import cocotb_runner  # noqa: E402
-from sim.toolchain import have_icarus  # noqa: E402
+from netagg.hw.beat import WIDTHS  # noqa: E402
+from netagg.sim.build import cocotb_runner  # noqa: E402
+from netagg.sim.toolchain import have_icarus  # noqa: E402
 
 SIMULATORS = [
     "verilator",

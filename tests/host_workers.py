@@ -8,11 +8,10 @@ import threading
 import uuid
 
 import numpy as np
-
-from host import Worker
-from host import numerics as N
-from sim import wire as W
-from sim.golden import GoldenSwitch
+from netagg.host import Worker
+from netagg.host import numerics as N
+from netagg.sim import wire as W
+from netagg.sim.golden import GoldenSwitch
 
 
 def workers(n, switch=None, **kw):

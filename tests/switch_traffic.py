@@ -13,12 +13,12 @@ import dataclasses
 import random
 
 import numpy as np
+from netagg.sim import wire as W
+from netagg.sim.scapy_frames import RETH, ImmDt
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from sim import wire as W
-from sim.scapy_frames import RETH, ImmDt
 from tests.frames import mac_str, scapy_frame
 
 SWITCH_IP = "10.0.0.1"

@@ -9,9 +9,8 @@ import numbers
 import sys
 
 import pytest
-
-from apps import bench_host as B
-from apps.cli import main
+from netagg.apps import bench_host as B
+from netagg.apps.cli import main
 
 SIZES = [64 << 10, 256 << 10]
 pytestmark = pytest.mark.xdist_group("bench_host")     # one run of the bench for the module

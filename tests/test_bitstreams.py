@@ -9,8 +9,7 @@ import re
 import subprocess
 
 import pytest
-
-from bitstreams.build import (
+from netagg.bitstreams.build import (
     _nextpnr_with_settings,
     _reason_to_stop,
     fmax_from_log,
@@ -86,9 +85,9 @@ def test_board_top_elaborates_with_every_clock_constrained(board):
     """Each board's top level elaborates (RTLIL, no synthesis), with a frequency constraint
     on each of its four clocks: the core, the transmit clock and both ports' receive
     clocks; and it holds the PLL, both ports' DDR I/O and their MACs."""
-    from bitstreams.top import SwitchBoard
+    from netagg.bitstreams.top import SwitchBoard
 
-    target = importlib.import_module(f"bitstreams.{board}").TARGET
+    target = importlib.import_module(f"netagg.bitstreams.{board}").TARGET
     plan = target.platform().prepare(SwitchBoard(target), name="top")
     constraints = dict(re.findall(r'FREQUENCY NET "([^"]+)" ([0-9.]+) HZ;', plan.files["top.lpf"]))
     assert {net: float(hz) for net, hz in constraints.items()} == {

@@ -23,14 +23,13 @@ import time
 from pathlib import Path
 
 import pytest
+from netagg.hw.headers import CONTROL_QPN, OP_CONTROL, ROCEV2_PORT
+from netagg.hw.regmap import MAGIC, REG_MAGIC, REG_PORT, port_counter
+from netagg.sim.board import BoardSim, build_board
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw, raw
-
-from hw.headers import CONTROL_QPN, OP_CONTROL, ROCEV2_PORT
-from hw.regmap import MAGIC, REG_MAGIC, REG_PORT, port_counter
-from sim.board import BoardSim, build_board
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = ["192.168.1.1", "192.168.2.1"]            # the host side of ports 0 and 1
@@ -92,7 +91,7 @@ class Running:
         """`own_namespace`: the command makes the namespace itself (``--netns``); else it
         runs in it under ``ip netns exec``."""
         self.namespace, self.log = namespace, log
-        command = [sys.executable, "-m", "apps.cli", "sim", "board", "--board", board]
+        command = [sys.executable, "-m", "netagg.apps.cli", "sim", "board", "--board", board]
         if own_namespace:
             command += ["--netns", namespace]
         else:
@@ -154,7 +153,7 @@ def _read(running, port: int, addresses: list[int]) -> list[int]:
 
 @needs_namespaces
 def test_control_request_is_answered_through_both_ports(running, board):
-    from bitstreams import target
+    from netagg.bitstreams import target
 
     assert running.url == f"udp://{target(board).ip}:{ROCEV2_PORT}"
     for port in (0, 1):
@@ -168,7 +167,7 @@ def test_control_request_is_answered_through_both_ports(running, board):
 def _netagg(running, *args: str, timeout: float = 300) -> dict:
     """`netagg ARGS --json` in the board's namespace: its JSON object."""
     result = subprocess.run(["ip", "netns", "exec", running.namespace, sys.executable, "-m",
-                             "apps.cli", *args, "--json"], cwd=ROOT, capture_output=True,
+                             "netagg.apps.cli", *args, "--json"], cwd=ROOT, capture_output=True,
                             text=True, timeout=timeout)
     assert result.stdout.strip(), f"{result.stderr}\n{running.log.read_text()}"
     return json.loads(result.stdout)
@@ -186,7 +185,7 @@ def test_demo_through_the_board_is_verified_with_workers_on_both_ports(running, 
                                                                         workers, nodes):
     """The host as it would run against a board: the kernel's ARP/IPv4/UDP, the MACs' FCS and
     ICRC, the board's switch parameters (the Colorlight's 512-byte payloads, one job)."""
-    from bitstreams import target
+    from netagg.bitstreams import target
 
     report = _netagg(running, "demo", "--switch", running.url, "--workers", str(workers),
                      "--nodes", str(nodes), "--values", "200000")
@@ -204,7 +203,7 @@ def test_demo_through_the_board_is_verified_with_workers_on_both_ports(running, 
 
 @needs_namespaces
 def test_probe_shows_the_boards_parameters_and_addresses(running, board):
-    from bitstreams import target
+    from netagg.bitstreams import target
 
     t = target(board)
     report = _netagg(running, "probe", running.url)
@@ -269,7 +268,7 @@ def test_netns_option_makes_the_namespace_and_deletes_it(board, tmp_path):
 @pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None,
                     reason="as root, dropping CAP_NET_ADMIN needs setpriv (util-linux)")
 def test_without_cap_net_admin_it_says_so_in_one_line():
-    command = [sys.executable, "-m", "apps.cli", "sim", "board", "--board", BOARDS[0],
+    command = [sys.executable, "-m", "netagg.apps.cli", "sim", "board", "--board", BOARDS[0],
                "--tap", f"naggperm{os.getpid() % 1000}"]
     if os.geteuid() == 0:
         command = ["setpriv", "--inh-caps=-net_admin", "--bounding-set=-net_admin", *command]

@@ -5,10 +5,10 @@ droppable contributions above their class's threshold into null contributions.""
 import random
 
 import numpy as np
+from netagg.sim import wire as W
+from netagg.sim.bottleneck import NULL_BYTES, Bottleneck
+from netagg.sim.golden import GoldenSwitch
 
-from sim import wire as W
-from sim.bottleneck import NULL_BYTES, Bottleneck
-from sim.golden import GoldenSwitch
 from tests.switch_traffic import control_frame, job_config_records, make_workers, switch_records
 
 

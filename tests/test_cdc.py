@@ -7,8 +7,7 @@ import random
 import pytest
 from amaranth import ClockDomain, Module
 from amaranth.sim import Simulator
-
-from hw.cdc import AsyncFifo
+from netagg.hw.cdc import AsyncFifo
 
 
 @pytest.mark.parametrize("w_ns,r_ns", [(8, 40), (40, 8), (8, 9.7)])

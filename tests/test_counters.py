@@ -7,8 +7,7 @@ import random
 import pytest
 from amaranth import ClockDomain, Module
 from amaranth.sim import Simulator
-
-from hw.counters import CounterBank
+from netagg.hw.counters import CounterBank
 
 
 def run(steps, cycles, seed, *, burst=False, resets=()):

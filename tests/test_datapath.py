@@ -32,7 +32,7 @@ def test_runt_behind_each_size(width):
 
 
 def test_line_rate(width):
-    run_cocotb("sim.bench_datapath", "datapath", "line_rate", width=width)
+    run_cocotb("netagg.sim.bench_datapath", "datapath", "line_rate", width=width)
 
 
 @pytest.mark.parametrize("simulator", SIMULATORS)

@@ -11,9 +11,8 @@ import uuid
 
 import numpy as np
 import pytest
-
-from apps.demo import run_workers
-from host import NetaggTimeout, Worker
+from netagg.apps.demo import run_workers
+from netagg.host import NetaggTimeout, Worker
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -24,7 +23,7 @@ def serve(tmp_path, request):
     backend = getattr(request, "param", "golden")
     pcap = tmp_path / "switch.pcap"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "apps.cli", "sim", "serve", "--pcap", str(pcap),
+        [sys.executable, "-m", "netagg.apps.cli", "sim", "serve", "--pcap", str(pcap),
          "--backend", backend],
         cwd=ROOT, stdout=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": ROOT, "COLUMNS": "200"})
@@ -93,8 +92,8 @@ def test_spraying_over_udp_source_ports(serve):
     retransmission, no duplicate at the switch."""
     import threading
 
-    from host import SwitchControl
-    from host import numerics as N
+    from netagg.host import SwitchControl
+    from netagg.host import numerics as N
 
     url, _, _ = serve
     rng = np.random.default_rng(4)
@@ -151,9 +150,9 @@ def test_priority_classes_survive_the_udp_path(serve):
     of those in classes 1..3. With 4 credits for 8 slots, nothing is dropped for credit."""
     import threading
 
-    from host import SwitchControl
-    from host import numerics as N
-    from sim import wire as W
+    from netagg.host import SwitchControl
+    from netagg.host import numerics as N
+    from netagg.sim import wire as W
 
     url, _, _ = serve
     ctl = SwitchControl(url)

@@ -11,17 +11,17 @@ import uuid
 
 import numpy as np
 import pytest
+from netagg.host import SwitchControl, Worker
+from netagg.sim import wire as W
+from netagg.sim.bench import contributions_per_second
+from netagg.sim.echo import EchoSwitch
+from netagg.sim.golden import GoldenSwitch, SlotCopy
+from netagg.sim.scapy_frames import RETH, ImmDt
+from netagg.sim.serve import SimServer, make_backend
+from netagg.sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, switch_port_for
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 
-from host import SwitchControl, Worker
-from sim import wire as W
-from sim.bench import contributions_per_second
-from sim.echo import EchoSwitch
-from sim.golden import GoldenSwitch, SlotCopy
-from sim.scapy_frames import RETH, ImmDt
-from sim.serve import SimServer, make_backend
-from sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, switch_port_for
 from tests.switch_traffic import (
     SWITCH_IP,
     control_frame,

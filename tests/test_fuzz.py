@@ -10,16 +10,16 @@ import random
 
 import numpy as np
 import pytest
+from netagg.sim import wire as W
+from netagg.sim.fuzz import Comparer, main, stream
+from netagg.sim.fuzz_mutations import FIELDS, ICRC, Field, get_field, set_field
+from netagg.sim.fuzz_traffic import Kind
+from netagg.sim.golden import GoldenSwitch
+from netagg.sim.scapy_frames import RETH, ImmDt
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from sim import wire as W
-from sim.fuzz import Comparer, main, stream
-from sim.fuzz_mutations import FIELDS, ICRC, Field, get_field, set_field
-from sim.fuzz_traffic import Kind
-from sim.golden import GoldenSwitch
-from sim.scapy_frames import RETH, ImmDt
 from tests.switch_traffic import (
     control_frame,
     dissect,
@@ -175,7 +175,7 @@ def test_a_missing_frame_and_a_counter_are_differences():
 
 @pytest.fixture(scope="module")
 def rtl_model():
-    from sim.model import make_switch
+    from netagg.sim.model import make_switch
 
     with make_switch() as rtl:
         yield rtl

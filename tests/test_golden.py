@@ -8,14 +8,14 @@ import random
 
 import numpy as np
 import pytest
+from netagg.hw.headers import Verdict
+from netagg.sim import golden as G
+from netagg.sim import wire as W
+from netagg.sim.golden import GoldenSwitch
+from netagg.sim.scapy_frames import ImmDt
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 
-from hw.headers import Verdict
-from sim import golden as G
-from sim import wire as W
-from sim.golden import GoldenSwitch
-from sim.scapy_frames import ImmDt
 from tests.switch_traffic import (
     check_results,
     control_frame,

@@ -8,12 +8,12 @@ import uuid
 
 import numpy as np
 import pytest
+from netagg.host import NetaggError, NetaggTimeout, SwitchControl, Worker
+from netagg.host import numerics as N
+from netagg.sim import wire as W
+from netagg.sim.golden import GoldenSwitch
+from netagg.sim.serve import SimServer
 
-from host import NetaggError, NetaggTimeout, SwitchControl, Worker
-from host import numerics as N
-from sim import wire as W
-from sim.golden import GoldenSwitch
-from sim.serve import SimServer
 from tests.host_workers import (
     allreduce_all,
     assert_within_bound,
@@ -321,7 +321,7 @@ def test_switch_counters_through_control():
 def test_rtl_in_process_equals_golden():
     """The switch's RTL (Verilator, cycle loop in C++) as an in-process backend: int32 sums
     exact at every length, floats bit for bit those the golden model gives."""
-    from sim.model import make_switch
+    from netagg.sim.model import make_switch
 
     rng = np.random.default_rng(7)
     ints = [[rng.integers(-2**28, 2**28, n, dtype=np.int32) for n in LENGTHS[:5]]

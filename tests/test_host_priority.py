@@ -9,11 +9,11 @@ import uuid
 
 import numpy as np
 import pytest
+from netagg.host import NetaggTimeout, SwitchControl, Worker
+from netagg.host import numerics as N
+from netagg.sim import wire as W
+from netagg.sim.golden import GoldenSwitch
 
-from host import NetaggTimeout, SwitchControl, Worker
-from host import numerics as N
-from sim import wire as W
-from sim.golden import GoldenSwitch
 from tests.host_workers import (
     RecordingSwitch,
     allreduce_all,
@@ -61,7 +61,7 @@ def test_credits_bound_the_messages_in_flight_and_nothing_is_dropped(credits):
 
 
 def test_droppable_chunks_are_the_smallest_in_the_lowest_classes():
-    from host.engine import plan_droppable
+    from netagg.host.engine import plan_droppable
     norms = np.array([5.0, 0.1, 3.0, 0.2, 9.0, 0.3, 0.05, 7.0, 1.0, 2.0])
     assert plan_droppable(norms, 0.0, 4) == {}
     assert plan_droppable(norms, 0.09, 4) == {}               # floor(0.9) = 0

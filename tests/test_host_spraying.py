@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from netagg.host import SwitchControl, Worker
+from netagg.host import numerics as N
+from netagg.sim.golden import GoldenSwitch
 
-from host import SwitchControl, Worker
-from host import numerics as N
-from sim.golden import GoldenSwitch
 from tests.host_workers import (
     RecordingSwitch,
     allreduce_all,
@@ -68,7 +68,7 @@ def test_spray_options_are_checked():
 
 
 def test_least_loaded_picks_the_emptiest_path():
-    from host.transport import Sprayer
+    from netagg.host.transport import Sprayer
     s = Sprayer(3, "least_loaded")
     for _ in range(3):
         s.sent(s.pick())
@@ -86,7 +86,7 @@ def test_rtl_sprayed_over_all_ports_equals_golden():
     """The switch's RTL takes each worker's packets on all 4 ports (its arbiter interleaves
     them): int32 sums exact, floats bit for bit the golden model's single path, no
     retransmission, no duplicate."""
-    from sim.model import make_switch
+    from netagg.sim.model import make_switch
 
     rng = np.random.default_rng(3)
     ints = [rng.integers(-2**24, 2**24, 16 * N.LANES + 3, dtype=np.int32) for _ in range(3)]

@@ -7,8 +7,7 @@ Verilator build (about half a minute), cached under the build cache.
 import random
 
 import pytest
-
-from sim.model import ContractError, SimulationTimeout, SwitchModel, bench, random_traffic
+from netagg.sim.model import ContractError, SimulationTimeout, SwitchModel, bench, random_traffic
 
 PORTS = 4
 PARAMS = {"ports": PORTS, "depth": 16}

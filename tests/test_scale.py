@@ -5,12 +5,18 @@ import json
 import math
 
 import pytest
-
-from apps.scale import loss, topology
-from apps.scale.cli import main, parse
-from apps.scale.cluster import PAYLOAD, WIRE_BYTES, Cluster, Model, SwitchCalibration, Topology
-from apps.scale.flow import Scheme, estimate
-from apps.scale.reproduce import claims
+from netagg.apps.scale import loss, topology
+from netagg.apps.scale.cli import main, parse
+from netagg.apps.scale.cluster import (
+    PAYLOAD,
+    WIRE_BYTES,
+    Cluster,
+    Model,
+    SwitchCalibration,
+    Topology,
+)
+from netagg.apps.scale.flow import Scheme, estimate
+from netagg.apps.scale.reproduce import claims
 
 GB = 1 << 30
 BIG = Model("1 GiB of gradient", GB // 4, 1.0)      # bandwidth-dominated

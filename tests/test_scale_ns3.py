@@ -3,10 +3,9 @@
 .[scale]`)."""
 
 import pytest
-
-from apps.scale import ns3
-from apps.scale.cluster import Cluster, Model, SwitchCalibration
-from apps.scale.flow import Scheme, estimate
+from netagg.apps.scale import ns3
+from netagg.apps.scale.cluster import Cluster, Model, SwitchCalibration
+from netagg.apps.scale.flow import Scheme, estimate
 
 pytestmark = [
     pytest.mark.skipif(not ns3.available(),

@@ -10,10 +10,9 @@ import threading
 import time
 
 import pytest
-
-from sim import wire as W
-from sim.golden import GoldenSwitch
-from sim.serve import SimServer
+from netagg.sim import wire as W
+from netagg.sim.golden import GoldenSwitch
+from netagg.sim.serve import SimServer
 
 
 def _other_traffic(stop: threading.Event):

@@ -27,7 +27,7 @@ def test_switch(testcase):
 
 def test_line_rate():
     """The benchmark's testcase: every port takes one beat per cycle, every result comes out."""
-    run("line_rate", module="sim.bench_switch")
+    run("line_rate", module="netagg.sim.bench_switch")
 
 
 @pytest.mark.parametrize("simulator", SIMULATORS[1:])

@@ -18,10 +18,9 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="pip install -e .[torch]")
 import torch.distributed as dist  # noqa: E402
-
-from apps import torch_runs  # noqa: E402
-from apps.cli import main  # noqa: E402
-from sim.bench import start_server  # noqa: E402
+from netagg.apps import torch_runs  # noqa: E402
+from netagg.apps.cli import main  # noqa: E402
+from netagg.sim.bench import start_server  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("torch")     # one switch; torchrun jobs one at a time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -73,7 +72,7 @@ def test_torchrun_job_through_the_switch(tmp_path, switch, nodes, per_node):
 
 
 def test_a_rank_without_a_switch_is_an_error_naming_it(monkeypatch):
-    import host.torch_backend  # noqa: F401
+    import netagg.host.torch_backend  # noqa: F401
     monkeypatch.delenv("NETAGG_SWITCH", raising=False)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     with pytest.raises(Exception, match=r"netagg rank 0: no switch: set NETAGG_SWITCH"):
@@ -82,7 +81,7 @@ def test_a_rank_without_a_switch_is_an_error_naming_it(monkeypatch):
 
 
 def test_a_single_process_group_routes_by_dtype_and_op(switch, monkeypatch):
-    from host.torch_backend import NetaggOptions
+    from netagg.host.torch_backend import NetaggOptions
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("netagg", store=dist.HashStore(), rank=0, world_size=1,

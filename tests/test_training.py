@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from apps.train import make_data, train
+from netagg.apps.train import make_data, train
 
 
 def test_training_tolerates_priority_drop_within_the_loss_budget():

@@ -16,15 +16,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from netagg.host import SwitchControl, Worker
+from netagg.host.transport import UdpTransport
+from netagg.sim import wire as W
+from netagg.sim.golden import GoldenSwitch
+from netagg.sim.serve import SimServer, attach_filter, datagrams_to
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP
 from scapy.layers.l2 import Ether
-
-from host import SwitchControl, Worker
-from host.transport import UdpTransport
-from sim import wire as W
-from sim.golden import GoldenSwitch
-from sim.serve import SimServer, attach_filter, datagrams_to
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="capturing on loopback and reading IPv4 "

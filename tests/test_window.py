@@ -9,11 +9,10 @@ import uuid
 
 import numpy as np
 import pytest
-
-from host import Worker
-from host import numerics as N
-from host.window import PlainWindow
-from sim.golden import GoldenSwitch
+from netagg.host import Worker
+from netagg.host import numerics as N
+from netagg.host.window import PlainWindow
+from netagg.sim.golden import GoldenSwitch
 
 SIZES = [5, N.LANES * N.DEFAULT_BLOCK * 3 + 11, 1000]
 

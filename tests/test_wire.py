@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from netagg.sim import wire as W
 
-from sim import wire as W
 from tests.frames import scapy_frame
 
 WORKER = W.Endpoint("10.1.0.7", 0xC123, 0x02AB00000007)
@@ -160,8 +160,7 @@ def test_a_steps_contributions_as_arrays_are_the_packets_one_at_a_time():
     `wire.contribution(...).datagram()` writes, field for field (whose frames scapy reads
     above)."""
     import numpy as np
-
-    from host.wire_arrays import ContributionWriter
+    from netagg.host.wire_arrays import ContributionWriter
     other = W.Endpoint(WORKER.ip, WORKER.port + 1, WORKER.mac)
     rng = np.random.default_rng(3)
     lanes = rng.integers(-2**31, 2**31, (3, 256), dtype=np.int64).astype(np.int32)

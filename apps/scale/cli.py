@@ -11,10 +11,10 @@ import argparse
 import dataclasses
 import json
 
-from apps.scale import loss as loss_model
-from apps.scale.cluster import MODELS, PAYLOAD, Cluster, Model, SwitchCalibration, Topology
-from apps.scale.flow import Scheme, estimate
-from apps.scale.reproduce import claims
+from netagg.apps.scale import loss as loss_model
+from netagg.apps.scale.cluster import MODELS, PAYLOAD, Cluster, Model, SwitchCalibration, Topology
+from netagg.apps.scale.flow import Scheme, estimate
+from netagg.apps.scale.reproduce import claims
 
 DEFAULT_WORKERS = "8,16,32,64,128,256,512,1024"
 
@@ -74,7 +74,7 @@ def _calibration(args) -> SwitchCalibration:
     if args.calibration is None:
         return SwitchCalibration(clock_mhz=args.switch_mhz)
     if args.calibration == "run":
-        from apps.bench_line_rate import bench_switch
+        from netagg.apps.bench_line_rate import bench_switch
         report = bench_switch(4, 512, 4, quiet=args.json)
     else:
         with open(args.calibration) as f:
@@ -133,7 +133,7 @@ def sweep(args, console) -> dict:
 
 
 def _packet_level(scheme: Scheme, cluster: Cluster, model: Model) -> dict:
-    from apps.scale import ns3
+    from netagg.apps.scale import ns3
     if not ns3.available():
         return {"skipped": "ns3 is not installed (pip install -e .[scale])"}
     if scheme not in ns3.ENGINE_SCHEMES or cluster.workers > ns3.MAX_WORKERS:

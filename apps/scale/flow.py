@@ -43,8 +43,8 @@ import dataclasses
 import enum
 import math
 
-from apps.scale import topology
-from apps.scale.cluster import PAYLOAD, WIRE_BYTES, Cluster, Model, Topology
+from netagg.apps.scale import topology
+from netagg.apps.scale.cluster import PAYLOAD, WIRE_BYTES, Cluster, Model, Topology
 
 
 class Scheme(enum.Enum):

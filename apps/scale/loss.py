@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from apps.scale.flow import Estimate, Scheme, iteration, packets
+from netagg.apps.scale.flow import Estimate, Scheme, iteration, packets
 
 
 @dataclasses.dataclass(frozen=True)

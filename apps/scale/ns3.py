@@ -18,8 +18,8 @@ import contextlib
 import dataclasses
 import os
 
-from apps.scale.cluster import PAYLOAD, WIRE_BYTES, Cluster
-from apps.scale.flow import Scheme
+from netagg.apps.scale.cluster import PAYLOAD, WIRE_BYTES, Cluster
+from netagg.apps.scale.flow import Scheme
 
 ENGINE_SCHEMES = {Scheme.RING: 0, Scheme.PS: 1, Scheme.INA: 2}
 MAX_WORKERS = 64                    # beyond this, minutes per point on 2 cores

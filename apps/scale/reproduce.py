@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from apps.scale import topology
-from apps.scale.cluster import MODELS, Cluster, Model, Topology
-from apps.scale.flow import Scheme, estimate
+from netagg.apps.scale import topology
+from netagg.apps.scale.cluster import MODELS, Cluster, Model, Topology
+from netagg.apps.scale.flow import Scheme, estimate
 
 TOLERANCE = 0.05
 

@@ -19,8 +19,7 @@ import dataclasses
 import math
 
 import numpy as np
-
-from apps.scale.cluster import Cluster, Topology
+from netagg.apps.scale.cluster import Cluster, Topology
 
 
 @dataclasses.dataclass(frozen=True)
