@@ -69,6 +69,7 @@ from netagg.host.messages import (
     messages_of,
     plan_droppable,
 )
+from netagg.host.nonfinite import Phase
 from netagg.host.retransmit import RttEstimator
 from netagg.host.taking import Taking
 from netagg.host.window import PlainWindow
@@ -236,7 +237,8 @@ class Engine(Taking):
             return
         if self.window is not None:
             self.window.start(time.monotonic())
-            return
+            if self.window is not None:     # (it leaves before a non-finite block)
+                return
         if not self.idle:
             return
         idle, self.idle = dict.fromkeys(self.idle), []
@@ -273,7 +275,10 @@ class Engine(Taking):
         m.tag = tag
         w = m.work
         if m.needs >= 0:
-            m.exponent = w.exponents[m.needs] + m.bump
+            shared = w.exponents[m.needs]
+            if shared == N.EXP_NONFINITE and m.phase is Phase.VALUES:     # `host.nonfinite`
+                m.phase, m.droppable, m.pclass = Phase.KINDS, False, w.priority
+            m.exponent = (m.finite if m.phase is Phase.FINITE else shared) + m.bump
         st = self.slots[m.slot]
         if st.early:
             early = st.take_early(m.use)
@@ -284,7 +289,8 @@ class Engine(Taking):
                 self.stats["early_results"] += 1
                 self._take(st, m, early)
                 return False
-        m.expect = (m.use & 1, self.check_lane.whole(tag)) if m.acc is None else None
+        m.expect = (m.use & 1, self.check_lane.whole(tag)) \
+            if m.acc is None and m.phase is Phase.VALUES else None
         if m.send is Send.NOTHING:
             # this round needs other ranks' data only: wait for the result (and, if it does
             # not come, send zeros, which only asks for it)

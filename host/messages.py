@@ -31,6 +31,10 @@
   waits for them). A switch may turn a droppable contribution into a null (it counts,
   without data).
 
+- **Non-finite blocks** (`host.nonfinite`): a chunk of a block whose shared exponent is
+  `EXP_NONFINITE` goes in two rounds (`Message.phase`): the kinds of its elements, then
+  its finite values; never droppable.
+
 Cost: per worker, one message of state per chunk and per exponent message, and per tensor
 one exponent per block.
 """
@@ -44,6 +48,8 @@ import math
 
 import numpy as np
 from netagg.host import numerics as N
+from netagg.host import nonfinite as NF
+from netagg.host.nonfinite import Phase
 from netagg.host.retransmit import RetransmitTimer
 from netagg.sim import wire as W
 
@@ -138,13 +144,16 @@ class Work:
         k, lanes = c1 - c0, self.lanes
         lo, hi = c0 * lanes, min(c1 * lanes, self.n)
         fixed = self.fmt.kind == "fixed"
+        clean = fixed and self.proposals is not None and bool((self.proposals[c0 // self.block:(c1 - 1) // self.block + 1]
+                                == N.EXP_NONFINITE).any())
         if len(self.sources) == 1 and hi - lo == k * lanes:
-            acc = self._scaled(self.sources[0][lo:hi], exponent) if fixed \
+            acc = self._scaled(self.sources[0][lo:hi], exponent, clean) if fixed \
                 else self.sources[0][lo:hi]
         else:
             acc = np.zeros(k * lanes, np.float64 if fixed else np.int64)
             for src in self.sources:
-                acc[:hi - lo] += self._scaled(src[lo:hi], exponent) if fixed else src[lo:hi]
+                acc[:hi - lo] += self._scaled(src[lo:hi], exponent, clean) if fixed \
+                    else src[lo:hi]
         acc = acc.reshape(k, lanes)
         rows = np.zeros((k, lanes + 1), np.int32)
         if float(acc.max(initial=0)) <= N.INT32_MAX and float(acc.min(initial=0)) >= N.INT32_MIN:
@@ -155,17 +164,21 @@ class Work:
         rows[:, :-1] = np.clip(acc, N.INT32_MIN, N.INT32_MAX)
         return rows, saturated
 
-    def _scaled(self, values: np.ndarray, exponent: int) -> np.ndarray:
+    def _scaled(self, values: np.ndarray, exponent: int, clean: bool = False) -> np.ndarray:
         """round(values * 2**(frac - exponent)), exact integers: in float32 for float32
         values (a power of two in float32's range scales them exactly, and a product too
-        small for a normal float32 rounds to 0 either way), else in float64."""
+        small for a normal float32 rounds to 0 either way), else in float64. `clean`: NaN
+        and infinities become 0 (a block that holds them, `host.nonfinite`)."""
         shift = self.frac - exponent
         if values.dtype == np.float32 and -126 <= shift <= 127:
             v = values * np.float32(2.0 ** shift)
-            return np.rint(v, out=v)
-        v = N.to_float64(values, self.fmt)
-        v *= 2.0 ** shift
-        return np.rint(v, out=v)
+        else:
+            v = N.to_float64(values, self.fmt)
+            v *= 2.0 ** shift
+        np.rint(v, out=v)
+        if clean:
+            v[~NF.finite_mask(values, self.fmt)] = 0
+        return v
 
     def stats(self) -> dict:
         return {"values": self.n, "chunks": self.chunks, "droppable": len(self.droppable),
@@ -190,6 +203,9 @@ class Message:
     #                                 block b: b + lookahead, if there is one), -1 for none
     exponent: int | None = None     # scale of a data chunk once known (fixed point)
     bump: int = 0                   # overflow retries: exponent + bump
+    phase: Phase = Phase.VALUES     # which round of its chunk (`host.nonfinite`)
+    finite: int = 0                 # the agreed exponent of its finite values (FINITE)
+    kinds: np.ndarray | None = None     # the KINDS round's sums: the kinds per element
     slot: int = 0
     use: int = 0
     msn: int = 0
@@ -210,7 +226,8 @@ class Message:
     def again(self, **changes) -> Message:
         """The message for another round of its chunk (or block), never droppable."""
         nm = Message(self.work, self.kind, self.index, seq=self.seq, needs=self.needs,
-                     carries=self.carries, bump=self.bump,
+                     carries=self.carries, bump=self.bump, phase=self.phase,
+                     finite=self.finite, kinds=self.kinds,
                      slot=self.slot,
                      pclass=self.work.priority if self.kind is MessageKind.DATA else self.pclass,
                      send=self.send, acc=self.acc, members=self.members, exp_max=self.exp_max,
@@ -234,7 +251,8 @@ class Message:
     def plain(self) -> bool:
         """Whether this round sends the chunk's data at its block's shared exponent (the
         common case, whose lanes `Work.lanes_of` gives for many chunks at once)."""
-        return self.kind is MessageKind.DATA and self.send is Send.DATA and self.bump == 0
+        return self.kind is MessageKind.DATA and self.send is Send.DATA and self.bump == 0 \
+            and self.phase is Phase.VALUES
 
     def fields(self) -> tuple[int, int]:
         """This round's ImmDt exponent field and RETH offset: a data chunk carries the
@@ -243,7 +261,9 @@ class Message:
         if self.kind is MessageKind.EXPONENT:
             return (int(w.proposals[self.index]) if self.send is Send.DATA else N.EXP_NONE), 0
         exponent = N.EXP_NONE
-        if self.send is Send.DATA and self.carries >= 0:
+        if self.send is Send.DATA and self.phase is Phase.KINDS:
+            exponent = NF.chunk_proposal(w, self.index)
+        elif self.send is Send.DATA and self.carries >= 0:
             exponent = int(w.proposals[self.carries])
         return exponent, w.lanes * 4 * self.index
 
@@ -252,6 +272,8 @@ class Message:
         they saturated."""
         if self.send is not Send.DATA or self.kind is MessageKind.EXPONENT:
             return np.zeros(self.work.lanes + 1, np.int32), False
+        if self.phase is Phase.KINDS:
+            return NF.chunk_kinds(self.work, self.index), False
         return self.work.chunk_lanes(self.index, self.exponent)
 
 
@@ -334,18 +356,23 @@ def deliver(work: Work, chunks: list[tuple[Message, int]], workers: int) -> dict
     """Write the sums of completed data chunks into the tensor (`deliver_rows`): (message,
     contributions with data in its sums) pairs, the sums in `Message.acc`."""
     fixed = work.fmt.kind == "fixed"
+    kinds = None
+    if any(m.kinds is not None for m, _ in chunks):
+        kinds = np.stack([np.zeros(work.lanes, np.int64) if m.kinds is None else m.kinds
+                          for m, _ in chunks])
     return deliver_rows(work, np.array([m.index for m, _ in chunks]),
                         np.stack([m.acc for m, _ in chunks]),
                         np.array([m.exponent for m, _ in chunks]) if fixed else None,
-                        [h for _, h in chunks], workers)
+                        [h for _, h in chunks], workers, kinds)
 
 
 def deliver_rows(work: Work, index: np.ndarray, sums: np.ndarray, exponent: np.ndarray | None,
-                 have: list[int], workers: int) -> dict:
+                 have: list[int], workers: int, kinds: np.ndarray | None = None) -> dict:
     """Write the sums of completed data chunks into the tensor, all at once: chunk `index`
     holds `sums` (int rows) of `have` contributions with data. Fixed point: dequantised at
     each chunk's `exponent`, scaled by workers / contributions where some are missing,
-    divided by the world size for a mean, rounded to the tensor's dtype; int32: as they
+    divided by the world size for a mean, set to NaN or an infinity where `kinds` (the
+    KINDS rounds' sums, if any) show one, rounded to the tensor's dtype; int32: as they
     are, or `OverflowError` on the tensor where a sum over rounds left int32. The counters
     it adds to the engine's."""
     w, lanes = work, work.lanes
@@ -375,6 +402,8 @@ def deliver_rows(work: Work, index: np.ndarray, sums: np.ndarray, exponent: np.n
             counts["rescaled_chunks"] = int(short.sum())
         if w.mean:
             values = values / w.world_size
+        if kinds is not None:
+            values = NF.overlay(values, kinds)
         values = N.from_float64(values, w.fmt, w.out)
     full = w.n // lanes                 # chunks of `lanes` values; the last may be shorter
     whole = index < full

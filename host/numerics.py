@@ -17,6 +17,15 @@ the inputs (about `2**-(F + 1)` relative to the block's largest magnitude: 2**-2
 plus one rounding to the output dtype (half an ulp of the result). `mean` divides that by
 `world_size`. `error_bound` computes it per element.
 
+NaN and infinities (`host.nonfinite`): an element of the result is the IEEE sum of the
+workers' values (NaN if any holds NaN, or +inf and -inf meet; +inf if only +inf; -inf if only
+-inf), the same on every worker. A worker proposes `EXP_NONFINITE` (127, the exponent field's
+largest value) for a block that holds one, so finite proposals stop at `EXP_MAX` = 126 (a
+finite value at or beyond 2**126 then saturates its chunk and is redone with a larger
+exponent, as any overflow); a block agreed non-finite sends each chunk twice: the kinds each
+worker holds per element, then the finite values (non-finite ones as 0) at the exponent of
+the chunk's finite values over the workers, which `shared_exponents` gives for the bound.
+
 The overflow flag still has a use: when a proposal was wrong (a corrupted or stale packet) or
 `fraction_bits` is forced higher than safe, the sum saturates; the engine then redoes the chunk
 with `E + 1`, as often as needed, so a saturated sum is never returned.
@@ -34,8 +43,9 @@ from netagg.sim import wire as W
 
 LANES = W.MAX_PAYLOAD // 4 - 1      # data lanes per packet; the last lane is the check lane
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
-EXP_MIN, EXP_MAX = -127, 127        # proposals on the wire (8-bit signed, -128 = none)
-EXP_NONE = -128
+EXP_NONFINITE = W.EXP_NONFINITE     # the proposal of a block that holds NaN or inf (127)
+EXP_MIN, EXP_MAX = -127, EXP_NONFINITE - 1      # finite proposals (8-bit signed field)
+EXP_NONE = -128                     # no proposal
 DEFAULT_BLOCK = 16                  # chunks per shared exponent
 
 
@@ -112,19 +122,17 @@ def exponent_of(magnitude: np.ndarray) -> np.ndarray:
     return np.where(magnitude > 0, e, EXP_MIN).astype(np.int64)
 
 
-def block_exponents(values: np.ndarray, lanes: int = LANES, block: int = DEFAULT_BLOCK):
-    """A worker's exponent proposal for each block of `block` chunks of `lanes` values."""
-    n = len(values)
-    per_block = lanes * block
-    blocks = max(1, -(-n // per_block))
-    padded = np.zeros(blocks * per_block)
-    padded[:n] = np.abs(values)
-    return exponent_of(padded.reshape(blocks, per_block).max(axis=1))
-
-
-def check_finite(values: np.ndarray):
-    if not np.all(np.isfinite(values)):
-        raise ValueError("the tensor holds NaN or infinity: fixed point cannot carry them")
+def block_proposals(values: np.ndarray, fmt: Format, per: int) -> np.ndarray:
+    """A worker's exponent proposal for each block of `per` values of a tensor (its own
+    dtype, one block for an empty one): EXP_NONFINITE where the block holds NaN or an
+    infinity, else the exponent of its largest magnitude within EXP_MIN..EXP_MAX."""
+    out = []
+    for i in range(0, max(1, len(values)), per):
+        seg = np.abs(to_float64(values[i:i + per], fmt))
+        top = float(seg.max(initial=0.0))
+        out.append(EXP_NONFINITE if not math.isfinite(top) or np.isnan(seg).any()
+                   else int(np.clip(exponent_of(np.array(top)), EXP_MIN, EXP_MAX)))
+    return np.array(out, np.int64)
 
 
 def quantize(values: np.ndarray, exponent: int, frac: int) -> np.ndarray:
@@ -156,19 +164,25 @@ def half_ulp(values: np.ndarray, fmt: Format) -> np.ndarray:
     if fmt is BFLOAT16:
         return np.spacing(v.astype(np.float32)).astype(np.float64) * 2.0 ** 16 / 2
     dtype = np.float16 if fmt is FLOAT16 else np.float32
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):      # (NaN or inf: NaN)
         return np.spacing(v.astype(dtype)).astype(np.float64) / 2
 
 
 def shared_exponents(arrays, fmt: Format, lanes: int = LANES,
                      block: int = DEFAULT_BLOCK) -> np.ndarray:
     """Per element, the shared exponent E every worker uses for it (the maximum over the
-    workers' proposals for its block): what `error_bound` needs, computed from all inputs."""
+    workers' proposals for its block; in a block that holds NaN or inf, the maximum over the
+    workers of its chunk's finite values' exponent): what `error_bound` needs, computed from
+    all inputs."""
     values = [to_float64(np.asarray(a).reshape(-1), fmt) for a in arrays]
     n = len(values[0])
     per = lanes * block
     out = np.empty(n, np.int64)
     for i in range(0, n, per):
-        m = max(float(np.abs(v[i:i + per]).max(initial=0.0)) for v in values)
-        out[i:i + per] = np.clip(exponent_of(np.array(m)), EXP_MIN, EXP_MAX)
+        finite = all(np.isfinite(v[i:i + per]).all() for v in values)
+        for lo in range(i, min(i + per, n), per if finite else lanes):
+            hi = min(lo + (per if finite else lanes), n)
+            m = max(float(np.abs(np.where(np.isfinite(v[lo:hi]), v[lo:hi], 0.0)).max(
+                initial=0.0)) for v in values)
+            out[lo:hi] = np.clip(exponent_of(np.array(m)), EXP_MIN, EXP_MAX)
     return out

@@ -13,6 +13,8 @@ completed chunks written into their tensors.
   (fixed point) or fails the tensor (int32); too few contributions start the rounds that
   fill the chunk in (`CheckLane.fill_in`) or redo it; a complete exponent message sets its
   block's shared exponent.
+- **Non-finite blocks** (`host.nonfinite`): a chunk's KINDS round, complete, starts its
+  FINITE round in the slot's next use, with the kinds and the finite values' exponent.
 - **Writing the sums.** The chunks completed in a step are written into their tensors a
   tensor at a time (`host.messages.deliver`) at the end of the step, and only then count as
   done, so a work is done when its values are in place.
@@ -29,6 +31,7 @@ import numpy as np
 from netagg.host import numerics as N
 from netagg.host.checklane import Match, Outcome
 from netagg.host.messages import Message, MessageKind, Result, Send, SlotState, Work, deliver
+from netagg.host.nonfinite import Phase
 from netagg.host.wire_arrays import read_results
 from netagg.sim import wire as W
 
@@ -185,7 +188,10 @@ class Taking:
             m.acc = res.sums
             m.members = members or 0
             have = m.members.bit_count() if self.check_lane.membership else res.count
-        outcome = self.check_lane.outcome(have, w.loss_budget, m.kind)
+        # a KINDS round holds every worker's, whatever the loss budget (`host.nonfinite`)
+        budget = 0.0 if m.phase is Phase.KINDS and self.check_lane.membership \
+            else w.loss_budget
+        outcome = self.check_lane.outcome(have, budget, m.kind)
         if outcome is Outcome.FILL_IN:
             self._fill(st, m)
             return
@@ -194,6 +200,12 @@ class Taking:
             return
         if m.kind is MessageKind.EXPONENT:
             w.exponents[m.index] = m.exp_max
+            return
+        if m.phase is Phase.KINDS:          # the kinds known: the finite values next
+            self.stats["nonfinite_chunks"] += 1
+            self._next_round(st, m, phase=Phase.FINITE, finite=max(m.exp_max, N.EXP_MIN),
+                             kinds=np.array(m.acc, np.int64), send=Send.DATA, acc=None,
+                             members=0, bump=0, exp_max=N.EXP_NONE)
             return
         if m.carries >= 0 and m.exp_max != N.EXP_NONE:
             w.exponents.setdefault(m.carries, m.exp_max)

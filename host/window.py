@@ -15,6 +15,7 @@ window.
 
 Anything else leaves the window (`leave`): a result that does not complete its use at once
 (fewer contributions, saturation, a late or early copy, a stray), a retransmission timeout,
+a chunk about to start in a block agreed non-finite (`host.nonfinite`: two rounds a chunk),
 or a work the window does not take (a quorum, a loss budget, several paths). The window then
 writes its state into the engine's `SlotState`s and `Message`s, as the engine would have
 left them, and the engine goes on from there, one message at a time; the next work
@@ -210,7 +211,11 @@ class PlainWindow:
         ready = np.ones(len(free), bool)
         for span in self._spans_of(g):
             mine = (g >= span.first) & (g < span.first + span.count)
-            ready[mine] = span.known[span.needs[g[mine] - span.first]]
+            needs = span.needs[g[mine] - span.first]
+            ready[mine] = span.known[needs]
+            if (ready[mine] & (needs >= 0) & (span.shared[needs] == N.EXP_NONFINITE)).any():
+                self.leave()            # a non-finite block: the engine's message path
+                return
         if e.credits:
             short = ready & (self.dealt + g >= e.limit)
             e.stats["credit_waits"] += int(short.sum())

@@ -330,9 +330,6 @@ class Worker:
                                         [self._proposals(flat, f)], lp))
             self._submit(works)
             return Handle(self, works, outs, single)
-        for a, f in zip(arrays, fmts):
-            if f.kind == "fixed":
-                N.check_finite(N.to_float64(a.reshape(-1), f))
         while self._pending:            # one hierarchical step at a time: they share memory
             self._pending[0].wait()
         return self._hierarchical(arrays, fmts, outs, op == "mean", single, loss)
@@ -345,16 +342,10 @@ class Worker:
                     loss_budget=loss[0], priority=loss[1])
 
     def _proposals(self, flat, fmt):
-        """This worker's exponent per block (checking that the values are finite)."""
+        """This worker's exponent proposal per block (`numerics.block_proposals`)."""
         if fmt.kind != "fixed":
             return None
-        per = self.lanes * self.block
-        out = []
-        for i in range(0, max(1, len(flat)), per):
-            seg = N.to_float64(flat[i:i + per], fmt)
-            N.check_finite(seg)
-            out.append(np.abs(seg).max(initial=0.0))
-        return np.clip(N.exponent_of(np.array(out)), N.EXP_MIN, N.EXP_MAX)
+        return N.block_proposals(flat, fmt, self.lanes * self.block)
 
     def _engine_lock(self):
         """What steps this worker's engine holds while it steps: the progress thread's lock,

@@ -238,6 +238,14 @@ RESULT_IMM = Header("ResultImm", {
     "job": 4, "count": 6, "version": 1, "slot": 12, "exponent": 8, "overflow": 1,
 })
 
+# A block's exponent proposal that says the block holds NaN or an infinity: the largest value
+# of the signed exponent field, so the switch's maximum carries it to every worker (finite
+# proposals stop one below it). The workers then send the block's kinds in lanes of
+# NONFINITE_LANE, one bit per kind each (first field most significant), so that the switch's
+# sum counts, per element, the workers that hold each kind (up to MAX_WORKERS in 8 bits).
+EXP_NONFINITE = (1 << (RESULT_IMM.wire_fields["exponent"] - 1)) - 1      # 127
+NONFINITE_LANE = Header("NonfiniteLane", {"reserved": 8, "nan": 8, "neg_inf": 8, "pos_inf": 8})
+
 # What a contribution's ImmDt can name: jobs (4 bits), ranks (5 bits) and slots per version
 # (12 bits; a slot has two copies, version 0 and 1).
 MAX_JOBS = 1 << REQUEST_IMM.wire_fields["job"]              # 16

@@ -51,6 +51,7 @@ import numpy as np
 from netagg.hw import headers as H
 from netagg.hw.headers import (  # noqa: F401  (the format's constants, for the codec's users)
     CONTROL_QPN,
+    EXP_NONFINITE,
     MAX_CONTROL_RECORDS,
     MAX_JOBS,
     MAX_PAYLOAD,
@@ -84,6 +85,7 @@ def _bits(header: H.Header) -> list[tuple[str, int, int]]:
 
 REQUEST_IMM = _bits(H.REQUEST_IMM)
 RESULT_IMM = _bits(H.RESULT_IMM)
+NONFINITE_LANE = _bits(H.NONFINITE_LANE)
 SIGNED_FIELDS = {"exponent"}
 
 

@@ -42,8 +42,6 @@ def test_bfloat16_bits_round_trip():
 
 def test_bad_input_is_a_clear_error():
     (w,) = workers(1)
-    with pytest.raises(ValueError, match="NaN"):
-        w.allreduce(np.array([1.0, np.nan], np.float32))
     with pytest.raises(TypeError, match="int32"):
         w.allreduce(np.arange(4, dtype=np.int32), op="mean")
     with pytest.raises(TypeError, match="float64"):
