@@ -47,8 +47,8 @@ import enum
 import math
 
 import numpy as np
-from netagg.host import numerics as N
 from netagg.host import nonfinite as NF
+from netagg.host import numerics as N
 from netagg.host.nonfinite import Phase
 from netagg.host.retransmit import RetransmitTimer
 from netagg.sim import wire as W
@@ -144,8 +144,9 @@ class Work:
         k, lanes = c1 - c0, self.lanes
         lo, hi = c0 * lanes, min(c1 * lanes, self.n)
         fixed = self.fmt.kind == "fixed"
-        clean = fixed and self.proposals is not None and bool((self.proposals[c0 // self.block:(c1 - 1) // self.block + 1]
-                                == N.EXP_NONFINITE).any())
+        blocks = slice(c0 // self.block, (c1 - 1) // self.block + 1)
+        clean = fixed and self.proposals is not None \
+            and bool((self.proposals[blocks] == N.EXP_NONFINITE).any())
         if len(self.sources) == 1 and hi - lo == k * lanes:
             acc = self._scaled(self.sources[0][lo:hi], exponent, clean) if fixed \
                 else self.sources[0][lo:hi]

@@ -24,10 +24,11 @@ the default group uses the switch (its jobs from `NetaggOptions.job`); a group m
 with `new_group(backend="netagg")` is gloo alone.
 
 What differs from gloo: floats are summed in fixed point (within `host.numerics`'s bound,
-not bit for bit gloo's); an int32 sum that overflows is an error, not a wrapped value;
-NaN or infinity in a tensor is an error on that rank (the others then time out naming it
-missing); every failure is an error that names the rank and the job, within the worker's
-timeout (`NetaggOptions.timeout`, default the smaller of the group's timeout and 60 s).
+not bit for bit gloo's), NaN and infinities as IEEE sums them (`host.nonfinite`: an inf on
+one rank is an inf on every rank, so GradScaler skips the step on all of them); an int32
+sum that overflows is an error, not a wrapped value; every failure is an error that names
+the rank and the job, within the worker's timeout (`NetaggOptions.timeout`, default the
+smaller of the group's timeout and 60 s).
 
 Cost: per process, the worker (a UDP socket and its progress thread), a completion thread
 (`host.torch_work`) and the gloo group's connections; a contiguous tensor is read in place

@@ -199,6 +199,25 @@ def test_a_quorum_fills_the_kinds_in_and_the_result_is_the_same():
     assert all(c["fill_rounds"] > 0 for c in counters)
 
 
+def test_with_a_quorum_and_a_loss_budget_the_kinds_are_still_every_workers():
+    """Quorum 2 of 3 with loss_budget 0.3 (a chunk may miss one contribution): the finite
+    values of every chunk are two workers' scaled by 3/2, but the kinds round of a
+    non-finite block is filled in to every worker's, so each NaN and inf is there (every
+    block that holds one holds it on 2 ranks or more of 3, so its flag is among any 2
+    proposals)."""
+    inputs = scenario("float32")
+    results, counters = run(GoldenSwitch(), inputs, quorum=2, call=dict(loss_budget=0.3))
+    for r in results:
+        assert r.tobytes() == results[0].tobytes()
+    with np.errstate(invalid="ignore"):
+        exact = np.sum([x.astype(np.float64) for x in inputs], axis=0)
+    assert np.array_equal(np.isnan(results[0]), np.isnan(exact))
+    assert np.array_equal(np.where(np.isinf(results[0]), np.sign(results[0]), 0),
+                          np.where(np.isinf(exact), np.sign(exact), 0))
+    assert all(c["lost_contributions"] > 0 and c["fill_rounds"] >= 2 * N.DEFAULT_BLOCK
+               for c in counters)
+
+
 def test_chunks_of_a_nonfinite_block_are_never_droppable():
     """Every droppable contribution is dropped (thresholds 0). With a loss budget of 0.1,
     each worker marks droppable its 4 smallest chunks: one of block 2 (finite), a different

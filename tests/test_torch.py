@@ -5,7 +5,8 @@ against `netagg sim serve` (golden model), once as one node of 2 (hierarchical) 
 2 nodes of 1 (two torchrun agents: flat), and checks all_reduce against a gloo group (int32
 bit for bit, floats within the fixed-point bound of host/numerics.py), that what the switch
 cannot do is gloo's (right results, no packet sent), the other collectives, Work futures,
-and DDP with and without the netagg hook beside gloo's DDP. Set-up errors name the rank;
+DDP with and without the netagg hook beside gloo's DDP, and an inf on one rank reaching
+every rank (GradScaler skips the step on every rank alike). Set-up errors name the rank;
 `netagg train` runs small, and its command line hands its options on.
 """
 
@@ -68,6 +69,12 @@ def test_torchrun_job_through_the_switch(tmp_path, switch, nodes, per_node):
         assert d["droppable_sent"] > 0 and d["droppable_classes"], d
         assert max(d["droppable_classes"]) < 5, d     # below the last layer's class
         assert d["weights"] == ranks[0]["ddp"]["weights"]
+        nf = r["nonfinite"]         # an inf on one rank: every rank skips the step alike
+        assert nf["inf_everywhere"] and nf["rest_exact"] and nf["skips_step"], nf
+        assert nf["nan_from_both_signs"], nf
+        assert nf["scaler"] == [{"scale": 512.0, "moved": False},
+                                {"scale": 512.0, "moved": True}], nf
+        assert nf["weights"] == ranks[0]["nonfinite"]["weights"]
         assert r["shut_down"]
 
 

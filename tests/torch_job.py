@@ -138,6 +138,40 @@ def ddp(pg, gloo) -> dict:
             "weights": [float(p.detach().double().sum()) for p in hooked.parameters()]}
 
 
+def nonfinite(world: int) -> dict:
+    """An inf on rank 0 alone reaches every rank (the rest exact), +inf and -inf on two
+    ranks give NaN, and GradScaler skips the step on every rank alike: rank 0's loss is
+    infinite, every rank's weights stay and its scale halves, then a finite step moves them
+    all the same."""
+    rank = dist.get_rank()
+    t = torch.ones(VALUES)
+    if rank == 0:
+        t[7] = float("inf")
+    dist.all_reduce(t)
+    b = torch.zeros(600, dtype=torch.bfloat16)
+    b[3] = float("-inf") if rank == 0 else float("inf")
+    dist.all_reduce(b, op=dist.ReduceOp.AVG)
+    torch.manual_seed(0)
+    model = DDP(nn.Linear(20, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    before = [p.detach().clone() for p in model.parameters()]
+    steps = []
+    for bad in (rank == 0, False):
+        opt.zero_grad()
+        loss = model(torch.ones(2, 20)).square().sum() * (float("inf") if bad else 1.0)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        steps.append({"scale": scaler.get_scale(), "moved": any(
+            not torch.equal(p, q) for p, q in zip(model.parameters(), before))})
+    return {"inf_everywhere": bool(t[7] == float("inf")),
+            "rest_exact": bool(torch.all(torch.cat([t[:7], t[8:]]) == world)),
+            "skips_step": not bool(torch.isfinite(t).all()),
+            "nan_from_both_signs": bool(torch.isnan(b[3])) and bool(torch.all(b[4:] == 0)),
+            "scaler": steps, "weights": [float(p.detach().sum()) for p in model.parameters()]}
+
+
 def main(out: str):
     dist.init_process_group("netagg")
     pg, world = dist.group.WORLD, dist.get_world_size()
@@ -146,7 +180,7 @@ def main(out: str):
               "backend": dist.get_backend(), "local_size": pg.placement.local_size,
               "switch_vs_gloo": switch_vs_gloo(pg, gloo, world),
               "fallbacks": fallbacks(pg, world), "collectives": collectives(world),
-              "ddp": ddp(pg, gloo)}
+              "ddp": ddp(pg, gloo), "nonfinite": nonfinite(world)}
     dist.destroy_process_group()
     report["shut_down"] = pg.worker is None
     with open(f"{out}/rank{report['rank']}.json", "w") as f:
