@@ -128,9 +128,8 @@ def block_proposals(values: np.ndarray, fmt: Format, per: int) -> np.ndarray:
     infinity, else the exponent of its largest magnitude within EXP_MIN..EXP_MAX."""
     out = []
     for i in range(0, max(1, len(values)), per):
-        seg = np.abs(to_float64(values[i:i + per], fmt))
-        top = float(seg.max(initial=0.0))
-        out.append(EXP_NONFINITE if not math.isfinite(top) or np.isnan(seg).any()
+        top = float(np.abs(to_float64(values[i:i + per], fmt)).max(initial=0.0))  # NaN: NaN
+        out.append(EXP_NONFINITE if not math.isfinite(top)
                    else int(np.clip(exponent_of(np.array(top)), EXP_MIN, EXP_MAX)))
     return np.array(out, np.int64)
 
