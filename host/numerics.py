@@ -126,12 +126,11 @@ def block_proposals(values: np.ndarray, fmt: Format, per: int) -> np.ndarray:
     """A worker's exponent proposal for each block of `per` values of a tensor (its own
     dtype, one block for an empty one): EXP_NONFINITE where the block holds NaN or an
     infinity, else the exponent of its largest magnitude within EXP_MIN..EXP_MAX."""
-    out = []
-    for i in range(0, max(1, len(values)), per):
-        top = float(np.abs(to_float64(values[i:i + per], fmt)).max(initial=0.0))  # NaN: NaN
-        out.append(EXP_NONFINITE if not math.isfinite(top)
-                   else int(np.clip(exponent_of(np.array(top)), EXP_MIN, EXP_MAX)))
-    return np.array(out, np.int64)
+    top = np.array([np.abs(to_float64(values[i:i + per], fmt)).max(initial=0.0)  # NaN: NaN
+                    for i in range(0, max(1, len(values)), per)])
+    finite = np.isfinite(top)
+    out = np.clip(exponent_of(np.where(finite, top, 0.0)), EXP_MIN, EXP_MAX)
+    return np.where(finite, out, EXP_NONFINITE)
 
 
 def quantize(values: np.ndarray, exponent: int, frac: int) -> np.ndarray:
