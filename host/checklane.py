@@ -34,8 +34,10 @@ whose result holds too few.
   c_total < workers contributions are scaled by workers / c_total (the missing ones
   estimated by the mean of those present, as LTP does) before they are dequantised; a mean
   then divides by the world size as usual. With loss_budget 0 every chunk is exact, quorum
-  or not. Per tensor: `Work.droppable_sent`, `lost_contributions` (workers - c_total, summed
-  over its chunks), `rescaled_chunks`, `filled_chunks`; the engine's `stats` sum them.
+  or not. The kinds round of a non-finite block (`host.nonfinite`) has no allowance: with
+  membership it is filled in to every worker's, whatever the loss budget. Per tensor:
+  `Work.droppable_sent`, `lost_contributions` (workers - c_total, summed over its chunks),
+  `rescaled_chunks`, `filled_chunks`; the engine's `stats` sum them.
 
 Cost: the tags of a step's packets in one array operation (`tags`), and per result that
 is not its use's at once, one tag per use it is checked against (the current use, then up

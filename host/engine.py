@@ -36,6 +36,8 @@ round-trip estimate (`host.control`).
 - **Overflow.** A result with the overflow flag (or a worker's saturation marker in the
   check lane) is redone whole with the exponent plus one for fixed point, and is an
   `OverflowError` for int32 (so is an int32 sum filled in over rounds beyond int32).
+- **NaN and infinities.** A chunk of a block agreed non-finite goes in two rounds, its kinds
+  then its finite values, never droppable (`host.nonfinite`).
 - **Bounded waiting.** When no result and no control answer arrives for `timeout` seconds
   while work is pending, `step` raises `NetaggTimeout`, saying whether the switch still
   answers control requests (then a peer is missing) or not.
