@@ -15,16 +15,27 @@ send: it never holds a sender back. It measures the host and the path to a switc
 the cost of aggregating (`sim.bench.contributions_per_second("echo")`); it is not a switch a
 job of several workers can reduce with: each worker gets its own data back.
 
-`send` applies a frame at once (`run` returns the frames sent since the last `run`). The
-common frame, a contribution that begins a new use of its copy, takes a lean path: what
-all contributions with its headers, ingress port, RETH.dma_length and ImmDt share (the
-parser's verdict and the ICRC's state after the headers, as `sim.codec` caches them, the
-job table's checks, the slot copy, the result's headers and ImmDt) is a `Reply` looked up
-once and kept until the next register write; the contribution then costs its ICRC, the
-MSN's and credit's checks, the copy's new use, the counters and its result (about 3 µs of
-Python for 1 KiB). Any other frame (control, a parser drop, a refused, stale or
-retransmitted contribution, one beyond the credit, a forced priority decision) goes through
-the golden model's `receive`, which decides and counts it as for any frame.
+The ranks' copies are arrays (`RankCopies`), so that a run of contributions reads and writes
+them in a few array operations. Three paths, one behaviour (tests/test_echo.py compares each
+with `receive` frame for frame, output and counters):
+
+- `send_run` takes a run of datagrams of one length from one sender (a GRO run, a batch):
+  its longest prefix of contributions that each begin a new use of their copy is answered
+  as one run of results (`sim.echo_run`); the row that ends it goes through `send`, and the
+  rest is a run again;
+- `send` applies one frame at once. The common frame, a contribution that begins a new use
+  of its copy, takes a lean path: what all contributions with its headers, ingress port,
+  RETH.dma_length and ImmDt share (the parser's verdict and the ICRC's state after the
+  headers, as `sim.codec` caches them, the job table's checks, the copy, the result's headers
+  and ImmDt) is a `Reply` looked up once and kept until the next register write; the
+  contribution then costs its ICRC, the MSN's and credit's checks, the copy's new use, the
+  counters and its result;
+- any other frame (control, a parser drop, a refused, stale or retransmitted contribution,
+  one beyond the credit, a forced priority decision) goes through the golden model's
+  `receive`, which decides and counts it as for any frame.
+
+`run` returns the frames sent since the last `run` or `sent_runs`; `sent_runs` returns them
+with each run of results as one `sim.udp_offload.FrameRun`.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from netagg.sim import echo_run
 from netagg.sim import wire as W
 from netagg.sim.codec import (
     CHECKED,
@@ -44,10 +56,78 @@ from netagg.sim.codec import (
     request,
     result_imm,
 )
-from netagg.sim.golden import GoldenSwitch, Job, SlotCopy, _signed
+from netagg.sim.golden import GoldenSwitch, Job, _signed
+from netagg.sim.udp_offload import FrameRun
 
 _RETH_AT = W.BTH_OFFSET + W.BTH_LEN                     # the RETH's offset in a frame
 _SHORTEST = _RETH_AT + RETH_IMM.size + 4 + ICRC_WORD.size   # a contribution of one lane
+RUN_MIN = 10        # rows a run needs to take `echo_run` (fewer: the per-frame lean path)
+
+
+class RankCopies:
+    """Every rank's own copy of each slot version: `sim.golden.SlotCopy`'s fields as arrays
+    over copies numbered (slot index * 2 + version) * max_workers + rank (`index`), the sums
+    as int32 lanes (a use of one contribution adds nothing, so never saturates)."""
+
+    FIELDS = ("bitmap", "count", "data", "length", "msn16", "exponent", "overflow")
+
+    def __init__(self, slots: int, max_workers: int, max_lanes: int):
+        self.max_workers = max_workers
+        n = slots * 2 * max_workers
+        for name in self.FIELDS:
+            setattr(self, name, np.zeros(n, np.int64))
+        self.sums = np.zeros((n, max_lanes), np.int32)
+
+    def index(self, slot_index, version, rank):
+        return (slot_index * 2 + version) * self.max_workers + rank
+
+    def begin(self, c, bit, lanes: np.ndarray, null, msn, exponent, count: int = 1):
+        """A new use of copies `c` (one, or an array with a row of `lanes` each), begun by one
+        contribution (of the rank's `bit`), as `SlotCopy.begin`: its lanes (a null's are
+        zeros) as the sums; `count` 0: the use complete with it."""
+        self.bitmap[c], self.count[c], self.data[c] = bit, count, np.logical_not(null)
+        self.length[c], self.msn16[c] = 4 * lanes.shape[-1], np.bitwise_and(msn, 0xFFFF)
+        self.exponent[c], self.overflow[c] = exponent, 0
+        self.sums[c, :lanes.shape[-1]] = lanes
+
+    def clear(self, first_slot: int, end_slot: int):
+        """The copies of slots first_slot .. end_slot - 1 back to fresh."""
+        span = slice(first_slot * 2 * self.max_workers, end_slot * 2 * self.max_workers)
+        for name in self.FIELDS:
+            getattr(self, name)[span] = 0
+        self.sums[span] = 0
+
+    def view(self, c: int) -> CopyView:
+        return CopyView(self, c)
+
+
+def _field(name: str, kind=int):
+    def get(self):
+        return kind(getattr(self.copies, name)[self.c])
+
+    def set_(self, value):
+        getattr(self.copies, name)[self.c] = value
+    return property(get, set_)
+
+
+class CopyView:
+    """One copy of a `RankCopies`, read and written as a `SlotCopy` is by the golden model's
+    contribution path."""
+
+    __slots__ = ("copies", "c")
+    bitmap, count, data = _field("bitmap"), _field("count"), _field("data")
+    length, msn16, exponent = _field("length"), _field("msn16"), _field("exponent")
+    overflow = _field("overflow", bool)
+
+    def __init__(self, copies: RankCopies, c: int):
+        self.copies, self.c = copies, c
+
+    @property
+    def sums(self) -> np.ndarray:
+        return self.copies.sums[self.c, :self.length // 4]
+
+    def begin(self, bit: int, sums: np.ndarray, null: bool, msn: int, exponent: int):
+        self.copies.begin(self.c, bit, sums, null, msn, exponent)
 
 
 @dataclasses.dataclass(slots=True)
@@ -65,7 +145,7 @@ class Reply:
     job: Job
     counters: dict                  # the job's
     rx: dict                        # the ingress port's
-    copy: SlotCopy                  # the rank's own copy of the slot version
+    copy: int                       # the rank's own copy of the slot version (`RankCopies`)
     bit: int                        # the rank's bit
     port: int                       # the port the result leaves by
     tx: dict | None                 # its counters; None: no such port, no result leaves
@@ -74,22 +154,64 @@ class Reply:
     imm: int                        # the result's ImmDt
 
 
+@dataclasses.dataclass
+class Paths:
+    """How many frames each path took (`run_rows` in `runs` runs)."""
+
+    runs: int = 0
+    run_rows: int = 0
+    lean: int = 0
+    receive: int = 0
+
+
 class EchoSwitch(GoldenSwitch):
     """The echo switch; parameters as `GoldenSwitch`'s."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.own: dict[tuple[int, int, int], SlotCopy] = {}   # (slot, version, rank) -> copy
+        self.copies = RankCopies(self.slots, self.max_workers, self.max_payload // 4)
+        self.paths = Paths()
         self._replies: dict[tuple, Reply] = {}
+        self._rows: dict[tuple, echo_run.Rows | None] = {}
         self._sent: list = []
 
     def send(self, port: int, frame: bytes, fill: int = 0, null: bool | None = None):
         """Apply a frame at once; `run` returns what it sent."""
         frame = bytes(frame)
         out = self._answer(port, frame) if fill == 0 and null is None else None
-        self._sent += self.receive(port, frame, fill, null) if out is None else out
+        if out is None:
+            self.paths.receive += 1
+            out = self.receive(port, frame, fill, null)
+        else:
+            self.paths.lean += 1
+        self._sent += out
+
+    def send_run(self, port: int, heads, body, size: int):
+        """Apply a run of frames at once, in order: frame i is `heads[i]` (its Ethernet,
+        IPv4 and UDP headers, `W.BTH_OFFSET` bytes) and the datagram at `i * size` in `body`
+        (BTH .. ICRC); `sent_runs` returns what it sent."""
+        heads, view, at = tuple(heads), memoryview(body), 0
+        while at < len(heads):
+            taken, alone, out = (
+                echo_run.answer(self, port, heads[at:], view[at * size:len(heads) * size], size)
+                if len(heads) - at >= RUN_MIN else (0, len(heads) - at, None))
+            if taken:
+                self.paths.runs += 1
+                self.paths.run_rows += taken
+                if out is not None:
+                    self._sent.append(out)
+            at += taken
+            for i in range(at, at + alone):
+                self.send(port, heads[i] + bytes(view[i * size:(i + 1) * size]))
+            at += alone
 
     def run(self) -> list:
+        out, self._sent = self._sent, []
+        return [f for item in out for f in (item.frames() if isinstance(item, FrameRun)
+                                            else (item,))]
+
+    def sent_runs(self) -> list:
+        """What `run` returns, but each run of results as one `FrameRun`."""
         out, self._sent = self._sent, []
         return out
 
@@ -100,16 +222,13 @@ class EchoSwitch(GoldenSwitch):
     def _aggregation(self, job: Job, index: int, version: int, rank: int):
         """The rank's own copy of the slot version, one contribution per use, the result to
         the rank alone."""
-        copy = self.own.get((index, version, rank))
-        if copy is None:
-            copy = self.own[index, version, rank] = SlotCopy()
-        return copy, 1, (rank,)
+        return self.copies.view(self.copies.index(index, version, rank)), 1, (rank,)
 
     def _clear(self, job: Job):
+        deferred = self._cleared is not None        # to the end of the control request
         super()._clear(job)
-        end = job.slot_base + job.slot_count
-        self.own = {key: copy for key, copy in self.own.items()
-                    if not job.slot_base <= key[0] < end}
+        if not deferred:
+            self.copies.clear(job.slot_base, min(job.slot_base + job.slot_count, self.slots))
 
     # --- the lean path ----------------------------------------------------------------------
 
@@ -128,21 +247,22 @@ class EchoSwitch(GoldenSwitch):
             if len(self._replies) >= 1 << 14:
                 self._replies.clear()
             self._replies[key] = reply
-        copy, job = reply.copy, reply.job
+        copies, c, job = self.copies, reply.copy, reply.job
+        bitmap = int(copies.bitmap[c])
         if (len(frame) != reply.size or not icrc_matches(frame, reply.body_end, reply.state)
-                or copy.count or copy.bitmap and not 0 < (msn - copy.msn16) & 0xFFFF < 0x8000
-                or job.credits and _signed(msn - job.completed, 32) >= job.credits):
+                or copies.count[c] or bitmap and not 0 < (msn - int(copies.msn16[c])) & 0xFFFF
+                < 0x8000 or job.credits and _signed(msn - job.completed, 32) >= job.credits):
             return None             # a drop, a use in progress, a replay or an older message
         start, length = reply.start, reply.length
         payload = bytes(length) if reply.null else memoryview(frame)[start:start + length]
-        # the copy's sums: its one contribution's int32 lanes (a use of one adds nothing)
-        copy.begin(reply.bit, np.frombuffer(payload, "<i4"), reply.null, msn, reply.exponent)
+        copies.begin(c, reply.bit, np.frombuffer(payload, "<i4"), reply.null, msn,
+                     reply.exponent)
         reply.rx["rx"] += 1
         if reply.null:
             reply.rx["drop_priority"] += 1
         counters = reply.counters
         counters["contributions"] += 1
-        self._complete(job, counters, copy)
+        self._complete(job, counters, copies.view(c))
         if reply.tx is None:
             return []
         counters["results"] += 1
@@ -161,12 +281,12 @@ class EchoSwitch(GoldenSwitch):
             return None
         null = bool(req.droppable) and self._threshold(frame) <= 0
         job = self.job[req.job]
-        copy, _, _ = self._aggregation(job, job.slot_base + req.slot, req.version, req.rank)
         w = job.table[req.rank]
         return Reply(
             size=len(frame), body_end=body_end, state=state, start=header.start,
             length=header.length, null=null, exponent=req.exponent, job=job,
-            counters=self.job_counters[req.job], rx=self.port_counters[port], copy=copy,
+            counters=self.job_counters[req.job], rx=self.port_counters[port],
+            copy=self.copies.index(job.slot_base + req.slot, req.version, req.rank),
             bit=1 << req.rank, port=w.port,
             tx=self.port_counters[w.port] if w.port < self.ports else None,
             template=self._template(w, header.length), va=w.va,

@@ -23,7 +23,11 @@ port, with Decode As: `-d udp.port==49152,infiniband` for tshark).
 Where a received IPv4 packet enters is cached by its IPv4 and UDP headers, which every
 datagram of a sender repeats. A run of datagrams a sender's kernel sent in one buffer (UDP
 segmentation offload, `sim.udp_offload`) arrives whole on loopback and is cut into the
-datagrams the kernel would have sent; results to a loopback address leave as runs too.
+datagrams the kernel would have sent; consecutive datagrams of one sender and one length
+are a run too (a batch). A backend that takes runs (`send_run`: the echo switch) is given
+each run whole and answers it at once, its results going out before the next run is taken;
+the others are given the run's frames one at a time. Results to a loopback address leave as
+runs too.
 
 Backends: `golden` (sim.golden.GoldenSwitch), `rtl` (sim.model, the Verilator model) and
 `echo` (sim.echo.EchoSwitch: each contribution answered at once to its sender, for
@@ -32,7 +36,6 @@ measurements).
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import functools
 import random
@@ -46,7 +49,15 @@ import time
 
 from netagg.sim import udp_offload
 from netagg.sim import wire as W
-from netagg.sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, switch_port_for
+from netagg.sim.udp import (
+    IP_MTU_DISCOVER,
+    IP_PMTUDISC_DO,
+    NOTHING,
+    attach_filter,
+    datagrams_to,
+    switch_port_for,
+)
+from netagg.sim.udp_offload import FrameRun
 
 IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13 if sys.platform.startswith("linux") else None)
 BACKENDS = ("golden", "rtl", "echo")
@@ -83,51 +94,22 @@ def _ingress(ip: bytes, port: int, ports: int) -> tuple[bytes, int]:
     return eth, switch_port_for(text, port, ports)
 
 
+@functools.lru_cache(maxsize=256)
+def _run_heads(eth: bytes, ip_udp: bytes, size: int, body: int) -> tuple[bytes, ...]:
+    """The Ethernet, IPv4 and UDP headers of each frame of a run as received (IPv4 and UDP
+    headers `ip_udp`, `body` bytes of datagrams of `size`) that enters with Ethernet header
+    `eth`: those the kernel gives each segment (`udp_offload.segment_headers`)."""
+    return tuple(eth + h for h in udp_offload.segment_headers(ip_udp, size, body))
+
+
 @functools.lru_cache(maxsize=4096)
-def _canonical_headers(ip: str, port: int, bound_ip: str, length: int, dscp: int,
-                       ident: int = 0) -> bytes:
+def _canonical_headers(ip: str, port: int, bound_ip: str, length: int, dscp: int) -> bytes:
     """The Ethernet, IPv4 and UDP headers of a frame for a datagram of `length` bytes from
-    (ip, port) to the server, with the canonical IPv4 header (`wire.wrap_datagram`), or, for
-    datagram `ident` > 0 of a run (GSO), the header the kernel gives that segment."""
+    (ip, port) to the server, with the canonical IPv4 header (`wire.wrap_datagram`); those of
+    datagram i of a run (GSO) are the kernel's for its segment i (`_run_heads`)."""
     src = W.Endpoint(ip, port, _sender_mac(ip, port))
     dst = W.Endpoint(bound_ip, W.ROCEV2_PORT, 0)
-    headers = W.wrap_datagram(src, dst, bytes(length), dscp)[:W.BTH_OFFSET]
-    if ident:
-        headers = headers[:W.IP_OFFSET] + udp_offload.renumbered(headers[W.IP_OFFSET:],
-                                                                 ident, length)
-    return headers
-
-
-# Classic BPF (Linux socket filters): what the kernel queues on a socket.
-SO_ATTACH_FILTER = getattr(socket, "SO_ATTACH_FILTER",
-                           26 if sys.platform.startswith("linux") else None)
-_LD_W_ABS, _LD_H_IND, _LDX_B_MSH, _JEQ_K, _RET_K = 0x20, 0x48, 0xB1, 0x15, 0x06
-_NOTHING = [(_RET_K, 0, 0, 0)]
-
-
-def datagrams_to(ip: bytes, port: int, offset: int = 0) -> list:
-    """A filter that keeps UDP datagrams to (ip, port) only, for a socket whose packets have
-    their IPv4 header at `offset` (0: a raw IPv4 socket; 14: Ethernet frames, AF_PACKET)."""
-    return [(_LD_W_ABS, 0, 0, offset + 16),                    # IPv4 destination
-            (_JEQ_K, 0, 4, int.from_bytes(ip, "big")),
-            (_LDX_B_MSH, 0, 0, offset),                        # X: IPv4 header length
-            (_LD_H_IND, 0, 0, offset + 2),                     # UDP destination port
-            (_JEQ_K, 0, 1, port),
-            (_RET_K, 0, 0, 0xFFFF),
-            (_RET_K, 0, 0, 0)]
-
-
-def attach_filter(sock: socket.socket, program: list) -> bool:
-    """Attach a classic BPF program of (code, jt, jf, k) to a socket; whether it could."""
-    if SO_ATTACH_FILTER is None:
-        return False
-    code = ctypes.create_string_buffer(b"".join(struct.pack("=HBBI", *op) for op in program))
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER,
-                        struct.pack("HP", len(program), ctypes.addressof(code)))
-    except OSError:
-        return False
-    return True
+    return W.wrap_datagram(src, dst, bytes(length), dscp)[:W.BTH_OFFSET]
 
 
 def _bind_loopback(host: str | None) -> socket.socket:
@@ -183,7 +165,7 @@ class SimServer:
             # socket's copies not at all
             self.raw.bind((self.bound_ip, 0))
             attach_filter(self.raw, datagrams_to(W.ip_packed(self.bound_ip), W.ROCEV2_PORT))
-            self._udp_copies = not attach_filter(self.sock, _NOTHING)
+            self._udp_copies = not attach_filter(self.sock, NOTHING)
             while True:     # what the raw socket queued before its filter: anyone's datagrams
                 try:
                     self.raw.recv(65536)
@@ -212,8 +194,33 @@ class SimServer:
         """Whether frames carry the IPv4 headers as received (else the canonical ones)."""
         return self.raw is not None
 
-    def _frames_in(self):
-        """(frame, switch port it enters) of each datagram waiting."""
+    def _runs_in(self):
+        """(switch port, heads, datagrams, length) of each run of frames waiting, in order:
+        frame i of a run is `heads[i]` (its Ethernet, IPv4 and UDP headers) and the `i`-th
+        `length` bytes of `datagrams`. A run is a GSO run, cut as the kernel would have cut it
+        (its last datagram, when shorter, a run of its own), or consecutive datagrams of one
+        sender and one length (a batch)."""
+        batch = None        # (port, sender, length), heads, datagrams of a batch
+        for port, heads, body, size in self._pieces_in():
+            if len(heads) == 1:
+                key = (port, heads[0][W.IP_OFFSET + 12:W.UDP_OFFSET + 2], size)
+                if batch is not None and batch[0] == key:
+                    batch[1].append(heads[0])
+                    batch[2].append(body)
+                    continue
+            if batch is not None:
+                yield batch[0][0], tuple(batch[1]), b"".join(batch[2]), batch[0][2]
+                batch = None
+            if len(heads) == 1:
+                batch = key, [heads[0]], [body]
+            else:
+                yield port, heads, body, size
+        if batch is not None:
+            yield batch[0][0], tuple(batch[1]), b"".join(batch[2]), batch[0][2]
+
+    def _pieces_in(self):
+        """(switch port, heads, datagrams, length) of each datagram or GSO run (of equal
+        lengths) waiting, as `_runs_in`."""
         if self.raw is not None:
             while self._udp_copies:     # the UDP socket's copies: the raw socket has them
                 try:
@@ -222,15 +229,24 @@ class SimServer:
                     break
             for _ in range(512):
                 try:
-                    run = self.raw.recv(65536)
+                    packet = self.raw.recv(65536)
                 except (BlockingIOError, InterruptedError):
                     return
-                for packet in udp_offload.cut(run) if len(run) > _LONGEST else (run,):
-                    ingress = self._senders_in.get(packet[:W.IP_LEN + W.UDP_LEN])
-                    if ingress is None:
-                        ingress = self._ingress_of(packet)
-                    if ingress:
-                        yield ingress[0] + packet, ingress[1]
+                ingress = self._senders_in.get(packet[:W.IP_LEN + W.UDP_LEN])
+                if ingress is None:
+                    ingress = self._ingress_of(packet)
+                if not ingress:
+                    continue
+                eth, port = ingress
+                run = udp_offload.split(packet) if len(packet) > _LONGEST else None
+                if run is None:
+                    cut = W.IP_LEN + W.UDP_LEN
+                    yield port, (eth + packet[:cut],), memoryview(packet)[cut:], \
+                        max(0, len(packet) - cut)
+                    continue
+                _, body, size = run
+                heads = _run_heads(eth, bytes(packet[:W.IP_LEN + W.UDP_LEN]), size, len(body))
+                yield from self._cut_run(port, heads, body, size)
             return
         for _ in range(512):
             try:
@@ -240,11 +256,23 @@ class SimServer:
             tos = next((p[0] for level, kind, p in anc
                         if level == socket.IPPROTO_IP and kind == socket.IP_TOS and p), 0)
             port = _ingress(W.ip_packed(ip), sport, self.ports)[1]
-            run = udp_offload.segments(data, udp_offload.segment_size(anc))
-            for ident, datagram in enumerate(run):
-                headers = _canonical_headers(ip, sport, self.bound_ip, len(datagram),
-                                             tos >> 2, ident)
-                yield headers + datagram, port
+            size = udp_offload.segment_size(anc)
+            if not size or len(data) <= size:
+                size = len(data)
+            head = _canonical_headers(ip, sport, self.bound_ip, size, tos >> 2)
+            if not data:
+                yield port, (head,), memoryview(data), 0
+                continue
+            heads = _run_heads(head[:W.IP_OFFSET], head[W.IP_OFFSET:], size, len(data))
+            yield from self._cut_run(port, heads, memoryview(data), size)
+
+    @staticmethod
+    def _cut_run(port: int, heads: tuple, body: memoryview, size: int):
+        """A run's datagrams of `size` bytes, and its shorter last one alone."""
+        full = len(body) // size
+        yield port, heads[:full], body[:full * size], size
+        if len(body) > full * size:
+            yield port, heads[full:], body[full * size:], len(body) - full * size
 
     def _ingress_of(self, packet: bytes) -> tuple[bytes, int] | tuple[()]:
         """The Ethernet header of a frame for an IPv4 packet as received and the switch port
@@ -275,15 +303,23 @@ class SimServer:
         taken = 0
         with self.lock:
             send, pcap = self.backend.send, self.pcap
+            send_run = getattr(self.backend, "send_run", None)
             burst = BURST if not hasattr(self.backend, "advance") else 0
-            for frame, port in self._frames_in():
-                taken += 1
+            for port, heads, body, size in self._runs_in():
                 if pcap:
-                    pcap.write(frame)
-                send(port, frame)
-                if taken == burst:      # the first results go out while the rest wait
+                    for i, head in enumerate(heads):
+                        pcap.write(head + body[i * size:(i + 1) * size])
+                if send_run is not None:        # the run at once, its results out at once
+                    send_run(port, heads, body, size)
+                    taken += len(heads)
                     self._deliver(self._advance())
-                    burst += BURST
+                    continue
+                for i, head in enumerate(heads):
+                    taken += 1
+                    send(port, head + body[i * size:(i + 1) * size])
+                    if taken == burst:      # the first results go out while the rest wait
+                        self._deliver(self._advance())
+                        burst += BURST
             self.stats["datagrams_in"] += taken
             self._deliver(self._advance())
         return taken
@@ -292,7 +328,10 @@ class SimServer:
         """Let the switch work: the RTL a slice of time at a time (results go out while it
         works, as from a board), the golden model until it is done."""
         advance = getattr(self.backend, "advance", None)
-        return advance() if advance else self.backend.run()
+        if advance is not None:
+            return advance()
+        sent_runs = getattr(self.backend, "sent_runs", None)
+        return sent_runs() if sent_runs is not None else self.backend.run()
 
     def _sender(self, source: tuple[str, int]) -> socket.socket | None:
         """A socket that sends from `source`, or None where this machine cannot."""
@@ -325,10 +364,17 @@ class SimServer:
     def _deliver(self, frames):
         """Send each frame the switch sent as a datagram from its source to its destination;
         to a loopback address, the datagrams of one source, destination and length go as
-        runs (GSO: the kernel never cuts them there, so the frames' ICRCs stay as made)."""
+        runs (GSO: the kernel never cuts them there, so the frames' ICRCs stay as made). A
+        `FrameRun` leaves as one run (after the frames before it)."""
         stats, pcap, route = self.stats, self.pcap, self._route
         runs: dict[tuple, list] = {}
-        for _port, frame in frames:
+        for item in frames:
+            if isinstance(item, FrameRun):
+                self._send_runs(runs)
+                runs = {}
+                self._deliver_run(item)
+                continue
+            _port, frame = item
             if pcap:
                 pcap.write(frame)
             if len(frame) < W.UDP_OFFSET + 4:
@@ -349,12 +395,41 @@ class SimServer:
                 stats["datagrams_out"] += 1
             except OSError:
                 stats["undeliverable"] += 1
+        self._send_runs(runs)
+
+    def _send_runs(self, runs: dict):
+        stats = self.stats
         for (sock, dst, _), run in runs.items():
             try:
                 self._runs.send(sock, run, dst)
                 stats["datagrams_out"] += len(run)
             except OSError:
                 stats["undeliverable"] += len(run)
+
+    def _deliver_run(self, run: FrameRun):
+        """A run of frames to one destination: one GSO run to a loopback address."""
+        stats, count = self.stats, len(run)
+        if self.pcap:
+            for _, frame in run.frames():
+                self.pcap.write(frame)
+        source, sock, dst = self._route(run.head[W.IP_OFFSET + 12:W.UDP_OFFSET + 4])
+        if sock is None:
+            stats["undeliverable"] += count
+            self.unsendable.add(source)
+            return
+        if dst[0].startswith("127."):
+            try:
+                self._runs.send_joined(sock, run.body, run.size, dst)
+                stats["datagrams_out"] += count
+            except OSError:
+                stats["undeliverable"] += count
+            return
+        for datagram in run.datagrams():
+            try:
+                sock.sendto(datagram, dst)
+                stats["datagrams_out"] += 1
+            except OSError:
+                stats["undeliverable"] += 1
 
     def serve(self):
         while not self._stop.is_set():

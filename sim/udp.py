@@ -1,20 +1,55 @@
 """UDP sockets to a switch: the socket options under which Linux sends the canonical IPv4
 header (`IP_MTU_DISCOVER` = `IP_PMTUDISC_DO`: Don't Fragment, identification 0 on a socket
-that is not connected), the simulation's cabling (`switch_port_for`: the switch port a UDP
-sender's frames enter), and one control request from a socket (`request_on`).
+that is not connected), classic BPF socket filters (`datagrams_to`, `attach_filter`: what
+the kernel queues on a socket), the simulation's cabling (`switch_port_for`: the switch port
+a UDP sender's frames enter), and one control request from a socket (`request_on`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import random
 import select
 import socket
+import struct
+import sys
 import time
 
 from netagg.sim import wire as W
 
 IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
 IP_PMTUDISC_DO = getattr(socket, "IP_PMTUDISC_DO", 2)
+
+# Classic BPF (Linux socket filters): what the kernel queues on a socket.
+SO_ATTACH_FILTER = getattr(socket, "SO_ATTACH_FILTER",
+                           26 if sys.platform.startswith("linux") else None)
+_LD_W_ABS, _LD_H_IND, _LDX_B_MSH, _JEQ_K, _RET_K = 0x20, 0x48, 0xB1, 0x15, 0x06
+NOTHING = [(_RET_K, 0, 0, 0)]
+
+
+def datagrams_to(ip: bytes, port: int, offset: int = 0) -> list:
+    """A filter that keeps UDP datagrams to (ip, port) only, for a socket whose packets have
+    their IPv4 header at `offset` (0: a raw IPv4 socket; 14: Ethernet frames, AF_PACKET)."""
+    return [(_LD_W_ABS, 0, 0, offset + 16),                    # IPv4 destination
+            (_JEQ_K, 0, 4, int.from_bytes(ip, "big")),
+            (_LDX_B_MSH, 0, 0, offset),                        # X: IPv4 header length
+            (_LD_H_IND, 0, 0, offset + 2),                     # UDP destination port
+            (_JEQ_K, 0, 1, port),
+            (_RET_K, 0, 0, 0xFFFF),
+            (_RET_K, 0, 0, 0)]
+
+
+def attach_filter(sock: socket.socket, program: list) -> bool:
+    """Attach a classic BPF program of (code, jt, jf, k) to a socket; whether it could."""
+    if SO_ATTACH_FILTER is None:
+        return False
+    code = ctypes.create_string_buffer(b"".join(struct.pack("=HBBI", *op) for op in program))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER,
+                        struct.pack("HP", len(program), ctypes.addressof(code)))
+    except OSError:
+        return False
+    return True
 
 
 def switch_port_for(ip: str, udp_port: int, ports: int) -> int:

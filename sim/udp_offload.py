@@ -20,12 +20,16 @@ segmentation offload (`UDP_SEGMENT`, GSO) and receive offload (`UDP_GRO`).
   sender's kernel and may be merged again by the receiver's; on loopback it is never cut,
   and the receiver sees the sender's buffer whole.
 
+A switch's run of frames to one destination (`FrameRun`: one head, Ethernet to UDP, and
+the datagrams after it) leaves as one buffer (`GsoSender.send_joined`), without a join.
+
 Cost: per run one join of the datagrams, one array operation and one system call; per
 received buffer one system call and a slice per datagram.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import socket
 import struct
@@ -72,30 +76,42 @@ class GsoSender:
         """Send `datagrams` (each BTH .. ICRC, its ICRC for identification 0), all of one
         length, from `sock` to `addr` (or the sender's). A full socket buffer drops what did
         not fit, as a lost packet."""
-        addr = addr or self.addr
         size = len(datagrams[0])
         if not self.gso or len(datagrams) == 1 or size % 4:
-            self._singly(sock, datagrams, addr)
+            self._singly(sock, datagrams, addr or self.addr)
+            return
+        self.send_joined(sock, b"".join(datagrams), size, addr)
+
+    def send_joined(self, sock: socket.socket, buf, size: int, addr=None) -> None:
+        """`send` for datagrams of `size` bytes given joined, one after the other in `buf`
+        (a bytes-like object; not written to)."""
+        addr, view = addr or self.addr, memoryview(buf).cast("B")
+        count = len(view) // size
+        if not self.gso or count == 1 or size % 4:
+            self._singly(sock, [view[at:at + size] for at in range(0, count * size, size)],
+                         addr)
             return
         per_run = min(MAX_SEGMENTS, MAX_RUN_BYTES // size)
-        for at in range(0, len(datagrams), per_run):
-            run = datagrams[at:at + per_run]
-            if len(run) == 1:
-                self._singly(sock, run, addr)
+        for first in range(0, count, per_run):
+            rows = min(per_run, count - first)
+            run = view[first * size:(first + rows) * size]
+            if rows == 1:
+                self._singly(sock, [run], addr)
                 continue
-            buf = bytearray(b"".join(run))
             if self.renumber:
-                words = np.frombuffer(buf, "<u4").reshape(len(run), size // 4)
-                words[:, -1] ^= ident_deltas(size)[:len(run)]
+                run = bytearray(run)
+                words = np.frombuffer(run, "<u4").reshape(rows, size // 4)
+                words[:, -1] ^= ident_deltas(size)[:rows]
             try:
-                sock.sendmsg([buf], [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("=H", size))],
+                sock.sendmsg([run], [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("=H", size))],
                               0, addr)
                 self.runs += 1
             except BlockingIOError:
                 pass
             except OSError:             # no GSO here (EINVAL, EIO, ENOPROTOOPT): one by one
                 self.gso = False
-                self._singly(sock, run, addr)
+                self._singly(sock, [run[at:at + size] for at in range(0, rows * size, size)],
+                             addr)
 
     @staticmethod
     def _singly(sock: socket.socket, datagrams: list, addr):
@@ -150,22 +166,56 @@ def renumbered(ip_udp: bytes, ident: int, length: int) -> bytes:
     return bytes(ip)
 
 
-def cut(packet: bytes) -> list[bytes]:
-    """The IPv4 packets (without options, UDP) a run stands for, as a raw socket on loopback
-    sees it whole: cut at the datagram length the first datagram's headers give
-    (`wire.datagram_length`), each with the headers the kernel gives its segment
-    (`renumbered`); the packet itself when it is no run (or its lengths do not cut evenly)."""
+def split(packet: bytes) -> tuple[tuple, memoryview, int] | None:
+    """A run (an IPv4 packet without options, UDP) as a raw socket on loopback sees it
+    whole, cut at the datagram length the first datagram's headers give
+    (`wire.datagram_length`): (the IPv4 and UDP headers the kernel gives each segment,
+    `renumbered`; the datagrams one after the other; their length, the last one's perhaps
+    shorter), or None when the packet is no run."""
     head = W.IP_LEN + W.UDP_LEN
-    size = W.datagram_length(packet[head:])
-    body = len(packet) - head
-    if size is None or body <= size:
+    body = memoryview(packet)[head:]
+    size = W.datagram_length(body)
+    if size is None or len(body) <= size:
+        return None
+    return segment_headers(bytes(packet[:head]), size, len(body)), body, size
+
+
+def cut(packet: bytes) -> list[bytes]:
+    """The IPv4 packets a run stands for (`split`), each with the headers the kernel gives
+    its segment; the packet itself when it is no run."""
+    run = split(packet)
+    if run is None:
         return [packet]
-    headers = _segment_headers(bytes(packet[:head]), size, body)
-    return [h + packet[at:at + size] for h, at in zip(headers, range(head, len(packet), size))]
+    headers, body, size = run
+    return [h + body[at:at + size] for h, at in zip(headers, range(0, len(body), size))]
 
 
 @functools.lru_cache(maxsize=256)
-def _segment_headers(ip_udp: bytes, size: int, body: int) -> list[bytes]:
+def segment_headers(ip_udp: bytes, size: int, body: int) -> tuple[bytes, ...]:
     """`renumbered` for each segment of a run of `body` bytes cut every `size` bytes."""
-    return [renumbered(ip_udp, i, min(size, body - at))
-            for i, at in enumerate(range(0, body, size))]
+    return tuple(renumbered(ip_udp, i, min(size, body - at))
+                 for i, at in enumerate(range(0, body, size)))
+
+
+@dataclasses.dataclass(slots=True)
+class FrameRun:
+    """Frames that leave by one switch `port` with the same headers up to the BTH (`head`:
+    Ethernet, IPv4, UDP; one destination, one length), each followed by its datagram's BTH
+    .. ICRC: the `size`-byte rows of `body` (bytes-like), as a switch sends a run of
+    results."""
+
+    port: int
+    head: bytes
+    body: memoryview
+    size: int
+
+    def __len__(self) -> int:
+        return len(self.body) // self.size
+
+    def datagrams(self) -> list:
+        return [self.body[at:at + self.size] for at in range(0, len(self) * self.size,
+                                                              self.size)]
+
+    def frames(self) -> list[tuple[int, bytes]]:
+        """(port, frame) of each frame."""
+        return [(self.port, self.head + bytes(d)) for d in self.datagrams()]

@@ -4,6 +4,7 @@ through `SimServer`, read with scapy; and `sim.bench` measuring it."""
 
 from __future__ import annotations
 
+import functools
 import random
 import select
 import socket
@@ -12,10 +13,11 @@ import uuid
 import numpy as np
 import pytest
 from netagg.host import SwitchControl, Worker
+from netagg.sim import udp_offload as U
 from netagg.sim import wire as W
 from netagg.sim.bench import contributions_per_second
-from netagg.sim.echo import EchoSwitch
-from netagg.sim.golden import GoldenSwitch, SlotCopy
+from netagg.sim.echo import RUN_MIN, EchoSwitch, RankCopies
+from netagg.sim.golden import GoldenSwitch
 from netagg.sim.scapy_frames import RETH, ImmDt
 from netagg.sim.serve import SimServer, make_backend
 from netagg.sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, switch_port_for
@@ -164,6 +166,11 @@ class _Frames(EchoSwitch):
         return None
 
 
+def assert_same_copies(a: EchoSwitch, b: EchoSwitch):
+    for name in (*RankCopies.FIELDS, "sums"):
+        assert np.array_equal(getattr(a.copies, name), getattr(b.copies, name)), name
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_the_lean_path_sends_and_counts_what_receive_does(seed):
     """Frame for frame, `send` (the lean path for new uses) gives what `receive` gives, with
@@ -182,14 +189,118 @@ def test_the_lean_path_sends_and_counts_what_receive_does(seed):
             assert lean.run() == frames.receive(port, frame)
     assert lean.counters() == frames.counters()
     assert [job.completed for job in lean.job] == [job.completed for job in frames.job]
-    used = [{key: c for key, c in sw.own.items() if c != SlotCopy()} for sw in (lean, frames)]
-    assert used[0] == used[1]                   # (the lean path may hold fresh copies too)
+    assert_same_copies(lean, frames)
     assert lean._replies and not frames._replies        # the lean path was taken
     c = lean.counters()
     assert all(sum(scope[name] for scope in c["jobs"]) for name in (
         "contributions", "replays", "drop_credit", "drop_stale", "drop_bad_worker"))
     assert all(sum(scope[name] for scope in c["ports"]) for name in (
         "drop_priority", "drop_bad_icrc", "control"))
+
+
+def _run(frames: list[bytes], renumber: bool) -> tuple[list, bytes, int]:
+    """Frames of one length as a run (heads, datagrams, length); `renumber`: as a GSO run of
+    them arrives, each segment with the identification the kernel gives it (and its ICRC,
+    made for identification 0, for it: `udp_offload.ident_deltas`)."""
+    size = len(frames[0]) - W.BTH_OFFSET
+    body = bytearray(b"".join(f[W.BTH_OFFSET:] for f in frames))
+    heads = [f[:W.BTH_OFFSET] for f in frames]
+    if renumber:
+        heads = [heads[0][:W.IP_OFFSET] + h for h in U.segment_headers(
+            heads[0][W.IP_OFFSET:], size, size * len(frames))]
+        icrc = np.frombuffer(body, "<u4").reshape(len(frames), -1)[:, -1]
+        icrc ^= U.ident_deltas(size)[:len(frames)]
+    return heads, bytes(body), size
+
+
+def _runs(rng: random.Random, workers: list, slots: int, credits: int, steps: int):
+    """Runs of one worker's contributions to some slots, a use at a time, each row perhaps
+    replaced or followed by one the run path must not take: a stale or duplicated message
+    (a replay), one beyond the credit, a corrupted ICRC or IPv4 header, another rank's, its
+    rank claimed, one of a bad length or slot, a droppable one."""
+    use = {}
+    for step in range(steps):
+        w = workers[step % len(workers)]
+        lanes = rng.choice([1, 16, 64, 256])
+        frames = []
+        for slot in rng.sample(range(slots), rng.randrange(1, slots + 1)):
+            u = use[w.rank, slot] = use.get((w.rank, slot), -1) + 1
+            msn = u * slots + slot
+            x = np.array([rng.randrange(-2**31, 2**31) for _ in range(lanes)], np.int32)
+            frame = functools.partial(w.contribution, slot, u % 2, 64 * slot, x, step,
+                                      exponent=rng.randrange(-8, 8))
+            good = frame(msn=msn)
+            kind = rng.randrange(16)
+            if kind == 0:                                   # in its place: stale
+                good = frame(msn=msn - 4 * slots)
+            elif kind == 1:                                 # a corrupted ICRC
+                good = bytearray(good)
+                good[rng.randrange(W.BTH_OFFSET + 8, len(good))] ^= 1 << rng.randrange(8)
+            elif kind == 2:                                 # a corrupted IPv4 header
+                good = bytearray(good)
+                good[W.IP_OFFSET + 8] ^= 1 << rng.randrange(8)
+            elif kind == 3:                                 # droppable
+                good = frame(msn=msn, droppable=True, dscp=W.priority_dscp(rng.randrange(8)))
+            elif kind == 4:                                 # its address not its rank's
+                good = frame(msn=msn, ip="10.99.0.1")
+            frames.append(bytes(good))
+            if kind == 5:                                   # after it: a replay
+                frames.append(good)
+            elif kind == 6:
+                frames.append(frame(msn=msn + 64 * slots + credits))   # beyond the credit
+            elif kind == 7:                                 # another rank's, its rank claimed
+                other = workers[(w.rank + 1) % len(workers)]
+                frames.append(other.contribution(slot, u % 2, 0, x, step, msn=msn))
+                frames.append(frame(msn=msn, rank=other.rank))
+            elif kind == 8:
+                frames.append(frame(msn=msn, length=4 * lanes + 4))
+            elif kind == 9:
+                frames.append(w.contribution(slots + 3, 0, 0, x, step, msn=msn))    # slot
+        yield frames
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_run_is_answered_as_receive_answers_its_frames(seed):
+    """Runs of contributions through `send_run` (the run path, with what it leaves to
+    `send`) give what `receive` gives frame by frame, output frame for output frame, with
+    the same counters, COMPLETED and copies: runs as GSO runs arrive and as batches, with
+    replays, stale, duplicated and corrupted frames, frames beyond the credit, of another
+    rank, of a bad length or slot, droppable ones nulled (a class's threshold 0, written
+    between runs), a run shorter than RUN_MIN, the job reconfigured between runs."""
+    rng = random.Random(seed)
+    slots, credits = 24, 64
+    workers = make_workers(0, 3, 2, rng, slot_count=slots)
+    lean, frames = EchoSwitch(ports=2, jobs=1), _Frames(ports=2, jobs=1)
+    config = [control_frame(switch_records()),
+              control_frame(job_config_records(0, workers, 8, slots, credits))]
+    between = {8: control_frame([(W.WRITE | W.drop_threshold(c), 0) for c in range(0, 8, 2)]),
+               16: config[1]}
+    for step, run in enumerate(_runs(rng, workers, slots, credits, 30)):
+        for f in ([*config] if step == 0 else []) + ([between[step]] if step in between else []):
+            lean.send(0, f)
+            assert lean.run() == frames.receive(0, f)
+        by_length = {}
+        for f in run:
+            by_length.setdefault(len(f), []).append(f)
+        for same in by_length.values():
+            heads, body, size = _run(same, renumber=len(same) > 1 and rng.random() < 0.5)
+            port = rng.randrange(2)
+            lean.send_run(port, heads, body, size)
+            expected = [out for h, at in zip(heads, range(0, len(body), size))
+                        for out in frames.receive(port, h + body[at:at + size])]
+            assert lean.run() == expected
+    assert lean.counters() == frames.counters()
+    assert lean.job[0].completed == frames.job[0].completed
+    assert_same_copies(lean, frames)
+    paths = lean.paths
+    assert paths.runs and paths.run_rows > paths.runs and paths.lean and paths.receive
+    assert frames.paths.lean == frames.paths.runs == 0
+    c = lean.counters()
+    assert all(c["jobs"][0][name] for name in (
+        "contributions", "replays", "drop_credit", "drop_stale", "drop_bad_worker",
+        "drop_bad_slot"))
+    assert all(sum(port[name] for port in c["ports"]) for name in (
+        "drop_priority", "drop_bad_icrc", "drop_bad_ip_checksum", "drop_bad_payload"))
 
 
 def test_a_worker_alone_gets_what_the_golden_model_gives():
@@ -203,6 +314,8 @@ def test_a_worker_alone_gets_what_the_golden_model_gives():
         with SimServer(make_backend(name)).start() as server:
             with Worker(0, 1, server.url, session=uuid.uuid4().hex, timeout=10) as w:
                 got[name] = (w.allreduce(ints, timeout=20), w.allreduce(floats, timeout=20))
+            if name == "echo":              # the worker's GSO runs took the run path
+                assert server.backend.paths.run_rows >= RUN_MIN
     assert np.array_equal(got["echo"][0], ints)
     assert np.array_equal(got["echo"][1], got["golden"][1])
 

@@ -20,7 +20,8 @@ from netagg.host import SwitchControl, Worker
 from netagg.host.transport import UdpTransport
 from netagg.sim import wire as W
 from netagg.sim.golden import GoldenSwitch
-from netagg.sim.serve import SimServer, attach_filter, datagrams_to
+from netagg.sim.serve import SimServer
+from netagg.sim.udp import attach_filter, datagrams_to
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP
 from scapy.layers.l2 import Ether
