@@ -167,8 +167,8 @@ def answer(switch, port: int, heads: tuple, body, size: int) -> tuple[int, int, 
     n = k if lean.all() else int(np.argmin(lean))
     view = memoryview(body)
     if n:
-        icrc = np.array(list(map(W.crc32, map(view.__getitem__, rows.covered[:n]),
-                                 rows.states)), np.uint32)
+        icrc = np.fromiter(map(W.crc32, map(view.__getitem__, rows.covered[:n]), rows.states),
+                           np.uint32, n)
         bad = icrc != row["icrc"][:n]
         if bad.any():
             n = int(np.argmax(bad))
@@ -222,6 +222,6 @@ def _apply(switch, port, j, rank, row, c, msn, imm, raw, heads, rows):
     out["imm"] = word
     results[:, start:start + length] = lanes.view(np.uint8)
     view = memoryview(results.reshape(-1))
-    out["icrc"] = list(map(W.crc32, map(view.__getitem__, rows.covered[:n]),
-                           itertools.repeat(template.state, n)))
+    out["icrc"] = np.fromiter(map(W.crc32, map(view.__getitem__, rows.covered[:n]),
+                                  itertools.repeat(template.state, n)), np.uint32, n)
     return FrameRun(w.port, template.head[:W.BTH_OFFSET], view, row.dtype.itemsize)

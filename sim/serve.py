@@ -197,26 +197,22 @@ class SimServer:
     def _runs_in(self):
         """(switch port, heads, datagrams, length) of each run of frames waiting, in order:
         frame i of a run is `heads[i]` (its Ethernet, IPv4 and UDP headers) and the `i`-th
-        `length` bytes of `datagrams`. A run is a GSO run, cut as the kernel would have cut it
-        (its last datagram, when shorter, a run of its own), or consecutive datagrams of one
-        sender and one length (a batch)."""
-        batch = None        # (port, sender, length), heads, datagrams of a batch
-        for port, heads, body, size in self._pieces_in():
-            if len(heads) == 1:
-                key = (port, heads[0][W.IP_OFFSET + 12:W.UDP_OFFSET + 2], size)
-                if batch is not None and batch[0] == key:
-                    batch[1].append(heads[0])
-                    batch[2].append(body)
-                    continue
-            if batch is not None:
-                yield batch[0][0], tuple(batch[1]), b"".join(batch[2]), batch[0][2]
-                batch = None
-            if len(heads) == 1:
-                batch = key, [heads[0]], [body]
-            else:
-                yield port, heads, body, size
-        if batch is not None:
-            yield batch[0][0], tuple(batch[1]), b"".join(batch[2]), batch[0][2]
+        `length` bytes of `datagrams`. A run is what one sender sent one after the other
+        in datagrams of one length: GSO runs (cut as the kernel would have cut them, the
+        shorter last datagram of one in a run of its own) and single datagrams."""
+        key, heads, bodies = None, [], []
+        for port, more, body, size in self._pieces_in():
+            sender = (port, more[0][W.IP_OFFSET + 12:W.UDP_OFFSET + 2], size)
+            if sender != key and heads:
+                yield key[0], tuple(heads), bodies[0] if len(bodies) == 1 else \
+                    b"".join(bodies), key[2]
+                heads, bodies = [], []
+            key = sender
+            heads += more
+            bodies.append(body)
+        if heads:
+            yield key[0], tuple(heads), bodies[0] if len(bodies) == 1 else b"".join(bodies), \
+                key[2]
 
     def _pieces_in(self):
         """(switch port, heads, datagrams, length) of each datagram or GSO run (of equal
