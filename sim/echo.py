@@ -77,6 +77,7 @@ class RankCopies:
         for name in self.FIELDS:
             setattr(self, name, np.zeros(n, np.int64))
         self.sums = np.zeros((n, max_lanes), np.int32)
+        self.row = np.zeros(n, np.int64)     # scratch: a run's first row of each copy
 
     def index(self, slot_index, version, rank):
         return (slot_index * 2 + version) * self.max_workers + rank

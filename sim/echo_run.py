@@ -161,9 +161,8 @@ def answer(switch, port: int, heads: tuple, body, size: int) -> tuple[int, int, 
     c = np.where(lean, copies.index(job.slot_base + slot, _field(imm, "version"), rank), 0)
     d = (msn - copies.msn16[c]) & 0xFFFF
     lean &= (copies.count[c] == 0) & ((copies.bitmap[c] == 0) | ((d > 0) & (d < 0x8000)))
-    same = np.where(lean, c, -1 - index)
-    order = np.argsort(same, kind="stable")            # a copy's second row waits
-    lean[order[1:][same[order[1:]] == same[order[:-1]]]] = False
+    copies.row[c[::-1]] = index[::-1]                 # a copy's second row waits
+    lean &= copies.row[c] == index
     n = k if lean.all() else int(np.argmin(lean))
     view = memoryview(body)
     if n:
