@@ -23,11 +23,12 @@ port, with Decode As: `-d udp.port==49152,infiniband` for tshark).
 Where a received IPv4 packet enters is cached by its IPv4 and UDP headers, which every
 datagram of a sender repeats. A run of datagrams a sender's kernel sent in one buffer (UDP
 segmentation offload, `sim.udp_offload`) arrives whole on loopback and is cut into the
-datagrams the kernel would have sent; consecutive datagrams of one sender and one length
-are a run too (a batch). A backend that takes runs (`send_run`: the echo switch) is given
-each run whole and answers it at once, its results going out before the next run is taken;
-the others are given the run's frames one at a time. Results to a loopback address leave as
-runs too.
+datagrams the kernel would have sent. What waits is taken as runs: the datagrams of one
+sender and one length that came one after the other (GSO runs and single datagrams alike;
+a worker's window of 64 contributions of 1,060 bytes comes as a run of 61 and one of 3, and
+is one run here). A backend that takes runs (`send_run`: the echo switch) is given each run
+whole and answers it at once, its results going out before the next run is taken; the others
+are given the run's frames one at a time. Results to a loopback address leave as runs too.
 
 Backends: `golden` (sim.golden.GoldenSwitch), `rtl` (sim.model, the Verilator model) and
 `echo` (sim.echo.EchoSwitch: each contribution answered at once to its sender, for
@@ -61,8 +62,7 @@ from netagg.sim.udp_offload import FrameRun
 
 IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13 if sys.platform.startswith("linux") else None)
 BACKENDS = ("golden", "rtl", "echo")
-BURST = 32          # frames a model without time of its own (golden, echo) takes between sends
-_LONGEST = W.IP_LEN + W.UDP_LEN + W.WRITE_IMM_HEAD_LEN + W.MAX_PAYLOAD + W.ICRC_LEN
+BURST = 32          # frames the golden model (no time of its own, no runs) takes between sends
 _ANCILLARY = udp_offload.gro_ancillary(socket.CMSG_SPACE(4))     # segment size and TOS
 
 
@@ -234,7 +234,7 @@ class SimServer:
                 if not ingress:
                     continue
                 eth, port = ingress
-                run = udp_offload.split(packet) if len(packet) > _LONGEST else None
+                run = udp_offload.split(packet)     # (a run is not always longer than one)
                 if run is None:
                     cut = W.IP_LEN + W.UDP_LEN
                     yield port, (eth + packet[:cut],), memoryview(packet)[cut:], \

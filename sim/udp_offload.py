@@ -175,7 +175,7 @@ def split(packet: bytes) -> tuple[tuple, memoryview, int] | None:
     head = W.IP_LEN + W.UDP_LEN
     body = memoryview(packet)[head:]
     size = W.datagram_length(body)
-    if size is None or len(body) <= size:
+    if size is None or len(body) <= size or packet[0] != W.IPV4_FIRST_BYTE:
         return None
     return segment_headers(bytes(packet[:head]), size, len(body)), body, size
 

@@ -1,18 +1,25 @@
 """`SimServer`'s datagram path: with a raw socket the kernel queues only the datagrams to the
 switch's address and port (once); frames the backend sends from an address this machine
-does not have are counted as undeliverable, every one of them."""
+does not have are counted as undeliverable, every one of them; a backend that takes runs is
+given one run per sender and length."""
 
 from __future__ import annotations
 
 import os
 import socket
+import struct
 import threading
 import time
 
+import numpy as np
 import pytest
+from netagg.hw.headers import Verdict
+from netagg.sim import udp_offload as U
 from netagg.sim import wire as W
+from netagg.sim.codec import decode
 from netagg.sim.golden import GoldenSwitch
 from netagg.sim.serve import SimServer
+from netagg.sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, switch_port_for
 
 
 def _other_traffic(stop: threading.Event):
@@ -89,3 +96,75 @@ def test_every_frame_from_an_address_not_here_is_undeliverable():
         assert server.stats["undeliverable"] == 3 and server.stats["datagrams_out"] == 0
         assert server.unsendable == {("192.0.2.1", 0xC000)}
         sock.close()
+
+
+class _Runs:
+    """A backend that takes runs and keeps each as (port, its frames)."""
+
+    ports = 4
+
+    def __init__(self):
+        self.runs = []
+
+    def send(self, port, frame, fill=0, null=None):
+        raise AssertionError("a backend that takes runs is given runs")
+
+    def send_run(self, port, heads, body, size):
+        self.runs.append((port, [h + bytes(body[i * size:(i + 1) * size])
+                                 for i, h in enumerate(heads)]))
+
+    def run(self):
+        return []
+
+
+def _sender(server: SimServer):
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
+    sock.bind(("127.0.0.1", 0))
+    src = W.Endpoint(*sock.getsockname())
+
+    def datagram(slot: int, lanes: int) -> bytes:
+        return W.contribution(job=0, rank=1, slot=slot, version=0, offset=0,
+                              lanes=np.arange(lanes, dtype="<i4").tobytes(), psn=slot, src=src,
+                              dst=W.Endpoint(*server.address), msn=slot).datagram()
+    return sock, src, datagram
+
+
+def _renumbered(datagrams: list[bytes]) -> list[bytes]:
+    """Datagrams of a GSO run, each ICRC for its segment's IPv4 identification."""
+    return [d[:-W.ICRC_LEN] + (int.from_bytes(d[-W.ICRC_LEN:], "little")
+                               ^ int(U.ident_deltas(len(d))[i])).to_bytes(4, "little")
+            for i, d in enumerate(datagrams)]
+
+
+@pytest.mark.parametrize("as_received", [True, False])
+def test_a_senders_datagrams_of_one_length_are_one_run(as_received):
+    """What waits reaches a backend that takes runs as one run per sender and length: a GSO
+    run, single datagrams and the full datagrams of a GSO run with a shorter last one, of one
+    sender, one after the other, are one run; the shorter one and another sender's datagram
+    are runs of their own. Each frame is the datagram sent with the headers it arrived with
+    (its ICRC holds)."""
+    if as_received and os.geteuid() != 0:
+        pytest.skip("a raw socket needs CAP_NET_RAW (root)")
+    backend = _Runs()
+    with SimServer(backend, as_received=as_received) as server:
+        assert server.headers_as_received == as_received
+        a, a_src, a_datagram = _sender(server)
+        b, b_src, b_datagram = _sender(server)
+        run = _renumbered([a_datagram(s, 64) for s in range(5)])
+        singles = [a_datagram(s, 64) for s in range(5, 7)]
+        tail = _renumbered([a_datagram(s, 64) for s in range(7, 10)] + [a_datagram(10, 16)])
+        for datagrams in (run, singles[:1], singles[1:], tail):
+            a.sendmsg([b"".join(datagrams)], [(socket.SOL_UDP, U.UDP_SEGMENT,
+                                               struct.pack("=H", len(datagrams[0])))],
+                      0, server.address)
+        other = b_datagram(0, 64)
+        b.sendto(other, server.address)
+        time.sleep(0.2)
+        assert server.poll(1.0) == 12
+        ports = [switch_port_for(s.ip, s.port, server.ports) for s in (a_src, b_src)]
+        assert [(port, [f[W.BTH_OFFSET:] for f in frames]) for port, frames in backend.runs] \
+            == [(ports[0], run + singles + tail[:3]), (ports[0], tail[3:]), (ports[1], [other])]
+        assert all(decode(f)[0] == Verdict.OK for _, frames in backend.runs for f in frames)
+        a.close()
+        b.close()
