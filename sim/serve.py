@@ -26,9 +26,11 @@ segmentation offload, `sim.udp_offload`) arrives whole on loopback and is cut in
 datagrams the kernel would have sent. What waits is taken as runs: the datagrams of one
 sender and one length that came one after the other (GSO runs and single datagrams alike;
 a worker's window of 64 contributions of 1,060 bytes comes as a run of 61 and one of 3, and
-is one run here). A backend that takes runs (`send_run`: the echo switch) is given each run
-whole and answers it at once, its results going out before the next run is taken; the others
-are given the run's frames one at a time. Results to a loopback address leave as runs too.
+is one run here; after a run as long as one can be, a backend that takes runs waits up to
+`LINGER` for the rest). A backend that takes runs (`send_run`: the echo switch) is given each
+run whole and answers it at once, its results going out before the next run is taken; the
+others are given the run's frames one at a time. Results to a loopback address leave as runs
+too.
 
 Backends: `golden` (sim.golden.GoldenSwitch), `rtl` (sim.model, the Verilator model) and
 `echo` (sim.echo.EchoSwitch: each contribution answered at once to its sender, for
@@ -63,6 +65,7 @@ from netagg.sim.udp_offload import FrameRun
 IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13 if sys.platform.startswith("linux") else None)
 BACKENDS = ("golden", "rtl", "echo")
 BURST = 32          # frames the golden model (no time of its own, no runs) takes between sends
+LINGER = 0.0002     # s a backend that takes runs waits for the rest of a window after a full run
 _ANCILLARY = udp_offload.gro_ancillary(socket.CMSG_SPACE(4))     # segment size and TOS
 
 
@@ -139,6 +142,7 @@ class SimServer:
     def __init__(self, backend, host: str | None = None, pcap: str | None = None,
                  ports: int | None = None, as_received: bool = True):
         self.backend = backend
+        self.linger = LINGER if hasattr(backend, "send_run") else 0.0
         self.ports = ports or getattr(backend, "ports", 4)
         self.sock = _bind_loopback(host)
         for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
@@ -199,17 +203,24 @@ class SimServer:
         frame i of a run is `heads[i]` (its Ethernet, IPv4 and UDP headers) and the `i`-th
         `length` bytes of `datagrams`. A run is what one sender sent one after the other
         in datagrams of one length: GSO runs (cut as the kernel would have cut them, the
-        shorter last datagram of one in a run of its own) and single datagrams."""
-        key, heads, bodies = None, [], []
-        for port, more, body, size in self._pieces_in():
-            sender = (port, more[0][W.IP_OFFSET + 12:W.UDP_OFFSET + 2], size)
-            if sender != key and heads:
-                yield key[0], tuple(heads), bodies[0] if len(bodies) == 1 else \
-                    b"".join(bodies), key[2]
-                heads, bodies = [], []
-            key = sender
-            heads += more
-            bodies.append(body)
+        shorter last datagram of one in a run of its own) and single datagrams. When what
+        waits ends with a GSO run as long as one can be, what comes within `linger` seconds
+        is taken with it (the rest of its sender's window)."""
+        key, heads, bodies, linger, full = None, [], [], self.linger, False
+        watch = self.raw if self.raw is not None else self.sock
+        while True:
+            for port, more, body, size in self._pieces_in():
+                sender = (port, more[0][W.IP_OFFSET + 12:W.UDP_OFFSET + 2], size)
+                if sender != key and heads:
+                    yield key[0], tuple(heads), bodies[0] if len(bodies) == 1 else \
+                        b"".join(bodies), key[2]
+                    heads, bodies = [], []
+                key, full = sender, len(more) >= udp_offload.most_rows(size or 1)
+                heads += more
+                bodies.append(body)
+            if not (full and linger and select.select([watch], [], [], linger)[0]):
+                break
+            linger = 0                  # once a poll
         if heads:
             yield key[0], tuple(heads), bodies[0] if len(bodies) == 1 else b"".join(bodies), \
                 key[2]

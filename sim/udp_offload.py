@@ -91,7 +91,7 @@ class GsoSender:
             self._singly(sock, [view[at:at + size] for at in range(0, count * size, size)],
                          addr)
             return
-        per_run = min(MAX_SEGMENTS, MAX_RUN_BYTES // size)
+        per_run = most_rows(size)
         for first in range(0, count, per_run):
             rows = min(per_run, count - first)
             run = view[first * size:(first + rows) * size]
@@ -120,6 +120,11 @@ class GsoSender:
                 sock.sendto(datagram, addr)
             except BlockingIOError:
                 pass
+
+
+def most_rows(size: int) -> int:
+    """The most datagrams of `size` bytes one run holds."""
+    return min(MAX_SEGMENTS, MAX_RUN_BYTES // size)
 
 
 def enable_gro(sock: socket.socket) -> bool:
