@@ -50,16 +50,8 @@ import sys
 import threading
 import time
 
-from netagg.sim import udp_offload
+from netagg.sim import udp, udp_offload
 from netagg.sim import wire as W
-from netagg.sim.udp import (
-    IP_MTU_DISCOVER,
-    IP_PMTUDISC_DO,
-    NOTHING,
-    attach_filter,
-    datagrams_to,
-    switch_port_for,
-)
 from netagg.sim.udp_offload import FrameRun
 
 IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13 if sys.platform.startswith("linux") else None)
@@ -67,6 +59,7 @@ BACKENDS = ("golden", "rtl", "echo")
 BURST = 32          # frames the golden model (no time of its own, no runs) takes between sends
 LINGER = 0.0002     # s a backend that takes runs waits for the rest of a window after a full run
 _ANCILLARY = udp_offload.gro_ancillary(socket.CMSG_SPACE(4))     # segment size and TOS
+_IP_UDP = W.IP_LEN + W.UDP_LEN
 
 
 def make_backend(name: str = "golden", **params):
@@ -94,7 +87,7 @@ def _ingress(ip: bytes, port: int, ports: int) -> tuple[bytes, int]:
     switch port they enter."""
     text = W.ip_text(ip)
     eth = bytes(6) + _sender_mac(text, port).to_bytes(6, "big") + b"\x08\x00"
-    return eth, switch_port_for(text, port, ports)
+    return eth, udp.switch_port_for(text, port, ports)
 
 
 @functools.lru_cache(maxsize=256)
@@ -113,6 +106,10 @@ def _canonical_headers(ip: str, port: int, bound_ip: str, length: int, dscp: int
     src = W.Endpoint(ip, port, _sender_mac(ip, port))
     dst = W.Endpoint(bound_ip, W.ROCEV2_PORT, 0)
     return W.wrap_datagram(src, dst, bytes(length), dscp)[:W.BTH_OFFSET]
+
+
+def _joined(bodies: list):
+    return bodies[0] if len(bodies) == 1 else b"".join(bodies)
 
 
 def _bind_loopback(host: str | None) -> socket.socket:
@@ -168,8 +165,9 @@ class SimServer:
             # not even copy the others); the kernel keeps those to this port, and the UDP
             # socket's copies not at all
             self.raw.bind((self.bound_ip, 0))
-            attach_filter(self.raw, datagrams_to(W.ip_packed(self.bound_ip), W.ROCEV2_PORT))
-            self._udp_copies = not attach_filter(self.sock, NOTHING)
+            udp.attach_filter(self.raw, udp.datagrams_to(W.ip_packed(self.bound_ip),
+                                                         W.ROCEV2_PORT))
+            self._udp_copies = not udp.attach_filter(self.sock, udp.NOTHING)
             while True:     # what the raw socket queued before its filter: anyone's datagrams
                 try:
                     self.raw.recv(65536)
@@ -212,8 +210,7 @@ class SimServer:
             for port, more, body, size in self._pieces_in():
                 sender = (port, more[0][W.IP_OFFSET + 12:W.UDP_OFFSET + 2], size)
                 if sender != key and heads:
-                    yield key[0], tuple(heads), bodies[0] if len(bodies) == 1 else \
-                        b"".join(bodies), key[2]
+                    yield key[0], tuple(heads), _joined(bodies), key[2]
                     heads, bodies = [], []
                 key, full = sender, len(more) >= udp_offload.most_rows(size or 1)
                 heads += more
@@ -222,8 +219,7 @@ class SimServer:
                 break
             linger = 0                  # once a poll
         if heads:
-            yield key[0], tuple(heads), bodies[0] if len(bodies) == 1 else b"".join(bodies), \
-                key[2]
+            yield key[0], tuple(heads), _joined(bodies), key[2]
 
     def _pieces_in(self):
         """(switch port, heads, datagrams, length) of each datagram or GSO run (of equal
@@ -239,7 +235,7 @@ class SimServer:
                     packet = self.raw.recv(65536)
                 except (BlockingIOError, InterruptedError):
                     return
-                ingress = self._senders_in.get(packet[:W.IP_LEN + W.UDP_LEN])
+                ingress = self._senders_in.get(packet[:_IP_UDP])
                 if ingress is None:
                     ingress = self._ingress_of(packet)
                 if not ingress:
@@ -247,12 +243,11 @@ class SimServer:
                 eth, port = ingress
                 run = udp_offload.split(packet)     # (a run is not always longer than one)
                 if run is None:
-                    cut = W.IP_LEN + W.UDP_LEN
-                    yield port, (eth + packet[:cut],), memoryview(packet)[cut:], \
-                        max(0, len(packet) - cut)
+                    yield port, (eth + packet[:_IP_UDP],), memoryview(packet)[_IP_UDP:], \
+                        max(0, len(packet) - _IP_UDP)
                     continue
                 _, body, size = run
-                heads = _run_heads(eth, bytes(packet[:W.IP_LEN + W.UDP_LEN]), size, len(body))
+                heads = _run_heads(eth, bytes(packet[:_IP_UDP]), size, len(body))
                 yield from self._cut_run(port, heads, body, size)
             return
         for _ in range(512):
@@ -293,7 +288,7 @@ class SimServer:
         if ihl == W.IP_LEN:
             if len(self._senders_in) >= 4096:
                 self._senders_in.clear()
-            self._senders_in[packet[:W.IP_LEN + W.UDP_LEN]] = ingress
+            self._senders_in[packet[:_IP_UDP]] = ingress
         return ingress
 
     def poll(self, timeout: float = 0.05) -> int:
@@ -344,7 +339,7 @@ class SimServer:
         """A socket that sends from `source`, or None where this machine cannot."""
         if source not in self.senders:
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
+            sock.setsockopt(socket.IPPROTO_IP, udp.IP_MTU_DISCOVER, udp.IP_PMTUDISC_DO)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
             try:
                 sock.bind(source)
@@ -405,6 +400,7 @@ class SimServer:
         self._send_runs(runs)
 
     def _send_runs(self, runs: dict):
+        """The runs `_deliver` gathered, by (socket, destination, length)."""
         stats = self.stats
         for (sock, dst, _), run in runs.items():
             try:
