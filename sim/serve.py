@@ -20,15 +20,12 @@ send from is counted as undeliverable. `--pcap FILE` writes every frame in and o
 Wireshark dissects them as RoCEv2 (results, which go from UDP port 49152 to the worker's own
 port, with Decode As: `-d udp.port==49152,infiniband` for tshark).
 
-Where a received IPv4 packet enters is cached by its IPv4 and UDP headers, which every
-datagram of a sender repeats. A run of datagrams a sender's kernel sent in one buffer (UDP
-segmentation offload, `sim.udp_offload`) arrives whole on loopback and is cut into the
-datagrams the kernel would have sent. What waits is taken as runs: the datagrams of one
-sender and one length that came one after the other (GSO runs and single datagrams alike;
-a worker's window of 64 contributions of 1,060 bytes comes as a run of 61 and one of 3, and
-is one run here; after a run as long as one can be, a backend that takes runs waits up to
-`LINGER` for the rest). A backend that takes runs (`send_run`: the echo switch) is given each
-run whole and answers it at once, its results going out before the next run is taken; the
+What waits is read as runs of frames (`sim.udp_runs`): what one sender sent one after the
+other in datagrams of one length, a run of datagrams a sender's kernel sent in one buffer
+(UDP segmentation offload, `sim.udp_offload`) cut into the datagrams the kernel would have
+sent. A backend that takes runs (`send_run`: the echo switch) is given each run whole and
+answers it at once, its results going out before the next run is taken (and the reader waits
+up to `udp_runs.LINGER` for the rest of a window after a run as long as one can be); the
 others are given the run's frames one at a time. Results to a loopback address leave as runs
 too.
 
@@ -40,7 +37,6 @@ measurements).
 from __future__ import annotations
 
 import errno
-import functools
 import random
 import select
 import signal
@@ -53,13 +49,11 @@ import time
 from netagg.sim import udp, udp_offload
 from netagg.sim import wire as W
 from netagg.sim.udp_offload import FrameRun
+from netagg.sim.udp_runs import LINGER, RunReader
 
 IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13 if sys.platform.startswith("linux") else None)
 BACKENDS = ("golden", "rtl", "echo")
 BURST = 32          # frames the golden model (no time of its own, no runs) takes between sends
-LINGER = 0.0002     # s a backend that takes runs waits for the rest of a window after a full run
-_ANCILLARY = udp_offload.gro_ancillary(socket.CMSG_SPACE(4))     # segment size and TOS
-_IP_UDP = W.IP_LEN + W.UDP_LEN
 
 
 def make_backend(name: str = "golden", **params):
@@ -74,42 +68,6 @@ def make_backend(name: str = "golden", **params):
         from netagg.sim import model
         return model.make_switch(**params)
     raise ValueError(f"unknown backend {name!r}: {', '.join(BACKENDS)}")
-
-
-def _sender_mac(ip: str, port: int) -> int:
-    """A locally administered MAC standing for a UDP sender in the frames the backend sees."""
-    return 0x020000000000 | (W.ip_to_int(ip) & 0xFFFF) << 16 | port
-
-
-@functools.lru_cache(maxsize=4096)
-def _ingress(ip: bytes, port: int, ports: int) -> tuple[bytes, int]:
-    """The Ethernet header of frames from a UDP sender (IPv4 address bytes, port), and the
-    switch port they enter."""
-    text = W.ip_text(ip)
-    eth = bytes(6) + _sender_mac(text, port).to_bytes(6, "big") + b"\x08\x00"
-    return eth, udp.switch_port_for(text, port, ports)
-
-
-@functools.lru_cache(maxsize=256)
-def _run_heads(eth: bytes, ip_udp: bytes, size: int, body: int) -> tuple[bytes, ...]:
-    """The Ethernet, IPv4 and UDP headers of each frame of a run as received (IPv4 and UDP
-    headers `ip_udp`, `body` bytes of datagrams of `size`) that enters with Ethernet header
-    `eth`: those the kernel gives each segment (`udp_offload.segment_headers`)."""
-    return tuple(eth + h for h in udp_offload.segment_headers(ip_udp, size, body))
-
-
-@functools.lru_cache(maxsize=4096)
-def _canonical_headers(ip: str, port: int, bound_ip: str, length: int, dscp: int) -> bytes:
-    """The Ethernet, IPv4 and UDP headers of a frame for a datagram of `length` bytes from
-    (ip, port) to the server, with the canonical IPv4 header (`wire.wrap_datagram`); those of
-    datagram i of a run (GSO) are the kernel's for its segment i (`_run_heads`)."""
-    src = W.Endpoint(ip, port, _sender_mac(ip, port))
-    dst = W.Endpoint(bound_ip, W.ROCEV2_PORT, 0)
-    return W.wrap_datagram(src, dst, bytes(length), dscp)[:W.BTH_OFFSET]
-
-
-def _joined(bodies: list):
-    return bodies[0] if len(bodies) == 1 else b"".join(bodies)
 
 
 def _bind_loopback(host: str | None) -> socket.socket:
@@ -139,7 +97,6 @@ class SimServer:
     def __init__(self, backend, host: str | None = None, pcap: str | None = None,
                  ports: int | None = None, as_received: bool = True):
         self.backend = backend
-        self.linger = LINGER if hasattr(backend, "send_run") else 0.0
         self.ports = ports or getattr(backend, "ports", 4)
         self.sock = _bind_loopback(host)
         for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
@@ -176,7 +133,9 @@ class SimServer:
         self.senders: dict[tuple[str, int], socket.socket | None] = {
             tuple(self.address): self.sock}
         self._routes: dict[bytes, tuple] = {}   # addresses and ports of a frame -> its route
-        self._senders_in: dict[bytes, tuple] = {}   # IPv4 and UDP headers -> `_ingress_of`
+        self.reader = RunReader(self.sock, self.raw, self.bound_ip, self.ports,
+                                LINGER if hasattr(backend, "send_run") else 0.0,
+                                self._udp_copies)
         self.pcap = None
         if pcap:
             from scapy.utils import PcapWriter
@@ -196,101 +155,6 @@ class SimServer:
         """Whether frames carry the IPv4 headers as received (else the canonical ones)."""
         return self.raw is not None
 
-    def _runs_in(self):
-        """(switch port, heads, datagrams, length) of each run of frames waiting, in order:
-        frame i of a run is `heads[i]` (its Ethernet, IPv4 and UDP headers) and the `i`-th
-        `length` bytes of `datagrams`. A run is what one sender sent one after the other
-        in datagrams of one length: GSO runs (cut as the kernel would have cut them, the
-        shorter last datagram of one in a run of its own) and single datagrams. When what
-        waits ends with a GSO run as long as one can be, what comes within `linger` seconds
-        is taken with it (the rest of its sender's window)."""
-        key, heads, bodies, linger, full = None, [], [], self.linger, False
-        watch = self.raw if self.raw is not None else self.sock
-        while True:
-            for port, more, body, size in self._pieces_in():
-                sender = (port, more[0][W.IP_OFFSET + 12:W.UDP_OFFSET + 2], size)
-                if sender != key and heads:
-                    yield key[0], tuple(heads), _joined(bodies), key[2]
-                    heads, bodies = [], []
-                key, full = sender, len(more) >= udp_offload.most_rows(size or 1)
-                heads += more
-                bodies.append(body)
-            if not (full and linger and select.select([watch], [], [], linger)[0]):
-                break
-            linger = 0                  # once a poll
-        if heads:
-            yield key[0], tuple(heads), _joined(bodies), key[2]
-
-    def _pieces_in(self):
-        """(switch port, heads, datagrams, length) of each datagram or GSO run (of equal
-        lengths) waiting, as `_runs_in`."""
-        if self.raw is not None:
-            while self._udp_copies:     # the UDP socket's copies: the raw socket has them
-                try:
-                    self.sock.recv(4096)
-                except (BlockingIOError, InterruptedError):
-                    break
-            for _ in range(512):
-                try:
-                    packet = self.raw.recv(65536)
-                except (BlockingIOError, InterruptedError):
-                    return
-                ingress = self._senders_in.get(packet[:_IP_UDP])
-                if ingress is None:
-                    ingress = self._ingress_of(packet)
-                if not ingress:
-                    continue
-                eth, port = ingress
-                run = udp_offload.split(packet)     # (a run is not always longer than one)
-                if run is None:
-                    yield port, (eth + packet[:_IP_UDP],), memoryview(packet)[_IP_UDP:], \
-                        max(0, len(packet) - _IP_UDP)
-                    continue
-                _, body, size = run
-                heads = _run_heads(eth, bytes(packet[:_IP_UDP]), size, len(body))
-                yield from self._cut_run(port, heads, body, size)
-            return
-        for _ in range(512):
-            try:
-                data, anc, _, (ip, sport) = self.sock.recvmsg(65536, _ANCILLARY)
-            except (BlockingIOError, InterruptedError):
-                return
-            tos = next((p[0] for level, kind, p in anc
-                        if level == socket.IPPROTO_IP and kind == socket.IP_TOS and p), 0)
-            port = _ingress(W.ip_packed(ip), sport, self.ports)[1]
-            size = udp_offload.segment_size(anc)
-            if not size or len(data) <= size:
-                size = len(data)
-            head = _canonical_headers(ip, sport, self.bound_ip, size, tos >> 2)
-            if not data:
-                yield port, (head,), memoryview(data), 0
-                continue
-            heads = _run_heads(head[:W.IP_OFFSET], head[W.IP_OFFSET:], size, len(data))
-            yield from self._cut_run(port, heads, memoryview(data), size)
-
-    @staticmethod
-    def _cut_run(port: int, heads: tuple, body: memoryview, size: int):
-        """A run's datagrams of `size` bytes, and its shorter last one alone."""
-        full = len(body) // size
-        yield port, heads[:full], body[:full * size], size
-        if len(body) > full * size:
-            yield port, heads[full:], body[full * size:], len(body) - full * size
-
-    def _ingress_of(self, packet: bytes) -> tuple[bytes, int] | tuple[()]:
-        """The Ethernet header of a frame for an IPv4 packet as received and the switch port
-        it enters, or () for a packet that is not a UDP datagram to this address and port
-        4791; cached by IPv4 and UDP headers (every datagram of a sender repeats them)."""
-        ihl = (packet[0] & 0x0F) * 4
-        if len(packet) < ihl + W.UDP_LEN or packet[16:20] != W.ip_packed(self.bound_ip):
-            return ()
-        sport, dport = struct.unpack_from("!HH", packet, ihl)
-        ingress = _ingress(packet[12:16], sport, self.ports) if dport == W.ROCEV2_PORT else ()
-        if ihl == W.IP_LEN:
-            if len(self._senders_in) >= 4096:
-                self._senders_in.clear()
-            self._senders_in[packet[:_IP_UDP]] = ingress
-        return ingress
-
     def poll(self, timeout: float = 0.05) -> int:
         """Take what has arrived (waiting up to `timeout` for the first datagram), run the
         backend, send what it sent. Returns the number of datagrams taken."""
@@ -307,7 +171,7 @@ class SimServer:
             send, pcap = self.backend.send, self.pcap
             send_run = getattr(self.backend, "send_run", None)
             burst = BURST if not hasattr(self.backend, "advance") else 0
-            for port, heads, body, size in self._runs_in():
+            for port, heads, body, size in self.reader.runs():
                 if pcap:
                     for i, head in enumerate(heads):
                         pcap.write(head + body[i * size:(i + 1) * size])

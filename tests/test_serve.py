@@ -172,9 +172,10 @@ def test_a_senders_datagrams_of_one_length_are_one_run(as_received):
 
 def test_the_rest_of_a_window_after_a_full_run_joins_it():
     """After a GSO run as long as one can be, what its sender sends within `linger` joins
-    the run (a worker's window of 64 contributions of 1 KiB leaves as runs of 61 and 3),
-    and the server does not wait when the rest came with it; with no linger, what comes
-    later is a run of its own."""
+    the run (a worker's window of 64 contributions of 1 KiB leaves as runs of 61 and 3); the
+    server does not wait when the rest came with the run, and after a wait that nothing
+    ended it does not wait for a while; with no linger, what comes later is a run of its
+    own."""
     backend = _Runs()
     with SimServer(backend, as_received=False) as server:
         sock, _, datagram = _sender(server)
@@ -186,20 +187,27 @@ def test_the_rest_of_a_window_after_a_full_run_joins_it():
             sock.sendmsg([b"".join(_renumbered(datagrams))], [(
                 socket.SOL_UDP, U.UDP_SEGMENT, struct.pack("=H", len(datagrams[0])))],
                 0, server.address)
-        server.linger = 0.0
+        server.reader.linger = 0.0
         send(window[:full])
         assert server.poll(1.0) == full
         send(window[full:])
         assert server.poll(1.0) == 64 - full
-        server.linger = 2.0
+        server.reader.linger = 0.5
         send(window[:full])
         later = threading.Timer(0.05, send, (window[full:],))
         later.start()
         assert server.poll(1.0) == 64
         later.join()
-        send(window[:full])                 # the rest there already: no wait after it
-        send(window[full:])
+        for alone in (False, True):
+            send(window[:full])             # the rest there already, or none to come
+            if not alone:
+                send(window[full:])
+            t0 = time.monotonic()
+            assert server.poll(1.0) == (full if alone else 64)
+            assert (time.monotonic() - t0 >= 0.5) == alone
+        send(window[:full])                 # after a wait nothing ended: none for a while
         t0 = time.monotonic()
-        assert server.poll(1.0) == 64 and time.monotonic() - t0 < 1.0
-        assert [len(frames) for _, frames in backend.runs] == [full, 64 - full, 64, 64]
+        assert server.poll(1.0) == full and time.monotonic() - t0 < 0.5
+        assert [len(frames) for _, frames in backend.runs] == \
+            [full, 64 - full, 64, 64, full, full]
         sock.close()
