@@ -10,7 +10,8 @@ with the headers the kernel gives it; a worker's window of 64 contributions of 1
 comes as a GSO run of 61 and one of 3 and is one run here. After a run as long as one can
 be, the reader waits up to `linger` seconds for the rest of the window (the echo switch
 answers a window at once), and, when such a wait saw nothing come, takes the next
-`LINGER_OFF` full runs without one (a window whose rest comes with its next step). Where a
+`LINGER_OFF` full runs without one (a window whose rest comes with its next step), until
+traffic pauses for `IDLE` seconds (a worker's next allreduce). Where a
 packet enters the switch (`entry`) is cached by its IPv4 and UDP headers, which every
 datagram of a sender repeats.
 """
@@ -21,6 +22,7 @@ import functools
 import select
 import socket
 import struct
+import time
 
 from netagg.sim import udp_offload
 from netagg.sim import wire as W
@@ -28,6 +30,7 @@ from netagg.sim.udp import switch_port_for
 
 LINGER = 0.0002     # s a backend that takes runs waits for the rest of a window after a full run
 LINGER_OFF = 32     # full runs taken without waiting after a wait nothing ended
+IDLE = 0.002        # s without traffic after which the reader waits again
 _ANCILLARY = udp_offload.gro_ancillary(socket.CMSG_SPACE(4))     # segment size and TOS
 _IP_UDP = W.IP_LEN + W.UDP_LEN
 
@@ -86,7 +89,7 @@ class RunReader:
                  udp_copies: bool = False):
         self.sock, self.raw, self.bound_ip, self.ports = sock, raw, bound_ip, ports
         self.linger, self.udp_copies = linger, udp_copies
-        self._lingers_off = 0
+        self._lingers_off, self._last = 0, 0.0
         self._senders_in: dict[bytes, tuple] = {}   # IPv4 and UDP headers -> `_ingress_of`
 
     def runs(self):
@@ -95,6 +98,9 @@ class RunReader:
         `length` bytes of `datagrams` (see the module)."""
         key, heads, bodies, full, waited = None, [], [], False, False
         watch = self.raw if self.raw is not None else self.sock
+        now = time.monotonic()
+        if now - self._last > IDLE:         # traffic again after a pause: wait again
+            self._lingers_off = 0
         while True:
             for port, more, body, size in self._pieces():
                 sender = (port, more[0][W.IP_OFFSET + 12:W.UDP_OFFSET + 2], size)
@@ -115,6 +121,7 @@ class RunReader:
                 break
         if heads:
             yield key[0], tuple(heads), _joined(bodies), key[2]
+        self._last = time.monotonic()
 
     def _pieces(self):
         """(switch port, heads, datagrams, length) of each datagram or GSO run (of equal

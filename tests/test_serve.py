@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from netagg.hw.headers import Verdict
 from netagg.sim import udp_offload as U
+from netagg.sim import udp_runs
 from netagg.sim import wire as W
 from netagg.sim.codec import decode
 from netagg.sim.golden import GoldenSwitch
@@ -170,12 +171,12 @@ def test_a_senders_datagrams_of_one_length_are_one_run(as_received):
         b.close()
 
 
-def test_the_rest_of_a_window_after_a_full_run_joins_it():
+def test_the_rest_of_a_window_after_a_full_run_joins_it(monkeypatch):
     """After a GSO run as long as one can be, what its sender sends within `linger` joins
     the run (a worker's window of 64 contributions of 1 KiB leaves as runs of 61 and 3); the
     server does not wait when the rest came with the run, and after a wait that nothing
-    ended it does not wait for a while; with no linger, what comes later is a run of its
-    own."""
+    ended it does not wait until the traffic pauses; with no linger, what comes later is a
+    run of its own."""
     backend = _Runs()
     with SimServer(backend, as_received=False) as server:
         sock, _, datagram = _sender(server)
@@ -205,9 +206,14 @@ def test_the_rest_of_a_window_after_a_full_run_joins_it():
             t0 = time.monotonic()
             assert server.poll(1.0) == (full if alone else 64)
             assert (time.monotonic() - t0 >= 0.5) == alone
+        monkeypatch.setattr(udp_runs, "IDLE", 0.3)
         send(window[:full])                 # after a wait nothing ended: none for a while
         t0 = time.monotonic()
         assert server.poll(1.0) == full and time.monotonic() - t0 < 0.5
+        time.sleep(0.4)                     # until the traffic pauses
+        send(window[:full])
+        t0 = time.monotonic()
+        assert server.poll(1.0) == full and time.monotonic() - t0 >= 0.5
         assert [len(frames) for _, frames in backend.runs] == \
-            [full, 64 - full, 64, 64, full, full]
+            [full, 64 - full, 64, 64, full, full, full]
         sock.close()
