@@ -67,17 +67,23 @@ RUN_MIN = 10        # rows a run needs to take `echo_run` (fewer: the per-frame 
 class RankCopies:
     """Every rank's own copy of each slot version: `sim.golden.SlotCopy`'s fields as arrays
     over copies numbered (slot index * 2 + version) * max_workers + rank (`index`), the sums
-    as int32 lanes (a use of one contribution adds nothing, so never saturates)."""
+    as int32 lanes (a use of one completes with its first contribution: the golden model's
+    saturating adds, on int64 sums, never happen to a copy)."""
 
     FIELDS = ("bitmap", "count", "data", "length", "msn16", "exponent", "overflow")
 
     def __init__(self, slots: int, max_workers: int, max_lanes: int):
         self.max_workers = max_workers
         n = slots * 2 * max_workers
-        for name in self.FIELDS:
-            setattr(self, name, np.zeros(n, np.int64))
+        self.bitmap = np.zeros(n, np.int64)
+        self.count = np.zeros(n, np.int64)      # 0 but while `receive` applies a frame
+        self.data = np.zeros(n, np.int64)
+        self.length = np.zeros(n, np.int64)
+        self.msn16 = np.zeros(n, np.int64)
+        self.exponent = np.zeros(n, np.int64)
+        self.overflow = np.zeros(n, np.int64)
         self.sums = np.zeros((n, max_lanes), np.int32)
-        self.row = np.zeros(n, np.int64)     # scratch: a run's first row of each copy
+        self.row = np.zeros(n, np.int64)        # scratch: a run's first row of each copy
 
     def index(self, slot_index, version, rank):
         return (slot_index * 2 + version) * self.max_workers + rank

@@ -1,6 +1,7 @@
 """The echo switch (sim.echo): each contribution answered at once, to its sender alone, with
-the result a job of one worker gives; the golden model's control path and checks. Over UDP
-through `SimServer`, read with scapy; and `sim.bench` measuring it."""
+the result a job of one worker gives; the golden model's control path and checks; its lean
+path and its run path (sim.echo_run) frame for frame and counter for counter as `receive`.
+Over UDP through `SimServer`, read with scapy; and `sim.bench` measuring it."""
 
 from __future__ import annotations
 
