@@ -22,7 +22,9 @@ round-trip estimate (`host.control`).
   beyond it (`drop_credit`); the engine never sends it.
 - **Joining.** A rank other than 0 sends nothing until rank 0 has configured the job for
   this session: with works pending, it reads the job's configuration by control requests
-  (`JoinCheck`) until it is; works submitted before are dealt then.
+  (`JoinCheck`) until it is; works submitted before are dealt then. The configuration
+  gives the engine its `JobKeys` (`host.session`): the key its contributions carry and the
+  tag its results must.
 - **Retransmission.** A message without its result after the retransmission timeout is
   sent again: the switch counts a duplicate, or, if the use is complete, sends the result
   again to this worker alone. Which use of its slot a result is, the check lane tells
@@ -73,6 +75,7 @@ from netagg.host.messages import (
 )
 from netagg.host.nonfinite import Phase
 from netagg.host.retransmit import RttEstimator
+from netagg.host.session import JobKeys
 from netagg.host.taking import Taking
 from netagg.host.window import PlainWindow
 from netagg.host.wire_arrays import ContributionWriter
@@ -113,6 +116,7 @@ class Engine(Taking):
         self.sprayer = T.Sprayer(getattr(transport, "paths", 1), spray)
         self.job, self.rank, self.workers = job, rank, workers
         self.qpn, self.session_tag = qpn, session_tag
+        self.key = 0                    # the R_Key of its contributions (`set_job`)
         self.lanes = lanes              # data lanes of every packet of the job
         self.rtt = RttEstimator(rto_initial, rto_min, rto_max)
         self.stats = collections.Counter()
@@ -146,15 +150,20 @@ class Engine(Taking):
     rto_min = _shared("rtt", "rto_min")
     rto_max = _shared("rtt", "rto_max")
 
-    def set_job(self, slots: int, credits: int = 0, quorum: int = 0, completed: int = 0):
+    def set_job(self, slots: int, credits: int = 0, quorum: int = 0, completed: int = 0,
+                keys: JobKeys | None = None):
         """The job's slot count, credits, quorum and completed uses (as the switch holds
-        them); works submitted before they were known are dealt now."""
+        them) and the keys of its configuration; works submitted before they were known are
+        dealt now."""
         if slots < 1:
             raise NetaggError(f"job {self.job} has no slots")
+        if keys is not None:
+            self.session_tag, self.key = keys.tag, keys.key
+            self.check_lane = CheckLane(keys.tag, self.job, self.workers)
         self.slots = [SlotState() for _ in range(slots)]
         self.nslots = slots
         self.writer = ContributionWriter(self.job, self.rank, self.transport.path_endpoints(),
-                                           self.transport.switch)
+                                         self.transport.switch, key=self.key)
         self.credits, self.quorum = credits, quorum
         self.needed = quorum if 0 < quorum < self.workers else self.workers
         self.limit = completed + credits        # also the reference to unwrap result PSNs

@@ -13,7 +13,7 @@
   Each slot sends its messages one at a time: the next use of a slot, with the other version
   (shadow copy), starts only after the result of the current one. The window is the job's
   slot range.
-- **Message sequence numbers (MSN, RETH.rkey).** Message i of the job (in dealing order)
+- **Message sequence numbers (MSN, RETH.va's top half).** Message i of the job (in dealing order)
   carries msn = i, i.e. use * slots + slot while no message was redone; a redone message
   takes the next number of its slot, msn = max(i, the slot's previous msn + 1). Every worker
   numbers the same, each slot's numbers grow (the switch drops a contribution whose msn is

@@ -2,7 +2,8 @@
 a batch at a time. The bytes are `sim.wire`'s, field for field.
 
 `ContributionWriter` writes the contributions a worker starts in one step into one buffer:
-the BTH, RETH and ImmDt of all of them as array assignments, the lanes (each with its check
+the BTH, RETH (va: the MSN and the chunk's offset, `wire.CONTRIBUTION_VA`; rkey: the job's
+key) and ImmDt of all of them as array assignments, the lanes (each with its check
 lane) as one copy, then the ICRC of each, a CRC-32 continued from the cached state of its
 source path's IPv4 and UDP headers (`wire.icrc_state`). Each datagram is a memoryview of
 that buffer.
@@ -51,8 +52,8 @@ class ContributionWriter:
     switch."""
 
     def __init__(self, job: int, rank: int, sources: list[W.Endpoint], switch: W.Endpoint,
-                 dqpn: int = 2):
-        self.sources, self.switch, self.dqpn = sources, switch, dqpn
+                 dqpn: int = 2, *, key: int):
+        self.sources, self.switch, self.dqpn, self.key = sources, switch, dqpn, key
         self.imm = W.pack_imm(W.REQUEST_IMM, job=job, rank=rank)
         self._bth_head = np.frombuffer(W.bth(W.OP_CONTRIBUTION, dqpn, 0)[:8], np.uint8)
         self._states: dict[tuple[int, int], int] = {}       # (path, lanes) -> ICRC state
@@ -86,8 +87,10 @@ class ContributionWriter:
         recs.view(np.uint8).reshape(k, size)[:, :8] = self._bth_head   # opcode .. dqpn
         recs["dma_length"] = 4 * width
         recs["psn"] = np.asarray(psn, np.int64) & 0xFFFFFF
-        recs["va"] = offset
-        recs["rkey"] = np.asarray(msn, np.int64) & 0xFFFFFFFF
+        msn_ = np.asarray(msn, np.int64).astype(np.uint64) & np.uint64(0xFFFFFFFF)
+        offset_ = np.asarray(offset, np.int64).astype(np.uint64) & np.uint64(W.VA_OFFSET_MASK)
+        recs["va"] = msn_ << np.uint64(W.VA_MSN_SHIFT) | offset_
+        recs["rkey"] = self.key
         field = {name: shift for name, (shift, _) in _REQUEST.items()}
         recs["imm"] = (self.imm | np.asarray(version, np.int64) << field["version"]
                        | slot_ << field["slot"] | (exponent_ & 0xFF) << field["exponent"]

@@ -15,12 +15,14 @@ Set-up adapts to the switch, whose parameters it reads through the control path:
 carry the switch's largest payload (at most 1024 bytes), the worker's job-table entry holds
 its real address (the MAC of the interface that holds its IPv4 address, its UDP port, the
 switch port its requests come in by as the switch reports it (REG_PORT), a queue pair number
-of its own, and the session's R_Key, which results must carry), and when the switch's own
-IPv4 address is unset, a worker sets it to the address it reaches the switch at (results
-leave from there). Every worker of a run must pass the same `session` (any string,
-like torch's rendezvous id): rank 0 resets the job for the run and tags it with the session,
-and the other ranks wait for that tag before they send anything, so nothing left in the
-switch by an earlier run can mix into this one.
+of its own), and when the switch's own IPv4 address is unset, a worker sets it to the
+address it reaches the switch at (results leave from there). Every worker of a run must
+pass the same `session` (a string, like torch's rendezvous id, best a random one: it is the
+run's secret): rank 0 resets the job for the run, draws its epoch and writes the job's key
+and every rank's R_Key from the session and the epoch (`host.session`); the other ranks
+wait until they read an epoch whose R_Key is their session's before they send anything,
+then derive the key. Contributions carry the key, so nothing an earlier run left in the
+switch or still sends can mix into this one.
 
 Flat (`local_size=1`): switch job `job`, switch rank `rank`, `world_size` workers.
 
@@ -63,7 +65,6 @@ import contextlib
 import os
 import random
 import time
-import zlib
 
 import numpy as np
 from netagg.host import netif
@@ -75,14 +76,10 @@ from netagg.host.errors import NetaggError, NetaggTimeout
 from netagg.host.lossy import LossyTransport
 from netagg.host.messages import DEFAULT_PRIORITY, Work
 from netagg.host.progress import Progress
+from netagg.host.session import JobKeys, fresh_epoch
 from netagg.sim import wire as W
 
 __all__ = ["Worker", "Handle", "SwitchControl", "NetaggError", "NetaggTimeout"]
-
-def session_tag(session) -> int:
-    """The session's R_Key: a hash of its name, bit 31 set (never an unset R_Key's 0)."""
-    return 1 << 31 | (zlib.crc32(str(session).encode()) & 0x7FFFFFFF)
-
 
 def _queue_pair() -> int:
     """A queue pair number for a worker's endpoint, as a NIC allocates one: results name it,
@@ -157,7 +154,6 @@ class Worker:
         self.switch_workers = self.nodes
         self.session = os.environ.get("NETAGG_SESSION", "default") if session is None \
             else session
-        self.tag = session_tag(f"{self.session}/{self.switch_job}")
         self.timeout = timeout
         self.fraction_bits = N.fraction_bits(world_size) if fraction_bits is None \
             else fraction_bits
@@ -172,7 +168,7 @@ class Worker:
         self.transport = transport
         self.engine = Engine(transport, job=self.switch_job, rank=self.switch_rank,
                              workers=self.switch_workers, slots=None, qpn=_queue_pair(),
-                             session_tag=self.tag, timeout=timeout, spray=spray)
+                             timeout=timeout, spray=spray)
         self.lanes = N.LANES
         try:
             networked = self._configure(slots, slot_base, credits, quorum)
@@ -240,8 +236,6 @@ class Worker:
                (W.worker_reg(j, r, W.WORKER_QPN), e.qpn),
                (W.worker_reg(j, r, W.WORKER_VA_HI), 0),
                (W.worker_reg(j, r, W.WORKER_VA_LO), 0)]
-        if r != 0:
-            row.append((W.worker_reg(j, r, W.WORKER_RKEY), self.tag))
         self._write(row)
         config = W.CONFIG.pack(enable=1, workers=self.switch_workers)
         if r == 0:
@@ -249,19 +243,24 @@ class Worker:
             if credits > 0xFFFF:
                 raise NetaggError(f"{credits} credits do not fit in JOB_CREDITS (16 bits): "
                                   f"pass credits=")
+            keys = JobKeys.derive(self.session, j, fresh_epoch())
             self._write([(W.job_reg(j, W.JOB_SLOT_BASE), base),
                          (W.job_reg(j, W.JOB_SLOT_COUNT), count),
                          (W.job_reg(j, W.JOB_CREDITS), credits),
                          (W.job_reg(j, W.JOB_QUORUM), quorum),
                          (W.job_reg(j, W.JOB_CONFIG), config),   # clears slots, COMPLETED
-                         (W.worker_reg(j, 0, W.WORKER_RKEY), self.tag)])
-            e.set_job(count, credits, quorum)
+                         (W.job_reg(j, W.JOB_EPOCH), keys.epoch),
+                         (W.job_reg(j, W.JOB_KEY), keys.key)]
+                        + [(W.worker_reg(j, rank, W.WORKER_RKEY), keys.tag)
+                           for rank in range(self.switch_workers)])
+            e.set_job(count, credits, quorum, keys=keys)
             return True
         e.joined = False
 
         def accept(values):
-            cfg, n, cred, quo, completed, rkey = values
-            if rkey != self.tag:
+            cfg, n, cred, quo, completed, epoch, rkey = values
+            keys = JobKeys.derive(self.session, j, epoch)
+            if rkey != keys.tag:                # not (yet) configured by this session
                 return None
             if cfg != config:
                 raise NetaggError(f"job {j} was configured as {cfg:#x} by rank 0 of this "
@@ -270,18 +269,21 @@ class Worker:
                 raise NetaggError(f"job {j} was configured with credits={cred}, "
                                   f"quorum={quo} by rank 0 of this session, this worker "
                                   f"expects credits={credits}, quorum={quorum}")
-            return {"slots": n, "credits": cred, "quorum": quo, "completed": completed}
+            return {"slots": n, "credits": cred, "quorum": quo, "completed": completed,
+                    "keys": keys}
         e.join_check = JoinCheck(
             [(W.job_reg(j, W.JOB_CONFIG), 0), (W.job_reg(j, W.JOB_SLOT_COUNT), 0),
              (W.job_reg(j, W.JOB_CREDITS), 0), (W.job_reg(j, W.JOB_QUORUM), 0),
-             (W.job_reg(j, W.JOB_COMPLETED), 0), (W.worker_reg(j, 0, W.WORKER_RKEY), 0)],
+             (W.job_reg(j, W.JOB_COMPLETED), 0), (W.job_reg(j, W.JOB_EPOCH), 0),
+             (W.worker_reg(j, r, W.WORKER_RKEY), 0)],
             accept)
         return True
 
     def _write(self, pairs):
         got = self.engine.control.request([(a | W.WRITE, v) for a, v in pairs])
         for (a, v), (_, back) in zip(pairs, got):
-            if back != v & 0xFFFFFFFF:
+            hidden = a == W.job_reg(self.switch_job, W.JOB_KEY)     # reads 0
+            if back != (0 if hidden else v & 0xFFFFFFFF):
                 raise NetaggError(f"the switch kept {back:#x} at register {a:#x}, not {v:#x}")
 
     # --- allreduce ----------------------------------------------------------------------

@@ -7,9 +7,9 @@ that send it. Its parts, one a file:
 
 - lookup (`hw.aggregator_lookup.Lookup`; 2 cycles: the header, then its verdict):
   classifies the packet (contribution, control request, or unhandled), checks its payload
-  length, job, rank and source IP, slot, and credit (its message number, RETH.rkey, below
-  the job's completed uses, the one the packet in decide completes included, plus its
-  credits), and reads the slot's state;
+  length, job, rank and source IP, key (RETH.rkey, the job's KEY), slot, and credit (its
+  message number, the top half of RETH.va, below the job's completed uses, the one the
+  packet in decide completes included, plus its credits), and reads the slot's state;
 - decide (`hw.aggregator_decide.Decide`; combinational, its command queue adds a cycle): with
   the slot's state (for each of its two versions: bitmap, count, data contributions, length,
   and the message number of its use) decides: start a new use (overwrite) for a later
@@ -31,11 +31,11 @@ The semantics are those of `sim.golden` (the shadow copies of SwitchML, tagged w
 use's message number; the count that returns to 0 on completion; a result's count of the
 contributions that brought data, and its PSN the job's credit limit). A packet is dropped
 and counted (`port_events`/`job_events`) if its payload length is wrong, its job is unknown
-or disabled, its rank or source IP is not the job's, its slot is outside the job's range,
-it is beyond the job's credit, it is a message other than its slot copy's use (stale), or it
-is a duplicate of a contribution to a use in progress; a packet that is neither a
-contribution nor a control request is dropped as unhandled. Every dropped packet's payload
-is drained.
+or disabled, its rank or source IP is not the job's, its key is not the job's, its slot is
+outside the job's range, it is beyond the job's credit, it is a message other than its slot
+copy's use (stale), or it is a duplicate of a contribution to a use in progress; a packet
+that is neither a contribution nor a control request is dropped as unhandled. Every dropped
+packet's payload is drained.
 
 A control request is a barrier: no packet behind it is looked up until its records are
 applied (and the slots of any job whose CONFIG it wrote are cleared, one slot per cycle). Its

@@ -29,7 +29,7 @@ def result_descriptor(max_workers: int):
     return data.StructLayout({
         "control": 1,
         "job": 4, "dests": max_workers, "slot": 12, "version": 1, "count": 6,
-        "exponent": signed(8), "overflow": 1, "offset": 64, "length": 11, "psn": 24,
+        "exponent": signed(8), "overflow": 1, "offset": 32, "length": 11, "psn": 24,
     })
 
 

@@ -31,6 +31,7 @@ from .control import JOB_EVENTS, PORT_EVENTS, JobTable
 DROPPED = {
     Look.UNHANDLED: "drop_unhandled", Look.BAD_PAYLOAD: "drop_bad_payload",
     Look.BAD_JOB: "drop_bad_job", Look.BAD_WORKER: "drop_bad_worker",
+    Look.BAD_KEY: "drop_bad_key",
     Look.BAD_SLOT: "drop_bad_slot", Look.BAD_CREDIT: "drop_credit",
 }
 
@@ -65,6 +66,7 @@ class Decide(wiring.Component):
         m.d.comb += self.i.ready.eq(self.go)
 
         version = b_imm.version
+        va = H.CONTRIBUTION_VA(b.reth.va)        # the message's number and its chunk's offset
         mine = self.copies[version]
         bit = Signal(MW)
         m.d.comb += bit.eq(Const(1, MW) << b_imm.rank)
@@ -86,7 +88,7 @@ class Decide(wiring.Component):
                                & (~b.null | (cmd.action != Action.DRAIN))),
             desc.job.eq(b_imm.job), desc.slot.eq(b_imm.slot), desc.version.eq(version),
             desc.count.eq(new_data), desc.exponent.eq(b_imm.exponent),
-            desc.offset.eq(b.reth.va), desc.length.eq(b.payload_length),
+            desc.offset.eq(va.offset), desc.length.eq(b.payload_length),
             desc.psn.eq(Mux(b_look == Look.CONTROL, b.bth.psn, limit)),
             cmd.action.eq(Action.DRAIN),
         ]
@@ -94,7 +96,7 @@ class Decide(wiring.Component):
         m.d.comb += new_state.eq(self.copies)
         update = Signal()
         distance = Signal(signed(16))       # of this message from the copy's use
-        m.d.comb += distance.eq(b.reth.rkey[:16] - mine.msn)
+        m.d.comb += distance.eq(va.msn[:16] - mine.msn)
 
         with m.Switch(b_look):
             for look, counter in DROPPED.items():
@@ -107,7 +109,7 @@ class Decide(wiring.Component):
                 ]
             with m.Case(Look.AGGREGATE):
                 self._aggregate(m, mine, new_state[version], bit, distance, new_count,
-                                new_data, finishes, limit, b_job, update)
+                                new_data, finishes, limit, b_job, update, va.msn)
         decided = self.decided
         m.d.comb += [
             decided.eq(self.go & self.i.valid),
@@ -124,7 +126,7 @@ class Decide(wiring.Component):
         return self.job_event[JOB_EVENTS.index(name)].eq(1)
 
     def _aggregate(self, m, mine, new, bit, distance, new_count, new_data, finishes, limit,
-                   b_job, update):
+                   b_job, update, msn):
         """A contribution that passed the lookup's checks, against its copy (`mine`): a
         replay, a drop, or a contribution that updates the copy (`new`) and may complete
         the use."""
@@ -162,7 +164,7 @@ class Decide(wiring.Component):
                 new.count.eq(Mux(finishes, 0, new_count)),
                 new.data.eq(new_data),
                 new.length.eq(b.payload_length),
-                new.msn.eq(b.reth.rkey[:16]),
+                new.msn.eq(msn[:16]),
             ]
             with m.If(finishes):
                 m.d.comb += [

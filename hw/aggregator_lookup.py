@@ -2,10 +2,11 @@
 
 Takes committed header entries (`header`) one a cycle, unless a control request is being
 served (`barrier`: none is taken behind it), and classifies each (`Look`): a contribution,
-checked for its payload length, job, rank and source IP, slot, and credit (its message
-number, RETH.rkey, below the job's completed uses plus its credits; the use the packet in
-the decide stage completes, `completing`, which the job's count takes only a cycle later,
-included), in that order, the first failed check naming it; a control request, checked for
+checked for its payload length, job, rank and source IP, key (RETH.rkey, the job's KEY),
+slot, and credit (its message number, the top half of RETH.va, below the job's completed
+uses plus its credits; the use the packet in the decide stage completes, `completing`,
+which the job's count takes only a cycle later, included), in that order, the first failed
+check naming it; a control request, checked for
 its length; or neither (unhandled).
 It gives the slot's index in the state memory (`index`, read in the same cycle) and passes
 the packet on (`o`) with what the decide stage needs of its job: its workers, its quorum (at
@@ -34,10 +35,11 @@ class Look(enum.IntEnum):
     BAD_PAYLOAD = 1
     BAD_JOB = 2
     BAD_WORKER = 3
-    BAD_SLOT = 4
-    BAD_CREDIT = 5
-    CONTROL = 6
-    AGGREGATE = 7
+    BAD_KEY = 4
+    BAD_SLOT = 5
+    BAD_CREDIT = 6
+    CONTROL = 7
+    AGGREGATE = 8
 
 
 def looked_up(ports: int, slots: int):
@@ -132,9 +134,10 @@ class Lookup(wiring.Component):
         control_length_ok = (length >= 8) & (length <= MAX_CONTROL_PAYLOAD) & (length[:3] == 0)
         job_ok = (job_number < J) & job.enable
         worker_ok = (imm.rank < job.workers) & (imm.rank < MW) & (worker_ip == a.ip.src)
+        key_ok = a.reth.rkey == job.key
         slot_ok = (imm.slot < job.slot_count) & (index < self.slots)
         ahead = Signal(32)          # the message's distance beyond the job's completed uses
-        m.d.comb += ahead.eq(a.reth.rkey - job.completed
+        m.d.comb += ahead.eq(H.CONTRIBUTION_VA(a.reth.va).msn - job.completed
                              - (self.completing & (self.completing_job == job_number)))
         credit_ok = (job.credits == 0) | (ahead[-1] | (ahead < job.credits))
 
@@ -146,6 +149,8 @@ class Lookup(wiring.Component):
                 m.d.comb += look.eq(Look.BAD_JOB)
             with m.Elif(~worker_ok):
                 m.d.comb += look.eq(Look.BAD_WORKER)
+            with m.Elif(~key_ok):
+                m.d.comb += look.eq(Look.BAD_KEY)
             with m.Elif(~slot_ok):
                 m.d.comb += look.eq(Look.BAD_SLOT)
             with m.Elif(~credit_ok):

@@ -11,8 +11,10 @@ port and IP are also kept in flip-flops (`table.worker_port`, `table.worker_ip`)
 aggregator's checks. After a reset the entries are written 0 one per cycle, and records wait
 for `records.ready`. Each job also counts the uses it completed (`completed`, the base of its
 credit limit), reset by a write of its CONFIG, which also raises `table.cleared` for the
-aggregator to clear the job's slots. The switch's own addresses are shown on `addresses`, the
-priority-drop thresholds (one per priority class) on `thresholds` for the ingress ports.
+aggregator to clear the job's slots. Its KEY, the R_Key its contributions must carry, is
+written and never read back (a read gives 0); its EPOCH is read and written. The switch's
+own addresses are shown on `addresses`, the priority-drop thresholds (one per priority
+class) on `thresholds` for the ingress ports.
 
 Counters count pulses from the stages (`port_events`, `job_events`, `results`) and the
 packet queues' drops (`queue_dropped`); all are 32 bits and wrap, and live in a block RAM
@@ -33,7 +35,7 @@ from .headers import Verdict
 
 JOB = data.StructLayout({
     "enable": 1, "workers": 6, "slot_base": 16, "slot_count": 16,
-    "credits": 16, "quorum": 6, "completed": 32,
+    "credits": 16, "quorum": 6, "completed": 32, "epoch": 32, "key": 32,
 })
 WORKER = data.StructLayout({
     "port": 4, "udp_port": 16, "mac": 48, "ip": 32, "qpn": 24, "rkey": 32, "va": 64,
@@ -144,6 +146,8 @@ class Control(wiring.Component):
                 (R.job_reg(j, R.JOB_CREDITS), job.credits, job.credits),
                 (R.job_reg(j, R.JOB_QUORUM), job.quorum, job.quorum),
                 (R.job_reg(j, R.JOB_COMPLETED), job.completed, None),
+                (R.job_reg(j, R.JOB_EPOCH), job.epoch, job.epoch),
+                (R.job_reg(j, R.JOB_KEY), Const(0, 32), job.key),      # no read learns it
             ]
             with m.If(self.job_events[j][JOB_EVENTS.index("completed")]):
                 m.d.sync += job.completed.eq(job.completed + 1)

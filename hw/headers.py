@@ -237,6 +237,10 @@ REQUEST_IMM = Header("RequestImm", {
 RESULT_IMM = Header("ResultImm", {
     "job": 4, "count": 6, "version": 1, "slot": 12, "exponent": 8, "overflow": 1,
 })
+# A contribution's RETH virtual address (64 bits, first field most significant): the message
+# sequence number (MSN) of its use, and the byte offset of its chunk in the result buffer.
+# Its RETH R_Key is the job's KEY (`hw.regmap.JOB_KEY`).
+CONTRIBUTION_VA = Header("ContributionVa", {"msn": 32, "offset": 32})
 
 # A block's exponent proposal that says the block holds NaN or an infinity: the largest value
 # of the signed exponent field, so the switch's maximum carries it to every worker (finite

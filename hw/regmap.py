@@ -69,6 +69,8 @@ JOB_SLOT_COUNT = 0x02       # rw: slots of the job (slot numbers 0..count-1 in p
 JOB_CREDITS = 0x03          # rw: [15:0] uses a worker may have open beyond COMPLETED; 0: no limit
 JOB_QUORUM = 0x04           # rw: [5:0] contributions that complete a use; 0 or >= workers: all
 JOB_COMPLETED = 0x05        # ro: uses completed since CONFIG was last written (32 bits, wraps)
+JOB_EPOCH = 0x06            # rw: the configuration's epoch, fresh each time rank 0 configures
+JOB_KEY = 0x07              # wo (reads 0): the R_Key every contribution of the job carries
 WORKER_BASE, WORKER_STRIDE = 0x20, 8
 WORKER_PORT = 0             # rw: WORKER_ENDPOINT
 WORKER_ENDPOINT = Fields((("switch_port", 16, 4), ("udp_port", 0, 16)))
@@ -101,13 +103,14 @@ JOB_COUNTERS = (
     "completed",           # slots completed
     "duplicates",          # contributions already counted, use not complete: dropped
     "replays",             # contributions to a completed use: result sent again, to the sender
-    "drop_stale",          # a message (RETH.rkey) other than the slot's current use
+    "drop_stale",          # a message (MSN) other than the slot's current use
     "overflows",           # slots completed with a saturated lane
     "drop_bad_slot",       # slot number outside the job's range
     "drop_bad_worker",     # rank outside the job, or source IP not the rank's
     "drop_bad_length",     # payload length differs from the slot's other contributions
     "drop_credit",         # a message beyond the job's credit limit
     "results",             # result packets sent
+    "drop_bad_key",        # a contribution whose RETH.rkey is not the job's KEY
 )
 
 WRITE = 1 << 31             # in a control record's address: write the value
@@ -160,6 +163,9 @@ def rows() -> list[tuple[str, str]]:
          f"{JOB_BASE + JOB_COMPLETED:#06x} + {job}",
          "job j CREDITS (15-0; 0: no limit) / QUORUM (5-0; 0: all workers) / COMPLETED "
          "(read only)"),
+        (f"{JOB_BASE + JOB_EPOCH:#06x} / {JOB_BASE + JOB_KEY:#06x} + {job}",
+         "job j EPOCH (the configuration's, written with CONFIG) / KEY (write only, reads 0: "
+         "the R_Key of the job's contributions)"),
         (f"{JOB_BASE + WORKER_BASE:#06x} + {worker} + 0..{WORKER_STRIDE - 1}",
          f"worker r of job j: {WORKER_ENDPOINT.text()}; MAC 47-32; MAC 31-0; IPv4 address; "
          f"QPN; R_Key; base address 63-32; 31-0"),

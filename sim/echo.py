@@ -6,7 +6,7 @@ of it by itself, so it is answered at once, to its sender alone, with the result
 worker would give: its own lanes as the sums, ImmDt count 1 (0 for a null), its exponent,
 no overflow, addressed from the job table as every result is. Everything else is the golden
 model's: the control path (registers, job table, counters), the parser's checks and the
-contribution's checks (job, rank, slot, credit), a retransmission of a completed use
+contribution's checks (job, rank, key, slot, credit), a retransmission of a completed use
 answered again (`replays`), an older message dropped (`drop_stale`).
 
 Every contribution counts a completed use of its job (COMPLETED + 1), so the credit limit
@@ -25,7 +25,7 @@ with `receive` frame for frame, output and counters):
   rest is a run again;
 - `send` applies one frame at once. The common frame, a contribution that begins a new use
   of its copy, takes a lean path: what all contributions with its headers, ingress port,
-  RETH.dma_length and ImmDt share (the parser's verdict and the ICRC's state after the
+  RETH.rkey and dma_length and ImmDt share (the parser's verdict and the ICRC's state after the
   headers, as `sim.codec` caches them, the job table's checks, the copy, the result's headers
   and ImmDt) is a `Reply` looked up once and kept until the next register write; the
   contribution then costs its ICRC, the MSN's and credit's checks, the copy's new use, the
@@ -244,11 +244,12 @@ class EchoSwitch(GoldenSwitch):
         `receive` would, or None for any other frame."""
         if len(frame) < _SHORTEST:
             return None
-        va, msn, dma_length, imm = RETH_IMM.unpack_from(frame, _RETH_AT)
-        key = (port, frame[CHECKED], dma_length, imm)
+        va, rkey, dma_length, imm = RETH_IMM.unpack_from(frame, _RETH_AT)
+        msn, offset = W.split_va(va)
+        key = (port, frame[CHECKED], rkey, dma_length, imm)
         reply = self._replies.get(key)
         if reply is None:
-            reply = self._reply(port, frame, dma_length, imm)
+            reply = self._reply(port, frame, rkey, dma_length, imm)
             if reply is None:
                 return None
             if len(self._replies) >= 1 << 14:
@@ -274,17 +275,18 @@ class EchoSwitch(GoldenSwitch):
             return []
         counters["results"] += 1
         reply.tx["tx"] += 1
-        return [(reply.port, reply.template.frame(job.limit, reply.va + va, reply.imm,
+        return [(reply.port, reply.template.frame(job.limit, reply.va + offset, reply.imm,
                                                   payload))]
 
-    def _reply(self, port: int, frame: bytes, dma_length: int, imm: int) -> Reply | None:
+    def _reply(self, port: int, frame: bytes, rkey: int, dma_length: int,
+               imm: int) -> Reply | None:
         """The `Reply` of a contribution the parser and the job table take, or None."""
         verdict, header, body_end, state = checks(frame[CHECKED], len(frame))
         if (verdict != OK or header.opcode != W.OP_CONTRIBUTION
                 or header.length > self.queue_capacity):
             return None
         req = request(imm)
-        if self._refusal(header.src_ip, dma_length, req, header.length) is not None:
+        if self._refusal(header.src_ip, dma_length, req, header.length, rkey) is not None:
             return None
         null = bool(req.droppable) and self._threshold(frame) <= 0
         job = self.job[req.job]

@@ -9,7 +9,7 @@ frames are checked as `sim.golden.GoldenSwitch.receive` checks each, in its orde
 - by their headers (`Rows`, cached per run of headers): the parser's verdict (`sim.codec`),
   a contribution of the first row's BTH, a payload the queue holds;
 - the job table's: the payload's length, the job and rank (the first row's), the source
-  address, the slot;
+  address, the key (RETH.rkey), the slot;
 - the credit (COMPLETED as it will be when the row is applied, every row before it
   answered), and the copy's state: a new use (a fresh copy, or a newer MSN), each copy once
   in the run;
@@ -46,7 +46,7 @@ _PSN = next((bit, width) for name, bit, width in H.BTH.field_offsets() if name =
 _PSN_WORD = (sum(_PSN) // 8 - 4, (1 << _PSN[1]) - 1)   # the 32-bit word ending with it
 _IMM_AT = W.BTH_LEN + W.RETH_LEN
 _SHORTEST = _IMM_AT + H.IMMDT.length + 4 + W.ICRC_LEN  # a contribution of one lane
-_MSN, _OFFSET = "rkey", "va"         # the RETH fields of the MSN and the offset (`sim.golden`)
+_MSN_SHIFT, _OFFSET_MASK = np.uint64(W.VA_MSN_SHIFT), np.uint64(W.VA_OFFSET_MASK)  # RETH.va's
 _REQUEST = {name: (shift, (1 << width) - 1) for name, shift, width in W.REQUEST_IMM}
 _RESULT = {name: (shift, (1 << width) - 1) for name, shift, width in W.RESULT_IMM}
 _SENDER = sum(mask << shift for name, (shift, mask) in _REQUEST.items() if name in ("job", "rank"))
@@ -154,9 +154,10 @@ def answer(switch, port: int, heads: tuple, body, size: int) -> tuple[int, int, 
     if job is None or not job.enable or rank >= job.workers:
         return 0, k, None
     copies, index = switch.copies, np.arange(k)
-    slot, msn = _field(imm, "slot"), row[_MSN].astype(np.int64)
+    slot, msn = _field(imm, "slot"), (row["va"] >> _MSN_SHIFT).astype(np.int64)
     lean = (rows.taken & (row["head"] == row["head"][0]) & (row["dma_length"] == length)
             & ((imm & _SENDER) == (first & _SENDER)) & (rows.src_ip == job.table[rank].ip)
+            & (row["rkey"] == job.key)
             & (slot < min(job.slot_count, switch.slots - job.slot_base)))
     if job.credits:                 # COMPLETED as it is for each row, those before it taken
         lean &= _signed(msn - index - job.completed, 32) < job.credits
@@ -214,7 +215,7 @@ def _apply(switch, port, j, rank, row, c, msn, imm, raw, heads, rows):
     results[:, :_HEAD] = np.frombuffer(template.head, np.uint8, _HEAD, W.BTH_OFFSET)
     first = completed + 1 + job.credits         # the credit limit after the first row
     out["psn"] = np.arange(first, first + n) & _PSN_WORD[1]
-    out[_OFFSET] = row[_OFFSET] + np.uint64(w.va)
+    out["va"] = (row["va"] & _OFFSET_MASK) + np.uint64(w.va)      # the offset's, placed
     out["rkey"], out["dma_length"] = template.rkey, length
     count = _RESULT["count"][0]
     word = 1 << count if null is None else (~null).astype(np.int64) << count

@@ -52,7 +52,7 @@ def stream(seed: int, frames: int, *, ports: int = 4, jobs: int = 4, max_workers
     """`frames` frames of good traffic and mutations, the same for the same seed."""
     rng = random.Random(seed)
     traffic = Traffic(rng, ports, jobs, max_workers, slots, max_payload)
-    mutator = Mutator(rng, ports, jobs, max_workers, HOST, SWITCH)
+    mutator = Mutator(rng, ports, jobs, max_workers, HOST, SWITCH, traffic.keys)
     recent: list[Frame] = []
     sent = 0
 

@@ -5,8 +5,10 @@ mutated copy, its `Kind` and a note of what changed:
 
 - BYTES, BITS: about 2 % of the bytes replaced by random ones, or one bit flipped in each;
 - FIELD: one header field set to a boundary, neighbouring, special or random value: every
-  field of Ethernet, IPv4, UDP, BTH, RETH and the contribution's ImmDt (job, rank, version,
-  slot, exponent, droppable, reserved), as `hw.headers` lays them out, and the ICRC;
+  field of Ethernet, IPv4, UDP, BTH, RETH, the halves of a contribution's RETH.va (its MSN,
+  set also a little ahead or far from its own, and its offset) and the contribution's
+  ImmDt (job, rank, version, slot, exponent, droppable, reserved), as `hw.headers` lays them
+  out, and the ICRC; RETH.rkey is also set to a job's key or tag of the epoch (`keys`);
 - PAYLOAD: a contribution's payload of another length (RETH's DMA length following it or
   not) or of other contents (extremes that saturate, random lanes);
 - TRUNCATE, EXTEND: the frame cut (near a header boundary, or anywhere; padded to Ethernet's
@@ -40,7 +42,7 @@ def _fields() -> list[Field]:
     """Every header field of a contribution, where it is on the wire."""
     headers = (("eth", H.ETHERNET, H.ETH_OFFSET), ("ip", H.IPV4, H.IPV4_OFFSET),
                ("udp", H.UDP, H.UDP_OFFSET), ("bth", H.BTH, H.BTH_OFFSET),
-               ("reth", H.RETH, H.EXT_OFFSET),
+               ("reth", H.RETH, H.EXT_OFFSET), ("va", H.CONTRIBUTION_VA, H.EXT_OFFSET),
                ("imm", H.REQUEST_IMM, H.EXT_OFFSET + H.RETH.length))
     return [Field(f"{prefix}.{name}", 8 * offset + pos, width)
             for prefix, header, offset in headers for name, pos, width in header.field_offsets()]
@@ -59,6 +61,7 @@ SPECIAL = {
     "imm.slot": (0, 1, 2, 3, 4, 5, 63, 64, 0xFFF), "imm.exponent": (0x7F, 0x80, 0xFF, 0),
 }
 INT32 = (0, 1, -1, (1 << 31) - 1, -(1 << 31), 1 << 30, -(1 << 30))
+MSN_STEPS = (1, 2, 3, 4, 8, 16, 0x8000, 0x10000, -0x10000, -1 << 31)   # from a frame's own
 
 
 def get_field(data: bytes, field: Field) -> int | None:
@@ -111,9 +114,11 @@ class Mutator:
                Kind.TRUNCATE: 7, Kind.EXTEND: 7, Kind.RECORDS: 4}
 
     def __init__(self, rng: random.Random, ports: int, jobs: int, max_workers: int,
-                 host: W.Endpoint, switch: W.Endpoint):
+                 host: W.Endpoint, switch: W.Endpoint,
+                 keys: dict[int, tuple[int, int]] | None = None):
         self.rng, self.ports, self.jobs, self.max_workers = rng, ports, jobs, max_workers
         self.host, self.switch = host, switch
+        self.keys = {} if keys is None else keys    # job -> (key, tag), as the traffic's
         self.special = SPECIAL | {"imm.job": tuple(range(jobs + 1)),
                                   "imm.rank": tuple(range(min(max_workers + 1, 32)))}
 
@@ -151,6 +156,10 @@ class Mutator:
 
     def _value(self, name: str, old: int, width: int) -> int:
         rng, top = self.rng, (1 << width) - 1
+        if name == "reth.rkey" and self.keys and rng.random() < 0.5:
+            return rng.choice([k for pair in self.keys.values() for k in pair])
+        if name == "va.msn" and rng.random() < 0.5:
+            return (old + rng.choice(MSN_STEPS)) & top
         if name in self.special and rng.random() < 0.5:
             return rng.choice(self.special[name]) & top
         return rng.choice((0, top, (old + 1) & top, (old - 1) & top, 1 << (width - 1),

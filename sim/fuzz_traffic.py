@@ -1,13 +1,16 @@
 """The good traffic of the switch's fuzzer (`sim.fuzz`): frames as the host sends them.
 
 `Traffic.epoch` configures one or two jobs through the control path as the host does (each
-worker writes its job-table row, rank 0 the job's slot range, credits, quorum, CONFIG and its
-R_Key; the first epoch also the switch's own addresses), then sends several uses of each of
-their slots by every worker (versions alternating, MSN use * slots + slot, random int32 lanes
+worker writes its job-table row, rank 0 the job's slot range, credits, quorum, CONFIG, EPOCH
+and KEY and every rank's R_Key; the first epoch also the switch's own addresses), then
+sends several uses of each of their slots by every worker, with the job's key (versions
+alternating, MSN use * slots + slot, random int32 lanes
 below 2**24 so that sums do not saturate, workers in random order, some droppable with a
 random priority, some on another port than their own, a few sent again: duplicates, replays,
 stale messages), and ends with `reads`: control requests that read every register and
 counter of `register_names`. Every frame is a `Frame`, tagged with the `Kind` that made it.
+A frame sent again may be one of an earlier epoch of its job, whose key is no longer the
+job's. `Traffic.keys` holds each job's (key, tag) of the epoch, for the mutations.
 """
 
 from __future__ import annotations
@@ -68,8 +71,9 @@ class Member:
     port: int
     endpoint: W.Endpoint
     qpn: int
-    rkey: int
+    rkey: int                 # the R_Key of its results (the tag), rank 0 writes it
     va: int
+    key: int = 0              # the job's KEY: every contribution's RETH.rkey
     psn: int = 0
 
     def next_psn(self) -> int:
@@ -83,7 +87,8 @@ def register_names(ports: int, jobs: int) -> dict[int, str]:
     names = {a: f"global {a:#06x}" for a in range(W.REG_PORT + 1)}
     names |= {W.drop_threshold(c): f"drop threshold {c}" for c in range(W.PRIORITY_CLASSES)}
     for j in range(jobs):
-        for field in ("CONFIG", "SLOT_BASE", "SLOT_COUNT", "CREDITS", "QUORUM", "COMPLETED"):
+        for field in ("CONFIG", "SLOT_BASE", "SLOT_COUNT", "CREDITS", "QUORUM", "COMPLETED",
+                      "EPOCH", "KEY"):
             names[W.job_reg(j, getattr(W, f"JOB_{field}"))] = f"job {j} {field}"
         names |= {W.job_counter(j, n): f"job {j} {n}" for n in W.JOB_COUNTERS}
     for p in range(ports):
@@ -110,13 +115,14 @@ class Traffic:
         self.ports, self.jobs, self.max_workers, self.slots = ports, jobs, max_workers, slots
         self.lanes = max_payload // 4
         self.epochs = 0
+        self.keys: dict[int, tuple[int, int]] = {}      # job -> (key, tag) of the epoch
 
-    def _member(self, job: int, rank: int) -> Member:
+    def _member(self, job: int, rank: int, key: int, tag: int) -> Member:
         rng = self.rng
         endpoint = W.Endpoint(f"10.{job + 1}.{self.epochs % 200}.{rank + 10}",
                               0xC100 + 16 * job + rank, 0x020000000000 | (job << 8) | rank)
         return Member(job, rank, rng.randrange(self.ports), endpoint, rng.randrange(1, 1 << 24),
-                      rng.getrandbits(32), rng.getrandbits(64))
+                      tag, rng.getrandbits(64), key)
 
     def _control(self, m: Member, records) -> Frame:
         records = [(a | W.WRITE, v) for a, v in records]
@@ -136,13 +142,14 @@ class Traffic:
                 (W.worker_reg(job, m.rank, W.WORKER_IP), W.ip_to_int(e.ip)),
                 (W.worker_reg(job, m.rank, W.WORKER_QPN), m.qpn),
                 (W.worker_reg(job, m.rank, W.WORKER_VA_HI), m.va >> 32),
-                (W.worker_reg(job, m.rank, W.WORKER_VA_LO), m.va & 0xFFFFFFFF)]
-                + ([(W.worker_reg(job, m.rank, W.WORKER_RKEY), m.rkey)] if m.rank else []))
+                (W.worker_reg(job, m.rank, W.WORKER_VA_LO), m.va & 0xFFFFFFFF)])
         yield self._control(members[0], [
             (W.job_reg(job, W.JOB_SLOT_BASE), base), (W.job_reg(job, W.JOB_SLOT_COUNT), count),
             (W.job_reg(job, W.JOB_CREDITS), credits), (W.job_reg(job, W.JOB_QUORUM), quorum),
             (W.job_reg(job, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=len(members))),
-            (W.worker_reg(job, 0, W.WORKER_RKEY), members[0].rkey)])
+            (W.job_reg(job, W.JOB_EPOCH), self.rng.getrandbits(32)),
+            (W.job_reg(job, W.JOB_KEY), members[0].key)]
+            + [(W.worker_reg(job, m.rank, W.WORKER_RKEY), m.rkey) for m in members])
 
     def _contribution(self, m: Member, slot: int, use: int, count: int, lanes: np.ndarray,
                       exponent: int) -> Frame:
@@ -153,7 +160,8 @@ class Traffic:
         packet = W.contribution(job=m.job, rank=m.rank, slot=slot, version=use % 2,
                                 offset=slot * 4 * self.lanes, lanes=lanes.tobytes(),
                                 psn=m.next_psn(), src=m.endpoint, dst=SWITCH,
-                                exponent=exponent, msn=use * count + slot, **marks)
+                                exponent=exponent, msn=use * count + slot, key=m.key,
+                                **marks)
         port = rng.randrange(self.ports) if rng.random() < 0.2 else m.port
         return Frame(port, packet.frame(), Kind.CONTRIBUTION)
 
@@ -168,7 +176,11 @@ class Traffic:
         self.epochs += 1
         jobs, base = {}, rng.randrange(max(1, self.slots - 8))
         for j in rng.sample(range(self.jobs), min(self.jobs, rng.choice((1, 2)))):
-            members = [self._member(j, r) for r in range(rng.randint(1, min(4, self.max_workers)))]
+            key = rng.getrandbits(32) if rng.random() < 0.9 else 0      # 0: KEY's reset
+            tag = rng.getrandbits(32)
+            self.keys[j] = key, tag
+            members = [self._member(j, r, key, tag)
+                       for r in range(rng.randint(1, min(4, self.max_workers)))]
             count = min(rng.randint(1, 4), self.slots - base)
             if count < 1:
                 break

@@ -26,8 +26,9 @@ What the switch does, frame by frame:
 5. A contribution is checked in this order: payload 4..max_payload bytes, a multiple of 4,
    equal to RETH.dma_length (else `drop_bad_payload`, port); job below `jobs` and enabled
    (else `drop_bad_job`, port); rank below the job's workers and source IP the rank's (else
-   `drop_bad_worker`, job); slot below the job's slot count and inside the pool (else
-   `drop_bad_slot`, job); its message sequence number (MSN, RETH.rkey, 32 bits) inside the
+   `drop_bad_worker`, job); RETH.rkey the job's KEY (else `drop_bad_key`, job); slot below
+   the job's slot count and inside the pool (else `drop_bad_slot`, job); its message
+   sequence number (MSN, the top 32 bits of RETH.va, `wire.CONTRIBUTION_VA`) inside the
    job's credit: with CREDITS != 0, signed32(msn - COMPLETED) >= CREDITS is `drop_credit`
    (a message far behind COMPLETED is a retransmission of an old use, and passes).
 6. Slot state, per (slot, version) copy: the bitmap of contributors, the count of arrivals of
@@ -54,14 +55,15 @@ What the switch does, frame by frame:
      job-table entry names.
    The two copies are independent (a worker alternates versions across its uses of a slot).
 7. A result is addressed from the job table: the worker's MAC, IP, UDP port, QPN and R_Key,
-   RETH.va = the worker's base address + the contribution's RETH.va. Its BTH.psn is the
-   job's credit limit, (COMPLETED + CREDITS) & 0xFFFFFF, COMPLETED read after the use's
-   completion was counted (for a replay, its current value). Its ImmDt count is the number
-   of contributions with data (nulls excluded); a use of nulls only sums to zeros.
+   RETH.va = the worker's base address + the contribution's offset (RETH.va's low 32
+   bits). Its BTH.psn is the job's credit limit, (COMPLETED + CREDITS) & 0xFFFFFF,
+   COMPLETED read after the use's completion was counted (for a replay, its current
+   value). Its ImmDt count is the number of contributions with data (nulls excluded); a use
+   of nulls only sums to zeros.
 8. A write of a job's CONFIG clears the slot state of the job's slot range and its
-   COMPLETED register. In a control request, the slots are cleared once its last record has
-   been applied, those of the job's slot range then (the gateware clears them after the
-   request, one slot per cycle).
+   COMPLETED register (not its EPOCH and KEY). In a control request, the slots are cleared
+   once its last record has been applied, those of the job's slot range then (the gateware
+   clears them after the request, one slot per cycle).
 """
 
 from __future__ import annotations
@@ -117,6 +119,8 @@ class Job:
     credits: int = 0                  # uses beyond COMPLETED a worker may open; 0: no limit
     quorum: int = 0                   # contributions that complete a use; 0: all workers
     completed: int = 0                # the COMPLETED register (32 bits, wraps)
+    epoch: int = 0                    # the EPOCH register
+    key: int = 0                      # the KEY register: every contribution's RETH.rkey
     table: list = dataclasses.field(default_factory=list)
 
     @property
@@ -273,7 +277,7 @@ class GoldenSwitch(Registers):
 
     def _contribution(self, port: int, header: Header, reth: Extension, req: Request,
                       payload: bytes, null: bool) -> list:
-        refusal = self._refusal(header.src_ip, reth.dma_length, req, len(payload))
+        refusal = self._refusal(header.src_ip, reth.dma_length, req, len(payload), reth.rkey)
         if refusal is not None:
             scope = self.port_counters[port] if refusal in PORT_REFUSALS else \
                 self.job_counters[req.job]
@@ -281,7 +285,7 @@ class GoldenSwitch(Registers):
             return []
         j, rank, slot, version = req.job, req.rank, req.slot, req.version
         job, counters = self.job[j], self.job_counters[j]
-        msn = reth.rkey
+        msn, offset = W.split_va(reth.va)
         if job.credits and _signed(msn - job.completed, 32) >= job.credits:
             counters["drop_credit"] += 1
             return []
@@ -294,7 +298,7 @@ class GoldenSwitch(Registers):
                 return []
             if copy.bitmap and d == 0:
                 counters["replays"] += 1
-                return self._results(j, slot, version, copy, [rank], reth.va)
+                return self._results(j, slot, version, copy, [rank], offset)
             if copy.bitmap and d < 0:
                 counters["drop_stale"] += 1
                 return []
@@ -318,13 +322,14 @@ class GoldenSwitch(Registers):
         if copy.count < needed:
             return []
         self._complete(job, counters, copy)
-        return self._results(j, slot, version, copy, ranks, reth.va)
+        return self._results(j, slot, version, copy, ranks, offset)
 
-    def _refusal(self, src_ip: int, dma_length: int, req: Request, length: int) -> str | None:
-        """The drop counter of a contribution of `length` bytes of payload that its length
-        or the job table refuses (payload, job, worker, slot), or None: the checks that
-        neither the slot's state nor the credit take part in. The first two count on the
-        port, the others on the job (`PORT_REFUSALS`)."""
+    def _refusal(self, src_ip: int, dma_length: int, req: Request, length: int,
+                 key: int) -> str | None:
+        """The drop counter of a contribution of `length` bytes of payload and RETH.rkey
+        `key` that its length or the job table refuses (payload, job, worker, key, slot), or
+        None: the checks that neither the slot's state nor the credit take part in. The
+        first two count on the port, the others on the job (`PORT_REFUSALS`)."""
         if not (4 <= length <= self.max_payload and length % 4 == 0 and dma_length == length):
             return "drop_bad_payload"
         if req.job >= self.jobs or not self.job[req.job].enable:
@@ -332,6 +337,8 @@ class GoldenSwitch(Registers):
         job = self.job[req.job]
         if req.rank >= job.workers or src_ip != job.table[req.rank].ip:
             return "drop_bad_worker"
+        if key != job.key:
+            return "drop_bad_key"
         if req.slot >= job.slot_count or job.slot_base + req.slot >= self.slots:
             return "drop_bad_slot"
         return None

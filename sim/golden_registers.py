@@ -65,7 +65,8 @@ class Registers:
             job = self.job[index]
             return {W.JOB_CONFIG: job.config, W.JOB_SLOT_BASE: job.slot_base,
                     W.JOB_SLOT_COUNT: job.slot_count, W.JOB_CREDITS: job.credits,
-                    W.JOB_QUORUM: job.quorum, W.JOB_COMPLETED: job.completed}.get(off, 0)
+                    W.JOB_QUORUM: job.quorum, W.JOB_COMPLETED: job.completed,
+                    W.JOB_EPOCH: job.epoch}.get(off, 0)       # KEY reads 0
         if kind is Space.WORKER:
             j, rank = index
             w = self.job[j].table[rank]
@@ -105,6 +106,10 @@ class Registers:
                 job.credits = value & 0xFFFF
             elif off == W.JOB_QUORUM:
                 job.quorum = value & 0x3F
+            elif off == W.JOB_EPOCH:
+                job.epoch = value
+            elif off == W.JOB_KEY:
+                job.key = value
         elif kind is Space.WORKER:
             j, rank = index
             w = self.job[j].table[rank]

@@ -450,6 +450,7 @@ def switch_traffic(ports: int = 4, slots: int = 16, lanes: int = 256) -> list[tu
     import numpy as np
     from netagg.sim import wire as W
 
+    bench_key = 0x5EEDC0DE      # job 0's KEY, every contribution's RETH.rkey
     host = W.Endpoint("10.0.9.9", 0xD000, 0x02BB00000009)
     switch = W.Endpoint("10.0.0.1", W.ROCEV2_PORT, 0x02AA00000001)
     workers = [W.Endpoint(f"10.1.0.{10 + r}", 0xC100 + r, 0x020000000100 | r)
@@ -465,12 +466,14 @@ def switch_traffic(ports: int = 4, slots: int = 16, lanes: int = 256) -> list[tu
             (W.WRITE | W.worker_reg(0, r, W.WORKER_IP), W.ip_to_int(w.ip)),
         ]
     records.append((W.WRITE | W.job_reg(0, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=ports)))
+    records.append((W.WRITE | W.job_reg(0, W.JOB_KEY), bench_key))
     traffic = [(0, W.control_request(records, 0, host, switch).frame())]
     payload = np.arange(lanes, dtype="<i4").tobytes()
     for s in range(slots):
         for r, w in enumerate(workers):
             # the slot's use 0 after CONFIG: msn = use * slots + slot
             packet = W.contribution(job=0, rank=r, slot=s, version=0, offset=len(payload) * s,
-                                    lanes=payload, psn=s, msn=s, src=w, dst=switch)
+                                    lanes=payload, psn=s, msn=s, key=bench_key, src=w,
+                                    dst=switch)
             traffic.append((r, packet.frame()))
     return traffic

@@ -6,12 +6,18 @@ control QP, header lengths, limits and ImmDt layouts in `hw.headers`, the regist
 Every packet is a RoCEv2 frame (Ethernet, IPv4 without options, UDP to 4791, BTH, ...).
 
 Contribution, worker -> switch: UC RDMA WRITE Only with Immediate (opcode 0x2B).
-    RETH.va          byte offset of this chunk in the result buffer (the switch adds the
-                     worker's base address from the job table)
-    RETH.rkey        the message sequence number (MSN): the job's running number of this slot
-                     use, the same on every worker (the host uses use * slot_count + slot).
-                     The switch keeps the low 16 bits per slot copy and checks it against
-                     the job's credit limit; the worker's R_Key comes from the job table
+    RETH.va          CONTRIBUTION_VA: msn 32 | offset 32 (most significant first).
+                     msn: the message sequence number (MSN), the job's running number of
+                     this slot use, the same on every worker (the host uses use * slot_count
+                     + slot); the switch keeps the low 16 bits per slot copy and checks it
+                     against the job's credit limit. offset: the byte offset of this chunk in
+                     the result buffer (the switch adds the worker's base address from the
+                     job table)
+    RETH.rkey        the job's KEY (register JOB_KEY, write only): as an RDMA R_Key guards a
+                     memory region, it guards the switch's slots of the job. A contribution
+                     with another is dropped (`drop_bad_key`) before it touches a slot or
+                     the credit check. The host derives it from the session's secret and
+                     the job's EPOCH (`host.session`)
     RETH.dma_length  payload length
     ImmDt            REQUEST_IMM: job 4 | rank 5 | version 1 | slot 12 | exponent 8 (signed)
                      | droppable 1 | reserved 1   (most significant first)
@@ -86,6 +92,10 @@ def _bits(header: H.Header) -> list[tuple[str, int, int]]:
 REQUEST_IMM = _bits(H.REQUEST_IMM)
 RESULT_IMM = _bits(H.RESULT_IMM)
 NONFINITE_LANE = _bits(H.NONFINITE_LANE)
+CONTRIBUTION_VA = _bits(H.CONTRIBUTION_VA)
+assert [name for name, _, _ in CONTRIBUTION_VA] == ["msn", "offset"]
+VA_MSN_SHIFT = CONTRIBUTION_VA[0][1]                         # 32
+VA_OFFSET_MASK = (1 << CONTRIBUTION_VA[1][2]) - 1            # the offset's 32 bits
 SIGNED_FIELDS = {"exponent"}
 
 
@@ -99,6 +109,16 @@ def pack_imm(layout, **values) -> int:
             raise ValueError(f"{name}={v} does not fit in {width} bits")
         word |= (v & ((1 << width) - 1)) << shift
     return word
+
+
+def contribution_va(msn: int, offset: int) -> int:
+    """A contribution's RETH.va: its MSN and its chunk's offset (each modulo 2**32)."""
+    return (msn & 0xFFFFFFFF) << VA_MSN_SHIFT | (offset & VA_OFFSET_MASK)
+
+
+def split_va(va: int) -> tuple[int, int]:
+    """(msn, offset) of a contribution's RETH.va."""
+    return va >> VA_MSN_SHIFT & 0xFFFFFFFF, va & VA_OFFSET_MASK
 
 
 def unpack_imm(layout, word: int) -> dict:
@@ -325,16 +345,17 @@ def wrap_datagram(src: Endpoint, dst: Endpoint, datagram: bytes, dscp: int = 0) 
 
 
 def contribution(*, job: int, rank: int, slot: int, version: int, offset: int,
-                 lanes: bytes, psn: int, src: Endpoint, dst: Endpoint, exponent: int = 0,
-                 msn: int = 0, droppable: bool = False, dscp: int = 0,
+                 lanes: bytes, psn: int, src: Endpoint, dst: Endpoint, key: int,
+                 exponent: int = 0, msn: int = 0, droppable: bool = False, dscp: int = 0,
                  dqpn: int = 2) -> Packet:
-    """A contribution packet: `lanes` are the little-endian int32 values."""
+    """A contribution packet: `lanes` are the little-endian int32 values, `key` the job's
+    KEY (RETH.rkey), `msn` and `offset` RETH.va's halves."""
     if not 4 <= len(lanes) <= MAX_PAYLOAD or len(lanes) % 4:
         raise ValueError(f"a contribution carries 4..{MAX_PAYLOAD} bytes of int32 lanes")
     imm = pack_imm(REQUEST_IMM, job=job, rank=rank, version=version, slot=slot,
                    exponent=exponent, droppable=int(droppable))
-    return Packet(OP_CONTRIBUTION, dqpn, psn, lanes, va=offset, rkey=msn & 0xFFFFFFFF,
-                  imm=imm, src=src, dst=dst, dscp=dscp)
+    return Packet(OP_CONTRIBUTION, dqpn, psn, lanes, va=contribution_va(msn, offset),
+                  rkey=key & 0xFFFFFFFF, imm=imm, src=src, dst=dst, dscp=dscp)
 
 
 _WRITE_IMM_HEAD = struct.Struct("!BBHIIQIII")    # BTH, RETH and ImmDt of a WRITE with Imm

@@ -180,9 +180,10 @@ async def control_path(dut):
 
 @cocotb.test()
 async def aggregate_scenario(dut):
-    """Two jobs of three workers, three rounds, duplicates and malformed frames, back to
-    back on every port."""
-    await run_scenario(dut, seed=1, jobs=2, workers=3, slots=6, rounds=3, max_lanes=64)
+    """Two jobs of three workers, three rounds, duplicates, malformed frames and copies
+    with another key than their job's, back to back on every port."""
+    await run_scenario(dut, seed=1, jobs=2, workers=3, slots=6, rounds=3, max_lanes=64,
+                       bad_keys=0.1)
 
 
 @cocotb.test()

@@ -3,9 +3,10 @@ N workers (several jobs, duplicates, reordering, malformed, stale and beyond-cre
 between good ones) with the sums numpy expects. Used by the golden-model tests and the switch
 testbench alike.
 
-Every contribution carries its message sequence number (MSN) in RETH.rkey, as the host does:
-msn = use * slot_count + slot, where use counts the job's uses of the slot from 0 after its
-CONFIG write. A `Worker` numbers its uses itself (see `Worker.use_msn`)."""
+Every contribution carries its job's KEY in RETH.rkey and its message sequence number (MSN)
+in RETH.va's top half, as the host does: msn = use * slot_count + slot, where use counts the
+job's uses of the slot from 0 after its CONFIG write. A `Worker` numbers its uses itself (see
+`Worker.use_msn`)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,7 @@ class Worker:
     rkey: int
     va: int
     slot_count: int = 1            # the job's slot count, for the MSN
+    key: int = 0                   # the job's KEY, every contribution's RETH.rkey
     uses: dict = dataclasses.field(default_factory=dict, repr=False)  # slot -> (use, version)
 
     def use_msn(self, slot: int, version: int) -> int:
@@ -89,7 +91,8 @@ class Worker:
                      **overrides) -> bytes:
         """A contribution frame. `msn` None: the MSN of this use (`use_msn`, which counts
         it); else that MSN, and the worker's use count is left alone (stale messages,
-        messages beyond the credit, frames meant to be dropped)."""
+        messages beyond the credit, frames meant to be dropped). `key=` overrides the job's
+        key."""
         payload = lanes.astype("<i4").tobytes()
         if msn is None:
             msn = self.use_msn(slot, version)
@@ -97,10 +100,11 @@ class Worker:
                          rank=overrides.pop("rank", self.rank), version=version, slot=slot,
                          exponent=exponent, droppable=int(droppable))
         src = W.Endpoint(overrides.pop("ip", self.ip), ingress_sport or self.udp_port, self.mac)
+        key = overrides.pop("key", self.key)
         if overrides:
             raise TypeError(f"unknown overrides {sorted(overrides)}")
         return scapy_frame(W.OP_CONTRIBUTION, 2, psn, payload, src, SWITCH,
-                           reth=(offset, msn & 0xFFFFFFFF,
+                           reth=(W.contribution_va(msn, offset), key,
                                  len(payload) if length is None else length),
                            imm=imm, dscp=dscp)
 
@@ -108,11 +112,12 @@ class Worker:
 def job_config_records(job: int, workers: list[Worker], slot_base: int, slot_count: int,
                        credits: int = 0, quorum: int = 0):
     """Control records that set up `job` (CONFIG last, which clears its slots and
-    COMPLETED)."""
+    COMPLETED; its KEY the workers')."""
     recs = [(W.WRITE | W.job_reg(job, W.JOB_SLOT_BASE), slot_base),
             (W.WRITE | W.job_reg(job, W.JOB_SLOT_COUNT), slot_count),
             (W.WRITE | W.job_reg(job, W.JOB_CREDITS), credits),
-            (W.WRITE | W.job_reg(job, W.JOB_QUORUM), quorum)]
+            (W.WRITE | W.job_reg(job, W.JOB_QUORUM), quorum),
+            (W.WRITE | W.job_reg(job, W.JOB_KEY), workers[0].key if workers else 0)]
     for w in workers:
         ip = W.ip_to_int(w.ip)
         endpoint = W.WORKER_ENDPOINT.pack(switch_port=w.port, udp_port=w.udp_port)
@@ -137,8 +142,13 @@ def make_workers(job: int, n: int, ports: int, rng: random.Random,
                    mac=0x020000000000 | (job << 8) | r,
                    udp_port=0xC100 + 16 * job + r, port=(r + job) % ports,
                    qpn=rng.randrange(1, 1 << 24), rkey=rng.randrange(1 << 32),
-                   va=rng.randrange(1 << 63), slot_count=slot_count)
+                   va=rng.randrange(1 << 63), slot_count=slot_count, key=job_key(job))
             for r in range(n)]
+
+
+def job_key(job: int) -> int:
+    """The KEY the tests give job `job` (one of its own for each job)."""
+    return 0x6B650000 | job << 8 | 0x5A
 
 
 @dataclasses.dataclass
@@ -157,7 +167,7 @@ class Scenario:
 def scenario(rng: random.Random, *, ports: int, jobs: int = 2, workers: int = 3, slots: int = 8,
              rounds: int = 2, max_lanes: int = 256, duplicates: float = 0.1,
              malformed: float = 0.05, saturate: bool = False, credits: int = 0,
-             stale: float = 0.0, droppable: float = 0.0) -> Scenario:
+             stale: float = 0.0, droppable: float = 0.0, bad_keys: float = 0.0) -> Scenario:
     """Each job allreduces `rounds` uses of each of its `slots` slots (versions alternating,
     MSN use * slots + slot). A round's packets are shuffled; some are sent twice; malformed
     frames and misaddressed contributions are mixed in. A round is sent once the one before
@@ -169,7 +179,9 @@ def scenario(rng: random.Random, *, ports: int, jobs: int = 2, workers: int = 3,
     switch must drop: one older than its copy's last two uses (from round 2 on;
     `drop_stale`), or, with credits, one beyond the credit limit (`drop_credit`).
     With probability `droppable`, a contribution is droppable, of a random priority class
-    (the thresholds stay NEVER_DROP: none is dropped)."""
+    (the thresholds stay NEVER_DROP: none is dropped). With probability `bad_keys`, a copy of
+    a contribution also goes out with a key other than its job's (another job's, or the
+    worker's R_Key of results), which the switch drops (`drop_bad_key`)."""
     ws = {j: make_workers(j, workers, ports, rng, slots) for j in range(jobs)}
     config = [control_frame(switch_records(), psn=0)]
     for j in range(jobs):
@@ -204,6 +216,11 @@ def scenario(rng: random.Random, *, ports: int, jobs: int = 2, workers: int = 3,
                         batch.append((rng.randrange(ports), f))
                     if rng.random() < malformed:
                         batch.append((port, _malformed(rng, f, w)))
+                    if bad_keys and rng.random() < bad_keys:
+                        other = rng.choice((job_key(j + 1), w.rkey, 0))
+                        batch.append((rng.randrange(ports), w.contribution(
+                            s, version, 4096 * s, lanes.astype(np.int32) + 1, psn[key],
+                            msn=rnd * slots + s, key=other)))
                     if stale and rng.random() < stale:
                         msn = rnd * slots + s
                         if credits and (rnd < 2 or rng.random() < 0.5):

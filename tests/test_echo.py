@@ -37,6 +37,7 @@ from tests.switch_traffic import (
 )
 
 JOB, SLOT_BASE, SLOTS, CREDITS = 1, 4, 8, 3
+KEY = 0xACE0C0DE                # the job's KEY, every contribution's RETH.rkey
 
 
 class Sender:
@@ -64,7 +65,7 @@ class Sender:
         pkt = W.contribution(job=JOB, rank=self.rank, slot=slot, version=version,
                              offset=0x40 * slot, lanes=lanes.astype("<i4").tobytes(),
                              psn=100 + msn, src=self.local, dst=W.Endpoint(*self.server.address),
-                             msn=msn, **kw)
+                             msn=msn, **{"key": KEY, **kw})
         self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, pkt.dscp << 2)
         self.sock.sendto(pkt.datagram(), self.server.address)
 
@@ -111,7 +112,8 @@ def test_each_contribution_is_answered_at_once_to_its_sender_alone():
                   + [(W.job_reg(JOB, W.JOB_SLOT_BASE), SLOT_BASE),
                      (W.job_reg(JOB, W.JOB_SLOT_COUNT), SLOTS),
                      (W.job_reg(JOB, W.JOB_CREDITS), CREDITS),
-                     (W.job_reg(JOB, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=2))])
+                     (W.job_reg(JOB, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=2)),
+                     (W.job_reg(JOB, W.JOB_KEY), KEY)])
         rng = np.random.default_rng(5)
         lanes = [rng.integers(-2**31, 2**31, 200, dtype=np.int64).astype(np.int32)
                  for _ in senders]
@@ -125,6 +127,7 @@ def test_each_contribution_is_answered_at_once_to_its_sender_alone():
         a.send(slot=2, version=0, lanes=lanes[0], msn=2, exponent=-3)      # retransmission
         check_result(a.result()[0], a, 2, 0, lanes[0], -3, psn=2 + CREDITS)
         a.send(slot=2, version=0, lanes=lanes[0], msn=1)                   # older: dropped
+        a.send(slot=3, version=0, lanes=lanes[0], msn=3, key=KEY ^ 1)      # bad key: dropped
         assert a.nothing_waiting()
         ctl.write([(W.drop_threshold(0), 0)])          # class 0 droppable: always nulled
         a.send(slot=2, version=0, lanes=lanes[0], msn=4, droppable=True)   # within credit
@@ -132,7 +135,7 @@ def test_each_contribution_is_answered_at_once_to_its_sender_alone():
                      count=0)
         c = ctl.counters(jobs=[JOB])["jobs"][JOB]
         assert (c["contributions"], c["completed"], c["replays"], c["drop_stale"],
-                c["results"]) == (3, 3, 1, 1, 4)
+                c["drop_bad_key"], c["results"]) == (3, 3, 1, 1, 1, 4)
         assert ctl.read(W.job_reg(JOB, W.JOB_COMPLETED)) == [3]
         ctl.close()
         for s in senders:
@@ -180,7 +183,7 @@ def test_the_lean_path_sends_and_counts_what_receive_does(seed):
     second round (a class's threshold 0, written between rounds), and a job reconfigured."""
     sc = scenario(random.Random(seed), ports=4, jobs=2, workers=3, slots=8, rounds=4,
                   max_lanes=64, duplicates=0.2, malformed=0.1, credits=8, stale=0.2,
-                  droppable=0.3)
+                  droppable=0.3, bad_keys=0.05)
     lean, frames = EchoSwitch(ports=4), _Frames(ports=4)
     between = [[(0, control_frame([(W.WRITE | W.drop_threshold(c), 0) for c in range(8)]))],
                [(1, control_frame(job_config_records(1, sc.workers[1], 8, 8, 8)))], []]
@@ -194,7 +197,8 @@ def test_the_lean_path_sends_and_counts_what_receive_does(seed):
     assert lean._replies and not frames._replies        # the lean path was taken
     c = lean.counters()
     assert all(sum(scope[name] for scope in c["jobs"]) for name in (
-        "contributions", "replays", "drop_credit", "drop_stale", "drop_bad_worker"))
+        "contributions", "replays", "drop_credit", "drop_stale", "drop_bad_worker",
+        "drop_bad_key"))
     assert all(sum(scope[name] for scope in c["ports"]) for name in (
         "drop_priority", "drop_bad_icrc", "control"))
 

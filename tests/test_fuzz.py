@@ -83,7 +83,7 @@ def test_every_mutation_and_every_field_is_made():
 def _scapy_value(frame: bytes, name: str) -> int:
     """A header field of a frame as scapy reads it."""
     header, field = name.split(".")
-    pkt = dissect(frame) if header in ("bth", "reth", "imm") else Ether(frame)
+    pkt = dissect(frame) if header in ("bth", "reth", "va", "imm") else Ether(frame)
     if header == "eth" and field == "ethertype":
         return pkt.type if "type" in pkt.fields else pkt.len   # scapy's 802.3 below 1536
     if header == "eth":
@@ -106,6 +106,8 @@ def _scapy_value(frame: bytes, name: str) -> int:
     after = bytes(bth.payload)
     if header == "reth":
         return getattr(RETH(after[:16]), field)
+    if header == "va":                      # RETH.va's halves: the MSN, the offset
+        return dict(zip(("msn", "offset"), W.split_va(RETH(after[:16]).va)))[field]
     value = W.unpack_imm(W.REQUEST_IMM, ImmDt(after[16:20]).data)[field]
     return value & 0xFF if field == "exponent" else value      # signed: its 8 bits
 
@@ -166,7 +168,7 @@ def test_a_missing_frame_and_a_counter_are_differences():
                     return []
             return super().receive(port, frame, fill, null)
 
-    s = Comparer(Deaf(), GoldenSwitch()).run(stream(8, 600))
+    s = Comparer(Deaf(), GoldenSwitch()).run(stream(11, 600))
     kinds = {d.kind.value for d in s.details}
     assert s.differences > 0 and {"output", "register"} <= kinds
 

@@ -105,7 +105,7 @@ def test_new_registers():
 
 def _stale_frames(sc, batch, rnd, jobs):
     """The frames of a batch that the credit or stale check must drop: good frames of a
-    configured job, rank and slot whose MSN is not their use's."""
+    configured job, rank, key and slot whose MSN is not their use's."""
     n = 0
     for _, frame in batch:
         if G.parse(frame)[0] != Verdict.OK:
@@ -115,7 +115,9 @@ def _stale_frames(sc, batch, rnd, jobs):
         ws = sc.workers.get(req["job"], [])
         if req["job"] >= jobs or req["rank"] >= len(ws) or req["slot"] >= sc.slots:
             continue
-        if ws[req["rank"]].ip == pkt.src.ip and pkt.rkey != rnd * sc.slots + req["slot"]:
+        w = ws[req["rank"]]
+        if w.ip == pkt.src.ip and pkt.rkey == w.key and \
+                W.split_va(pkt.va)[0] != rnd * sc.slots + req["slot"]:
             n += 1
     return n
 
@@ -169,7 +171,7 @@ def test_lost_result_is_sent_again():
     sw, ws = setup(workers=2, slots=4)
     a, b = np.arange(8, dtype=np.int32), np.full(8, -3, np.int32)
     fa, fb = ws[0].contribution(1, 0, 0, a, 0), ws[1].contribution(1, 0, 0, b, 0)
-    assert W.parse_frame(fa).rkey == W.parse_frame(fb).rkey == 1       # use 0 of slot 1
+    assert W.split_va(W.parse_frame(fa).va)[0] == W.split_va(W.parse_frame(fb).va)[0] == 1
     assert sw.receive(0, fa) == []
     assert sw.receive(0, fa) == []                 # duplicate before completion
     done = sw.receive(1, fb)
@@ -182,7 +184,7 @@ def test_lost_result_is_sent_again():
     # a moves on to the slot's next use (version 1, MSN 5); b lost the result again, and
     # still gets it: the copies are independent.
     fa1 = ws[0].contribution(1, 1, 0, b, 1)
-    assert W.parse_frame(fa1).rkey == 5
+    assert W.split_va(W.parse_frame(fa1).va) == (5, 0)
     assert sw.receive(0, fa1) == []
     again = sw.receive(1, fb)
     assert len(again) == 1 and result(again[0][1])[0] == ws[1].ip

@@ -220,7 +220,7 @@ def test_stray_contribution_from_an_earlier_use_is_refused_by_its_msn():
     allreduce_all(ws, b)                       # use 1 (version 1, msn 1)
     ws[0].transport.send = inner_send
     t = ws[0].transport
-    assert [W.parse_transport(d, t.local, t.switch).rkey for d in sent] == [0, 1]
+    assert [W.split_va(W.parse_transport(d, t.local, t.switch).va)[0] for d in sent] == [0, 1]
     inner_send(sent[0])                        # use 0 again, late: its result again
     c = [np.full(N.LANES, 100 * (r + 1), np.int32) for r in range(2)]
     results = allreduce_all(ws, c)             # use 2 (version 0, msn 2)

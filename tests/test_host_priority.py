@@ -53,7 +53,8 @@ def test_credits_bound_the_messages_in_flight_and_nothing_is_dropped(credits):
     else:
         assert max(inflight) == 8                  # the slots are the only window
     for w in ws:
-        msns = [p.rkey for p in switch.contributions if p.src.ip == w.transport.local.ip]
+        msns = [W.split_va(p.va)[0] for p in switch.contributions
+                if p.src.ip == w.transport.local.ip]
         assert sorted(msns) == list(range(messages))
         slots = [W.unpack_imm(W.REQUEST_IMM, p.imm)["slot"] for p in switch.contributions
                  if p.src.ip == w.transport.local.ip]

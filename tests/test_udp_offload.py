@@ -30,7 +30,7 @@ DST = W.Endpoint("10.1.0.1", W.ROCEV2_PORT, 0x020000000001)
 def _contribution(slot: int) -> bytes:
     lanes = np.arange(slot, slot + 64, dtype="<i4").tobytes()
     return W.contribution(job=0, rank=1, slot=slot, version=0, offset=0, lanes=lanes,
-                          psn=slot, src=SRC, dst=DST, msn=slot).datagram()
+                          psn=slot, src=SRC, dst=DST, msn=slot, key=1).datagram()
 
 
 def _scapy_icrc(frame: bytes) -> int:
@@ -137,7 +137,7 @@ def test_a_gro_run_keeps_the_datagrams_whose_icrc_holds_and_counts_the_others():
     receiver = W.IcrcCheck(SRC)
     results = [W.contribution(job=0, rank=1, slot=s, version=0, offset=0,
                               lanes=np.arange(64, dtype="<i4").tobytes(), psn=s,
-                              src=W.Endpoint(*sender), dst=SRC, msn=s).datagram()
+                              src=W.Endpoint(*sender), dst=SRC, msn=s, key=1).datagram()
                for s in range(5)]
     corrupted = bytearray(results[2])
     corrupted[40] ^= 1

@@ -61,7 +61,7 @@ def _icrc_holds(frame: bytes) -> bool:
 
 def _contribution(t: UdpTransport) -> W.Packet:
     return W.contribution(job=0, rank=0, slot=1, version=0, offset=0, lanes=bytes(64), psn=7,
-                          src=t.local, dst=t.switch, msn=1)
+                          src=t.local, dst=t.switch, msn=1, key=1)
 
 
 @needs_root
@@ -88,7 +88,7 @@ def test_kernel_sends_the_ipv4_header_the_icrc_covers():
         connected.connect((dst, 4791))
         src = W.Endpoint(*connected.getsockname())
         pkt = W.contribution(job=0, rank=0, slot=1, version=0, offset=0, lanes=bytes(64),
-                             psn=7, src=src, dst=t.switch, msn=1)
+                             psn=7, src=src, dst=t.switch, msn=1, key=1)
         held = []
         for _ in range(3):
             connected.send(pkt.datagram())

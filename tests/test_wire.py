@@ -20,18 +20,18 @@ def test_contribution_is_scapys(lanes):
     rng = random.Random(lanes)
     payload = bytes(rng.randrange(256) for _ in range(4 * lanes))
     fields = dict(job=3, rank=17, slot=4000, version=1, exponent=-5, droppable=True)
-    msn = rng.randrange(1 << 32)
-    pkt = W.contribution(**fields, offset=0x1234_5678_9ABC, lanes=payload, psn=0xABCDEF,
-                         src=WORKER, dst=SWITCH, dscp=5, dqpn=2, msn=msn)
+    msn, key = rng.randrange(1 << 32), rng.randrange(1 << 32)
+    pkt = W.contribution(**fields, offset=0x9ABC_DEF0, lanes=payload, psn=0xABCDEF,
+                         src=WORKER, dst=SWITCH, dscp=5, dqpn=2, msn=msn, key=key)
     imm = W.pack_imm(W.REQUEST_IMM, **{k: int(v) for k, v in fields.items()})
     expected = scapy_frame(W.OP_CONTRIBUTION, 2, 0xABCDEF, payload, WORKER, SWITCH,
-                           reth=(0x1234_5678_9ABC, msn, len(payload)), imm=imm, dscp=5)
+                           reth=(msn << 32 | 0x9ABC_DEF0, key, len(payload)), imm=imm, dscp=5)
     assert pkt.frame() == expected
     assert pkt.datagram() == expected[W.BTH_OFFSET:]
     back = W.parse_frame(expected)
-    assert (back.opcode, back.psn, back.va, back.rkey, back.dma_length, back.payload,
-            back.dscp) == \
-        (W.OP_CONTRIBUTION, 0xABCDEF, 0x1234_5678_9ABC, msn, len(payload), payload, 5)
+    assert (back.opcode, back.psn, W.split_va(back.va), back.rkey, back.dma_length,
+            back.payload, back.dscp) == \
+        (W.OP_CONTRIBUTION, 0xABCDEF, (msn, 0x9ABC_DEF0), key, len(payload), payload, 5)
     assert W.unpack_imm(W.REQUEST_IMM, back.imm) == {**fields, "droppable": 1, "reserved": 0}
     # a UDP receiver gets the datagram only: it checks the ICRC against the canonical headers
     assert W.parse_transport(expected[W.BTH_OFFSET:], WORKER, SWITCH).payload == payload
@@ -70,11 +70,17 @@ def test_control_request_and_reply_are_scapys():
         W.control_request([(0, 0)] * (W.MAX_CONTROL_RECORDS + 1), 0, WORKER, SWITCH)
 
 
-def test_msn_is_32_bits_of_the_rkey():
-    for msn, rkey in ((0, 0), (0xFFFFFFFF, 0xFFFFFFFF), (1 << 32 | 7, 7), (-1, 0xFFFFFFFF)):
-        pkt = W.contribution(job=0, rank=0, slot=0, version=0, offset=0, lanes=bytes(4),
-                             psn=0, src=WORKER, dst=SWITCH, msn=msn)
-        assert W.parse_frame(pkt.frame()).rkey == rkey
+def test_msn_and_offset_are_the_halves_of_the_va():
+    """RETH.va is the MSN (32 bits, most significant) and the offset (32 bits), each kept
+    modulo 2**32, as `hw.headers.CONTRIBUTION_VA` lays them out; RETH.rkey is the key."""
+    assert [(n, w) for n, _, w in W.CONTRIBUTION_VA] == [("msn", 32), ("offset", 32)]
+    for msn, offset, va in ((0, 0, 0), (0xFFFFFFFF, 0, 0xFFFFFFFF << 32), (1 << 32 | 7, 5,
+                            7 << 32 | 5), (-1, 1 << 32 | 9, 0xFFFFFFFF << 32 | 9)):
+        pkt = W.contribution(job=0, rank=0, slot=0, version=0, offset=offset, lanes=bytes(4),
+                             psn=0, src=WORKER, dst=SWITCH, msn=msn, key=0xC0FFEE)
+        back = W.parse_frame(pkt.frame())
+        assert (back.va, back.rkey) == (va, 0xC0FFEE)
+        assert W.split_va(back.va) == (msn & 0xFFFFFFFF, offset & 0xFFFFFFFF)
 
 
 def test_priority_dscp():
@@ -113,7 +119,8 @@ def test_imm_fields_round_trip_and_range():
 
 def _frame():
     pkt = W.contribution(job=1, rank=2, slot=3, version=0, offset=4096,
-                         lanes=bytes(range(200)) + bytes(56), psn=9, src=WORKER, dst=SWITCH)
+                         lanes=bytes(range(200)) + bytes(56), psn=9, src=WORKER, dst=SWITCH,
+                         key=0x1234)
     return pkt.frame()
 
 
@@ -145,7 +152,7 @@ def test_parse_rejects_every_corrupted_byte():
 
 def test_datagram_checked_against_the_addresses():
     pkt = W.contribution(job=0, rank=0, slot=0, version=0, offset=0, lanes=bytes(8), psn=1,
-                         src=WORKER, dst=SWITCH)
+                         src=WORKER, dst=SWITCH, key=1)
     dgram = pkt.datagram()
     W.parse_transport(dgram, WORKER, SWITCH)
     other = W.Endpoint(WORKER.ip, WORKER.port + 1)
@@ -168,12 +175,13 @@ def test_a_steps_contributions_as_arrays_are_the_packets_one_at_a_time():
                   offset=[0, 1020, 2**40], msn=[0, 2**32 - 1, 99],
                   psn=[1, 2**24 + 5, 0xFFFFFF], exponent=[-128, 127, 0],
                   droppable=[True, False, True])
-    rows = ContributionWriter(5, 17, [WORKER, other], SWITCH).datagrams(lanes, **fields)
+    rows = ContributionWriter(5, 17, [WORKER, other], SWITCH, key=0xFEEDF00D).datagrams(
+        lanes, **fields)
     for i in range(3):
         expected = W.contribution(
             job=5, rank=17, slot=fields["slot"][i], version=fields["version"][i],
             offset=fields["offset"][i], lanes=lanes[i].tobytes(), psn=fields["psn"][i],
             src=[WORKER, other][fields["paths"][i]], dst=SWITCH,
             exponent=fields["exponent"][i], msn=fields["msn"][i],
-            droppable=fields["droppable"][i]).datagram()
+            droppable=fields["droppable"][i], key=0xFEEDF00D).datagram()
         assert bytes(rows[i]) == expected
