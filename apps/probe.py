@@ -3,9 +3,10 @@
 It reads, through the control path, whether the switch answers and how fast, its magic, its
 parameters (ports, jobs, workers per job, slots, largest payload, datapath width), its own
 addresses (the source of results), the switch port this host's requests come in by, each
-job's configuration, and every port and job counter; and prints them as tables (`--json`:
-one object). `sources(url)` finds, among this host's addresses, one per switch port it
-reaches (how `netagg demo` puts nodes on every cabled port).
+job's configuration (its epoch too; its key is never read), and every port and job
+counter; and prints them as tables (`--json`: one object). `sources(url)` finds, among this
+host's addresses, one per switch port it reaches (how `netagg demo` puts nodes on every
+cabled port).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from netagg.sim import wire as W
 
 JOB_FIELDS = (("config", W.JOB_CONFIG), ("slot_base", W.JOB_SLOT_BASE),
               ("slot_count", W.JOB_SLOT_COUNT), ("credits", W.JOB_CREDITS),
-              ("quorum", W.JOB_QUORUM), ("completed", W.JOB_COMPLETED))
+              ("quorum", W.JOB_QUORUM), ("completed", W.JOB_COMPLETED),
+              ("epoch", W.JOB_EPOCH))    # its KEY reads 0: no control read learns it
 
 
 def probe(url: str, timeout: float = 3.0) -> dict:
@@ -88,13 +90,13 @@ def print_probe(report: dict, console) -> None:
         + (" (unset: the first worker sets it)" if p["ip"] == "0.0.0.0" else "")
         + f"\nthis host: {h['ip']} (MAC {h['mac']}) on switch port {h['switch_port']}")
     jobs = Table(title="jobs")
-    for col in ("job", "enabled", "workers", "slot_base", "slot_count", "credits", "quorum",
-                "completed"):
+    columns = ("enabled", "workers", "slot_base", "slot_count", "credits", "quorum",
+               "completed", "epoch")
+    for col in ("job", *columns):
         jobs.add_column(col, justify="right")
     for j, job in report["jobs"].items():
-        jobs.add_row(str(j), *(str(job[c]) for c in ("enabled", "workers", "slot_base",
-                                                     "slot_count", "credits", "quorum",
-                                                     "completed")))
+        jobs.add_row(str(j), *(f"{job[c]:#010x}" if c == "epoch" else str(job[c])
+                               for c in columns))
     console.print(jobs)
     for title, rows, names in (("port counters", report["port_counters"], W.PORT_COUNTERS),
                                ("job counters", report["job_counters"], W.JOB_COUNTERS)):

@@ -7,8 +7,10 @@
 Set-up (`init_process_group`, through torch's plugin interface): the rank and world size are
 torch's (torchrun's RANK and WORLD_SIZE); the switch is `NetaggOptions.switch` when
 `pg_options=NetaggOptions(...)` is given, else `NETAGG_SWITCH`, else rank 0's; the session
-is a new one that rank 0 draws and the others read from torch's store (so every process of
-a run agrees on it and no two runs share one); with LOCAL_WORLD_SIZE > 1 and the ranks of a
+is a new one that rank 0 draws (`secrets.token_hex`: the run's secret, from which the
+job's key comes, `host.session`) and the others read from torch's store (so every process
+of a run agrees on it, no two runs share one, and no process outside the run can guess
+it); with LOCAL_WORLD_SIZE > 1 and the ranks of a
 node consecutive (torchrun's numbering) the worker is hierarchical, `local_size` =
 LOCAL_WORLD_SIZE (the node's processes add their tensors in shared memory first, and each
 carries one share of the node's sum to the switch). `NETAGG_BIND` (or
@@ -40,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-import uuid
+import secrets
 import warnings
 
 import torch
@@ -138,8 +140,8 @@ class NetaggProcessGroup(dist.ProcessGroup):
             else options.timeout
         switch = _agree(store, rank, SWITCH_KEY, options.switch or os.environ.get(
             "NETAGG_SWITCH"), "switch")
-        session = _agree(store, rank, SESSION_KEY, f"torch-{uuid.uuid4().hex}" if rank == 0
-                         else None, "session")
+        session = _agree(store, rank, SESSION_KEY, f"torch-{secrets.token_hex(16)}"
+                         if rank == 0 else None, "session")
         self.placement = placement(rank, world_size, options.hierarchical)
         self.where = f"netagg rank {rank} of {world_size}, job {options.job}, session {session}"
         try:
