@@ -25,7 +25,9 @@ run's epoch, and its contributions are dropped once the job is configured again 
 out). A session string drawn afresh for each run (as `netagg demo` and the torch backend
 draw theirs) leaves no such window. The key guards the job against a process that does not
 know the session only as far as the session cannot be guessed from the epoch and the tag
-it may read: a random string (`secrets.token_hex`) and not a name like "run-42".
+it may read: a random string (`secrets.token_hex`) and not a name like "run-42"; and, as
+an RDMA R_Key, only against a process that cannot read the job's packets (contributions
+carry the key in the clear).
 """
 
 from __future__ import annotations
