@@ -222,7 +222,7 @@ def _runs(rng: random.Random, workers: list, slots: int, credits: int, steps: in
     """Runs of one worker's contributions to some slots, a use at a time, each row perhaps
     replaced or followed by one the run path must not take: a stale or duplicated message
     (a replay), one beyond the credit, a corrupted ICRC or IPv4 header, another rank's, its
-    rank claimed, one of a bad length or slot, a droppable one."""
+    rank claimed, one of a bad length, slot or key, a droppable one."""
     use = {}
     for step in range(steps):
         w = workers[step % len(workers)]
@@ -248,6 +248,8 @@ def _runs(rng: random.Random, workers: list, slots: int, credits: int, steps: in
                 good = frame(msn=msn, droppable=True, dscp=W.priority_dscp(rng.randrange(8)))
             elif kind == 4:                                 # its address not its rank's
                 good = frame(msn=msn, ip="10.99.0.1")
+            elif kind == 10:                                # another key than the job's
+                good = frame(msn=msn, key=rng.choice((w.rkey, w.key ^ 1)))
             frames.append(bytes(good))
             if kind == 5:                                   # after it: a replay
                 frames.append(good)
@@ -261,6 +263,7 @@ def _runs(rng: random.Random, workers: list, slots: int, credits: int, steps: in
                 frames.append(frame(msn=msn, length=4 * lanes + 4))
             elif kind == 9:
                 frames.append(w.contribution(slots + 3, 0, 0, x, step, msn=msn))    # slot
+
         yield frames
 
 
@@ -270,7 +273,7 @@ def test_a_run_is_answered_as_receive_answers_its_frames(seed):
     `send`) give what `receive` gives frame by frame, output frame for output frame, with
     the same counters, COMPLETED and copies: runs as GSO runs arrive and as batches, with
     replays, stale, duplicated and corrupted frames, frames beyond the credit, of another
-    rank, of a bad length or slot, droppable ones nulled (a class's threshold 0, written
+    rank, of a bad length, slot or key, droppable ones nulled (a class's threshold 0, written
     between runs), a run shorter than RUN_MIN, the job reconfigured between runs."""
     rng = random.Random(seed)
     slots, credits = 24, 64
@@ -303,7 +306,7 @@ def test_a_run_is_answered_as_receive_answers_its_frames(seed):
     c = lean.counters()
     assert all(c["jobs"][0][name] for name in (
         "contributions", "replays", "drop_credit", "drop_stale", "drop_bad_worker",
-        "drop_bad_slot"))
+        "drop_bad_slot", "drop_bad_key"))
     assert all(sum(port[name] for port in c["ports"]) for name in (
         "drop_priority", "drop_bad_icrc", "drop_bad_ip_checksum", "drop_bad_payload"))
 

@@ -127,7 +127,7 @@ def _sender(server: SimServer):
     def datagram(slot: int, lanes: int) -> bytes:
         return W.contribution(job=0, rank=1, slot=slot, version=0, offset=0,
                               lanes=np.arange(lanes, dtype="<i4").tobytes(), psn=slot, src=src,
-                              dst=W.Endpoint(*server.address), msn=slot).datagram()
+                              dst=W.Endpoint(*server.address), msn=slot, key=1).datagram()
     return sock, src, datagram
 
 
