@@ -79,8 +79,9 @@ class ControlChannel:
     def busy(self) -> bool:
         return bool(self.pending)
 
-    def request_async(self, records, callback: Callable[[Records], None]):
-        """Send a control request; `callback(records)` gets the switch's answer."""
+    def request_async(self, records, callback: Callable[[Records], None]) -> int:
+        """Send a control request; `callback(records)` gets the switch's answer. Returns the
+        PSN of its (last) request."""
         records = list(records)
         for i in range(0, len(records), W.MAX_CONTROL_RECORDS):
             part = records[i:i + W.MAX_CONTROL_RECORDS]
@@ -91,6 +92,12 @@ class ControlChannel:
             cb = callback if i + W.MAX_CONTROL_RECORDS >= len(records) else (lambda r: None)
             self.pending[psn] = PendingRequest(pkt.datagram(), cb, timer)
             self.transport.send(self.pending[psn].datagram)
+        return psn
+
+    def forget(self, psn: int):
+        """Stop waiting for (and retransmitting) the request of `psn`: a later one stands for
+        it. Its answer, if it comes, is counted as `ignored_control`."""
+        self.pending.pop(psn, None)
 
     def request(self, records, timeout: float | None = None) -> Records:
         """Send control records and wait for the answer: (address, value after) pairs."""

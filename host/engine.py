@@ -40,6 +40,9 @@ round-trip estimate (`host.control`).
   `OverflowError` for int32 (so is an int32 sum filled in over rounds beyond int32).
 - **NaN and infinities.** A chunk of a block agreed non-finite goes in two rounds, its kinds
   then its finite values, never droppable (`host.nonfinite`).
+- **Liveness.** The engine beats its rank's heartbeat in the switch and, while works wait,
+  watches the others' (`host.liveness`): a rank whose process is gone fails the waiting
+  works within 2 s with `NetaggRankGone`, naming it.
 - **Bounded waiting.** When no result and no control answer arrives for `timeout` seconds
   while work is pending, `step` raises `NetaggTimeout`, saying whether the switch still
   answers control requests (then a peer is missing) or not.
@@ -61,7 +64,8 @@ from netagg.host import numerics as N
 from netagg.host import transport as T
 from netagg.host.checklane import MEMBERSHIP_MAX_WORKERS, CheckLane, poke_delay
 from netagg.host.control import ControlChannel, PsnCounter
-from netagg.host.errors import NetaggError, NetaggTimeout
+from netagg.host.errors import NetaggError, NetaggRankGone, NetaggTimeout
+from netagg.host.liveness import STUCK_AFTER, Liveness
 from netagg.host.messages import (
     DEFAULT_PRIORITY,
     Dealer,
@@ -124,6 +128,8 @@ class Engine(Taking):
         self.control = ControlChannel(transport, timeout=timeout, psns=self.psns,
                                       rtt=self.rtt, stats=self.stats, owner=self)
         self.check_lane = CheckLane(session_tag, job, workers)
+        self.liveness = Liveness(self.control, job=job, rank=rank, workers=workers,
+                                 session_tag=session_tag, stats=self.stats)
         self.slots: list[SlotState] = []
         self.nslots = 0
         self.prejoin: list[Work] = []   # works submitted before the slots were known
@@ -448,24 +454,35 @@ class Engine(Taking):
         self.control.request_async(self.join_check.records, answer)
 
     def _check_progress(self):
+        now = time.monotonic()
+        live = self.liveness
+        if now >= live.next_beat or (self.pending_works and now >= live.next_read):
+            live.step(now, self.joined and self.pending_works > 0)
         if self.pending_works == 0:
             return
-        idle = time.monotonic() - self.last_progress
+        idle = now - self.last_progress
+        if live.gone and idle >= STUCK_AFTER:
+            raise NetaggRankGone(f"{live.describe()}; rank {self.rank} of {self.workers} "
+                                 f"waits: {self._stuck()}", self.job,
+                                 tuple(g.rank for g in live.gone))
         if idle < self.timeout:
             return
         if not self.joined:
             raise NetaggTimeout(
                 f"job {self.job} was not configured for this run by its rank 0 within "
                 f"{self.timeout:.1f} s (rank {self.rank} of {self.workers} waits for it)")
+        raise NetaggTimeout(
+            f"no answer for {idle:.1f} s (timeout {self.timeout:.1f} s) in job {self.job} "
+            f"(rank {self.rank} of {self.workers}): {self._stuck()}; "
+            f"{self._diagnose()}")
+
+    def _stuck(self) -> str:
+        """Which slot's use waits, and how often it was sent."""
         if self.window is not None:
             self.window.leave()             # its slots, to name what is stuck
         stuck = [s.inflight for s in self.slots if s.inflight]
-        what = (f"slot {stuck[0].slot} (use {stuck[0].use}) sent {stuck[0].timer.attempts} "
+        return (f"slot {stuck[0].slot} (use {stuck[0].use}) sent {stuck[0].timer.attempts} "
                 f"times" if stuck else "no slot in flight")
-        raise NetaggTimeout(
-            f"no answer for {idle:.1f} s (timeout {self.timeout:.1f} s) in job {self.job} "
-            f"(rank {self.rank} of {self.workers}): {what}; "
-            f"{self._diagnose()}")
 
     def _diagnose(self) -> str:
         """Whether the switch still answers a control read (then a peer is missing)."""

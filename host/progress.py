@@ -7,7 +7,9 @@ at the counters. Waiters sleep on `changed`, which the thread notifies after a s
 finished a work or failed, so a finished allreduce, or the engine's failure
 (`Engine.failed`: a timeout naming what is missing, or any error a step raised), reaches
 them within a step. The thread idles on an event while the engine has nothing to do, and
-stops with `stop()`.
+stops with `stop()`. While the worker is open it also keeps the engine's heartbeat
+(`host.liveness`): a step when a beat is due, even without work, and after a failure the
+beat alone (the process is there: the other ranks must not take it for gone).
 
 Used for workers whose transport has no driver of its own (UDP); in-process workers keep
 being driven cooperatively from `wait`.
@@ -36,8 +38,13 @@ class Progress:
         self._work.set()
 
     def _run(self):
+        live = self.engine.liveness
         while not self._stopped:
-            if not self.engine.busy() or self.engine.failed:
+            if self.engine.failed:
+                with self.lock:
+                    live.keep_beating()
+            if not (self.engine.busy() or live.beat_due(time.monotonic())) \
+                    or self.engine.failed:
                 self._work.wait(0.05)
                 self._work.clear()
                 continue

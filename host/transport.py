@@ -44,6 +44,7 @@ import time
 import urllib.parse
 
 from netagg.host import netif
+from netagg.host.errors import NetaggError
 from netagg.sim import udp_offload
 from netagg.sim import wire as W
 from netagg.sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, request_on, switch_port_for
@@ -169,10 +170,18 @@ class InProcessHub:
                 t.inbox.append(frame)
 
     def drive(self):
-        """One step of every attached worker's engine (cooperative progress)."""
+        """One step of every attached worker's engine (cooperative progress). An engine's
+        failure is its own (`Engine.failed`, which its worker's waits raise); a failed engine
+        only keeps its heartbeat."""
         with self.lock:
             for engine in list(self.engines):
-                engine.step(0.0)
+                if engine.failed:
+                    engine.liveness.keep_beating()
+                    continue
+                try:
+                    engine.step(0.0)
+                except NetaggError:
+                    pass                    # kept in engine.failed
 
 
 _HUBS: dict[int, InProcessHub] = {}

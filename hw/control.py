@@ -14,7 +14,9 @@ credit limit), reset by a write of its CONFIG, which also raises `table.cleared`
 aggregator to clear the job's slots. Its KEY, the R_Key its contributions must carry, is
 written and never read back (a read gives 0); its EPOCH is read and written. The switch's
 own addresses are shown on `addresses`, the priority-drop thresholds (one per priority
-class) on `thresholds` for the ingress ports.
+class) on `thresholds` for the ingress ports. The ranks' heartbeats (BEAT registers, one
+32-bit word per job and rank) are in a small memory (one block RAM at most) that only
+records read and write: no stage of the datapath looks at them.
 
 Counters count pulses from the stages (`port_events`, `job_events`, `results`) and the
 packet queues' drops (`queue_dropped`); all are 32 bits and wrap, and live in a block RAM
@@ -22,6 +24,8 @@ packet queues' drops (`queue_dropped`); all are 32 bits and wrap, and live in a 
 cycle `record.en` is high; `rdata` shows the addressed register combinationally, except that
 a counter's value comes in the cycle after its record is applied, with every event up to
 that cycle: the aggregator holds a record's address for two cycles (apply, then read back).
+A heartbeat's value also comes in the cycle after (the memory's read is synchronous and sees
+the record's write).
 """
 
 from amaranth import Cat, Const, Module, Mux, Signal
@@ -242,20 +246,37 @@ class Control(wiring.Component):
                 R.WORKER_RKEY: w.rkey, R.WORKER_VA_HI: w.va[32:], R.WORKER_VA_LO: w.va[:32],
             }
 
+        # The heartbeats: BEAT_BASE + job * BEAT_STRIDE + rank, a word each, read a cycle after
+        # the record (the read sees the record's write).
+        m.submodules.beats = beats = Memory(shape=32, depth=max(entries, 2), init=[])
+        beat_wr = beats.write_port()
+        beat_rd = beats.read_port(transparent_for=(beat_wr,))
+        assert R.BEAT_BASE % 0x200 == 0 and R.BEAT_STRIDE == 32 and 16 * R.BEAT_STRIDE == 0x200
+        beat_job, beat_rank = addr[5:9], addr[:5]
+        beat_hit = ((addr[9:16] == R.BEAT_BASE >> 9) & (beat_job < self.jobs)
+                    & (beat_rank < MW))
+        m.d.comb += beat_rd.addr.eq(beat_job * MW + beat_rank)
+        with m.If(beat_hit):
+            m.d.comb += self.records.rdata.eq(beat_rd.data)
+
         # Written in the record's first cycle, read back (from the new entry) in its second.
-        # After a reset, every entry is first written 0, one a cycle; records wait (`ready`).
+        # After a reset, every entry and heartbeat is first written 0, one a cycle; records
+        # wait (`ready`).
         old, new = table_rd.data, Signal(WORKER)
         wiping = Signal(init=1)
         wiped = Signal(range(max(entries, 2)))
         m.d.comb += [new.eq(old), self.records.ready.eq(~wiping)]
         with m.If(wiping):
-            m.d.comb += [table_wr.addr.eq(wiped), table_wr.data.eq(0), table_wr.en.eq(1)]
+            m.d.comb += [table_wr.addr.eq(wiped), table_wr.data.eq(0), table_wr.en.eq(1),
+                         beat_wr.addr.eq(wiped), beat_wr.data.eq(0), beat_wr.en.eq(1)]
             m.d.sync += wiped.eq(wiped + 1)
             with m.If(wiped == max(entries, 2) - 1):
                 m.d.sync += wiping.eq(0)
         with m.Else():
             m.d.comb += [table_wr.addr.eq(index), table_wr.data.eq(new),
-                         table_wr.en.eq(write & hit)]
+                         table_wr.en.eq(write & hit),
+                         beat_wr.addr.eq(beat_rd.addr), beat_wr.data.eq(wdata),
+                         beat_wr.en.eq(write & beat_hit)]
         with m.If(hit):
             with m.Switch(offset):
                 for number, field in fields(old).items():

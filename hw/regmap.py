@@ -82,6 +82,11 @@ WORKER_RKEY = 5
 WORKER_VA_HI = 6
 WORKER_VA_LO = 7
 
+# Heartbeats: one register per (job, rank), rw, 32 bits, reset 0, which a rank's worker
+# writes with a running count while it is open; every rank of the job reads them all to tell
+# a rank whose process is gone (its count stops) from one that is only slow.
+BEAT_BASE, BEAT_STRIDE = 0x3000, 0x20      # BEAT_BASE + job * BEAT_STRIDE + rank
+
 PORT_COUNTERS_BASE, PORT_COUNTERS_STRIDE = 0x4000, 0x20
 JOB_COUNTERS_BASE, JOB_COUNTERS_STRIDE = 0x6000, 0x20
 # Counters are read-only, 32 bits, wrapping. Per port: good frames the aggregator took, frames
@@ -124,6 +129,10 @@ def worker_reg(job: int, rank: int, offset: int) -> int:
     return job_reg(job, WORKER_BASE + rank * WORKER_STRIDE + offset)
 
 
+def beat_reg(job: int, rank: int) -> int:
+    return BEAT_BASE + job * BEAT_STRIDE + rank
+
+
 def drop_threshold(priority_class: int) -> int:
     return REG_DROP_THRESHOLD + priority_class
 
@@ -134,8 +143,6 @@ def port_counter(port: int, name: str) -> int:
 
 def job_counter(job: int, name: str) -> int:
     return JOB_COUNTERS_BASE + job * JOB_COUNTERS_STRIDE + JOB_COUNTERS.index(name)
-
-
 
 
 def rows() -> list[tuple[str, str]]:
@@ -169,6 +176,8 @@ def rows() -> list[tuple[str, str]]:
         (f"{JOB_BASE + WORKER_BASE:#06x} + {worker} + 0..{WORKER_STRIDE - 1}",
          f"worker r of job j: {WORKER_ENDPOINT.text()}; MAC 47-32; MAC 31-0; IPv4 address; "
          f"QPN; R_Key; base address 63-32; 31-0"),
+        (f"{BEAT_BASE:#06x} + {BEAT_STRIDE:#x} j + r",
+         "heartbeat of rank r of job j: a running count its worker writes (reset 0)"),
         (f"{PORT_COUNTERS_BASE:#06x} + {PORT_COUNTERS_STRIDE:#x} p + i",
          "counter i of port p: " + ", ".join(PORT_COUNTERS)),
         (f"{JOB_COUNTERS_BASE:#06x} + {JOB_COUNTERS_STRIDE:#x} j + i",

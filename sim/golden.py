@@ -122,6 +122,7 @@ class Job:
     epoch: int = 0                    # the EPOCH register
     key: int = 0                      # the KEY register: every contribution's RETH.rkey
     table: list = dataclasses.field(default_factory=list)
+    beats: list = dataclasses.field(default_factory=list)     # by rank: BEAT registers
 
     @property
     def config(self) -> int:
@@ -206,7 +207,8 @@ class GoldenSwitch(Registers):
         self.width, self.max_payload, self.queue_capacity = width, max_payload, queue_capacity
         self.mac, self.ip, self.udp_sport = mac, ip, 0xC000
         self.drop_thresholds = [W.NEVER_DROP] * W.PRIORITY_CLASSES
-        self.job = [Job(table=[Worker() for _ in range(max_workers)]) for _ in range(jobs)]
+        self.job = [Job(table=[Worker() for _ in range(max_workers)], beats=[0] * max_workers)
+                    for _ in range(jobs)]
         self.state = [[SlotCopy(), SlotCopy()] for _ in range(slots)]
         self.port_counters = [dict.fromkeys(W.PORT_COUNTERS, 0) for _ in range(ports)]
         self.job_counters = [dict.fromkeys(W.JOB_COUNTERS, 0) for _ in range(jobs)]

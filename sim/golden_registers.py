@@ -1,8 +1,8 @@
 """The golden switch's registers (`hw.regmap`), as the gateware's control path decodes them:
-an address is a global register, one of a job's, a field of a worker's job-table entry, or a
-port's or a job's counter (`Space`); `read` gives a register's value, `write` applies a
-record's. Unknown addresses read 0 and ignore writes; read-only registers ignore writes.
-`sim.golden.GoldenSwitch` is a `Registers`: these read and write its state."""
+an address is a global register, one of a job's, a field of a worker's job-table entry, a
+rank's heartbeat, or a port's or a job's counter (`Space`); `read` gives a register's value,
+`write` applies a record's. Unknown addresses read 0 and ignore writes; read-only registers
+ignore writes. `sim.golden.GoldenSwitch` is a `Registers`: these read and write its state."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ class Space(enum.Enum):
     GLOBAL = "global"
     JOB = "job"
     WORKER = "worker"
+    BEAT = "beat"
     PORT_COUNTER = "port counter"
     JOB_COUNTER = "job counter"
     NONE = "none"               # outside every part: reads 0, writes nothing
@@ -29,6 +30,10 @@ class Registers:
         """(kind, index, offset) of a register address."""
         if addr < W.JOB_BASE:
             return Space.GLOBAL, 0, addr
+        if W.BEAT_BASE <= addr < W.BEAT_BASE + W.MAX_JOBS * W.BEAT_STRIDE:
+            j, rank = divmod(addr - W.BEAT_BASE, W.BEAT_STRIDE)
+            ok = j < self.jobs and rank < self.max_workers
+            return (Space.BEAT, (j, rank), 0) if ok else (Space.NONE, 0, 0)
         if addr < W.PORT_COUNTERS_BASE:
             j, off = divmod(addr - W.JOB_BASE, W.JOB_STRIDE)
             if j >= self.jobs:
@@ -74,6 +79,9 @@ class Registers:
                 W.WORKER_ENDPOINT.pack(switch_port=w.port, udp_port=w.udp_port), w.mac >> 32,
                 w.mac & 0xFFFFFFFF, w.ip, w.qpn, w.rkey, w.va >> 32, w.va & 0xFFFFFFFF,
             )[off]
+        if kind is Space.BEAT:
+            j, rank = index
+            return self.job[j].beats[rank]
         if kind is Space.PORT_COUNTER:
             return self.port_counters[index][W.PORT_COUNTERS[off]] & 0xFFFFFFFF
         if kind is Space.JOB_COUNTER:
@@ -128,6 +136,9 @@ class Registers:
                 w.va = (value << 32) | (w.va & 0xFFFFFFFF)
             elif off == W.WORKER_VA_LO:
                 w.va = (w.va & ~0xFFFFFFFF) | value
+        elif kind is Space.BEAT:
+            j, rank = index
+            self.job[j].beats[rank] = value & 0xFFFFFFFF
 
 
 def _mac_half(mac: int, value: int, high: bool) -> int:

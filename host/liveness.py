@@ -1,0 +1,161 @@
+"""Liveness: which ranks of a job are gone, told from their heartbeats in the switch (the BEAT
+registers, `hw.regmap`), so that the ranks waiting on them learn it within 2 s, by rank.
+
+- **Beating.** Every worker's engine writes its rank's heartbeat every `BEAT_PERIOD` seconds
+  while the worker is open, whether it has work or not (its background progress does, or,
+  in process, whoever drives the engines): the session's mark (24 bits of its R_Key) and a
+  running count (8 bits, 1..255 again and again), in one control request of one record,
+  through the engine's control channel (its PSNs, its retransmission). A beat still
+  unanswered when the next is due is forgotten: the next one stands for it.
+- **Watching.** A worker with works pending reads the beats of every rank of its job (one
+  request) every `READ_PERIOD` seconds, one read at a time. For each rank it keeps the value
+  and since when it has read it (`Seen`, on its own clock: when the answer came).
+- **Judging.** A rank whose beat has not moved for `DEAD_AFTER` seconds while another rank's
+  (this worker's own included) moved meanwhile is gone (`Gone`): its process stopped, not
+  merely its contributions. A rank that is only slow (a long backward pass, rank 0 writing a
+  checkpoint while the others wait for minutes) keeps beating and is never gone. A beat
+  without this session's mark (0 after a reset, or left by an earlier run) is a rank that
+  has not beaten in this run: it is still starting, and the bounded wait (`timeout`) covers
+  it. A read more than `READ_GAP` seconds after the one before (this worker did not watch
+  meanwhile) starts the watch again, so that only time this worker watched counts.
+
+The engine fails its waiting works with `NetaggRankGone` once a rank is gone and its own
+works have made no progress for `STUCK_AFTER` seconds (with a quorum, works that complete
+without the rank go on). The first read shows a rank's beat as new, so the verdict comes
+between `DEAD_AFTER` and `DEAD_AFTER + 2 READ_PERIOD` seconds after the rank's last beat.
+
+Cost: per worker, one control request of one record every `BEAT_PERIOD`, and while works
+are pending one of `workers` records every `READ_PERIOD`; nothing per packet or per step
+beyond a comparison of two times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+from netagg.sim import wire as W
+
+BEAT_PERIOD = 0.25      # seconds between a worker's heartbeats
+READ_PERIOD = 0.25      # seconds between reads of the job's heartbeats while works wait
+DEAD_AFTER = 1.5        # seconds a beat stands still, while others move, for its rank to be gone
+READ_GAP = 1.0          # a read this long after the previous one starts the watch again
+COUNT_BITS = 8          # a beat: the session's mark above, the running count in these bits
+STUCK_AFTER = 0.5       # seconds without progress before a gone rank fails the works
+
+
+@dataclasses.dataclass
+class Seen:
+    """A rank's heartbeat as this worker last read it, and since when (its clock) it reads so."""
+
+    value: int
+    since: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Gone:
+    """A rank whose heartbeat stood still for `silent` seconds while others' moved."""
+
+    rank: int
+    silent: float
+
+
+class Liveness:
+    """One worker's heartbeat and its watch over the other ranks of its switch job."""
+
+    def __init__(self, control, *, job: int, rank: int, workers: int, session_tag: int,
+                 stats):
+        self.control, self.stats = control, stats
+        self.job, self.rank, self.workers = job, rank, workers
+        self.mark = session_tag & ((1 << (32 - COUNT_BITS)) - 1)    # on this run's beats
+        self.count = 0                  # the last beat's running count
+        self.next_beat = 0.0            # the first beat is due at once
+        self.beat_psn: int | None = None    # the beat awaiting its answer
+        self.next_read = 0.0
+        self.reading = False            # a read awaits its answer
+        self.last_read = -math.inf      # when the last answered read was sent
+        self.seen: dict[int, Seen] = {}
+        self.gone: list[Gone] = []
+
+    @property
+    def next_due(self) -> float:
+        """When `step` next has something to do (a beat; a read, while watching)."""
+        return min(self.next_beat, self.next_read)
+
+    def beat_due(self, now: float) -> bool:
+        return now >= self.next_beat
+
+    def step(self, now: float, watching: bool):
+        """Beat if it is time; with `watching` (works wait), read the job's beats if it is
+        time and no read is awaiting its answer."""
+        if now >= self.next_beat:
+            self._beat(now)
+        if watching and not self.reading and now >= self.next_read:
+            self._read(now)
+
+    def keep_beating(self):
+        """The heartbeat of a worker whose engine failed (the worker is open, its process
+        there): beat when it is time, and take the control answers that arrived (anything
+        else is dropped)."""
+        now = time.monotonic()
+        if now >= self.next_beat:
+            self._beat(now)
+        for datagram in self.control.transport.recv(0.0):
+            self.control.take_answer(datagram)
+        self.control.retransmit(now)
+
+    def _beat(self, now: float):
+        if self.beat_psn is not None:
+            self.control.forget(self.beat_psn)
+        self.count = self.count % ((1 << COUNT_BITS) - 1) + 1
+        self.beat_psn = self.control.request_async(
+            [(W.WRITE | W.beat_reg(self.job, self.rank), self.mark << COUNT_BITS | self.count)],
+            self._beaten)
+        self.next_beat = now + BEAT_PERIOD
+        self.stats["beats"] += 1
+
+    def _beaten(self, records):
+        self.beat_psn = None
+
+    def _read(self, now: float):
+        self.reading = True
+        self.next_read = now + READ_PERIOD
+        self.stats["beat_reads"] += 1
+
+        def answer(records):
+            self.reading = False
+            self.judge(now, time.monotonic(), [v for _, v in records])
+        self.control.request_async(
+            [(W.beat_reg(self.job, r), 0) for r in range(self.workers)], answer)
+
+    def judge(self, sent: float, answered: float, beats: list[int]):
+        """Take the job's `beats` (by rank) from a read sent at `sent` and answered at
+        `answered` (this worker's clock), and name the ranks gone (`gone`)."""
+        if len(beats) != self.workers:
+            return                      # not an answer to the read (counted as ignored)
+        if sent - self.last_read > READ_GAP:
+            self.seen.clear()
+        self.last_read = sent
+        for rank, value in enumerate(beats):
+            seen = self.seen.get(rank)
+            if seen is None or seen.value != value:
+                self.seen[rank] = Seen(value, answered)
+        newest = max(s.since for s in self.seen.values())
+        self.gone = [
+            Gone(rank, sent - s.since) for rank, s in self.seen.items()
+            if rank != self.rank and s.value >> COUNT_BITS == self.mark
+            and sent - s.since >= DEAD_AFTER
+            and newest > s.since]       # another rank's beat moved since
+        if self.gone:
+            self.stats["ranks_gone"] = len(self.gone)
+
+    def describe(self) -> str:
+        """The gone ranks, for an error: which, and how long their beats stood still."""
+        ranks = ", ".join(str(g.rank) for g in self.gone)
+        silent = ", ".join(f"{g.silent:.1f} s" for g in self.gone)
+        if len(self.gone) == 1:
+            return (f"rank {ranks} of job {self.job} is gone: its heartbeat in the switch has "
+                    f"not moved for {silent} while the other ranks' did")
+        return (f"ranks {ranks} of job {self.job} are gone: their heartbeats in the switch "
+                f"have not moved for {silent} while the other ranks' did")

@@ -1,0 +1,263 @@
+"""A rank whose process is gone is named by the survivors within 2 s, from the heartbeats the
+switch keeps (`host.liveness`); a rank that is only slow is not: the BEAT registers on the
+golden model and the RTL, and workers in process and in their own processes over UDP through
+`netagg sim serve` (golden and RTL), one of them killed or late."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+from netagg.host import SwitchControl, Worker, liveness
+from netagg.host import numerics as N
+from netagg.host.errors import NetaggRankGone
+from netagg.sim import wire as W
+from netagg.sim.golden import GoldenSwitch
+
+from tests.host_workers import in_threads, workers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NAMED_WITHIN = 2.5      # seconds from the kill to every survivor's error (the aim is 2 s)
+
+
+# --- the registers ---------------------------------------------------------------------------
+
+def _beats_read_back(switch, jobs: int, max_workers: int):
+    """Every (job, rank)'s BEAT register reads 0 after reset and then what was written; beyond
+    the switch's jobs and ranks it reads 0 and keeps nothing."""
+    ctl = SwitchControl(switch)
+    try:
+        every = [W.beat_reg(j, r) for j in range(jobs) for r in range(max_workers)]
+        assert ctl.read(*every) == [0] * len(every)
+        values = [(0x9E3779B9 * (i + 1)) & 0xFFFFFFFF for i in range(len(every))]
+        assert ctl.write(list(zip(every, values))) == values
+        assert ctl.read(*every) == values
+        outside = [W.beat_reg(jobs, 0), W.beat_reg(0, max_workers), W.beat_reg(jobs - 1, 31),
+                   W.BEAT_BASE + W.MAX_JOBS * W.BEAT_STRIDE]
+        outside = [a for a in outside if a not in every]
+        assert ctl.write([(a, 0x1234) for a in outside]) == [0] * len(outside)
+        # a write and a read of one register in one request: the read sees the write
+        a = every[-1]
+        assert [v for _, v in ctl.control.request([(W.WRITE | a, 77), (a, 0), (every[0], 0)])] \
+            == [77, 77, values[0]]
+    finally:
+        ctl.close()
+
+
+def test_beat_registers_read_back_golden():
+    _beats_read_back(GoldenSwitch(jobs=3, max_workers=5), 3, 5)
+
+
+def test_beat_registers_read_back_rtl():
+    from netagg.sim.model import make_switch
+
+    with make_switch() as rtl:
+        _beats_read_back(rtl, 4, 8)
+
+
+# --- in process --------------------------------------------------------------------------------
+
+def test_gone_rank_is_named_in_process():
+    """4 in-process workers; rank 3 stops (its engine is no longer driven: no contribution, no
+    heartbeat) after it began: the three others fail, each within 2 s, naming rank 3 of
+    job 0, how long its beat stood still and which slot waits."""
+    ws = workers(4, timeout=20)
+    hub = ws[0].transport.driver
+    try:
+        handles = [w.allreduce_async(np.full(200 * N.LANES, r + 1, np.int32))
+                   for r, w in enumerate(ws)]
+        while ws[3].engine.stats["packets_sent"] == 0:
+            hub.drive()
+        hub.engines.remove(ws[3].engine)            # rank 3 is gone
+        killed = time.monotonic()
+        for h in handles[:3]:
+            with pytest.raises(NetaggRankGone, match=r"rank 3 of job 0 is gone: its heartbeat"
+                               r" .* not moved for 1\.[5-9] s .*waits: slot \d+ \(use"):
+                h.wait()
+            assert time.monotonic() - killed < NAMED_WITHIN
+        assert [w.engine.failed.ranks for w in ws[:3]] == [(3,)] * 3
+        assert all(w.engine.failed.job == 0 for w in ws[:3])
+    finally:
+        for w in ws:
+            w.close()
+
+
+def test_slow_rank_is_not_gone_in_process():
+    """Rank 3 begins its allreduce 4 s after the others (alive, its engine driven by their
+    waits, so it beats): no error, the exact sum."""
+    ws = workers(4, timeout=20)
+
+    def run(r):
+        if r == 3:
+            time.sleep(4.0)
+        return ws[r].allreduce(np.full(3 * N.LANES, r + 1, np.int32))
+    try:
+        results = in_threads(run, 4)
+    finally:
+        for w in ws:
+            w.close()
+    assert all(np.array_equal(x, np.full(3 * N.LANES, 10)) for x in results)
+    assert ws[0].counters()["beat_reads"] >= 10
+
+
+def test_a_rank_that_never_beat_is_left_to_the_timeout():
+    """A beat without this session's mark (left by an earlier run, or 0) is a rank that has
+    not started: it is not named gone, and the bounded wait says a peer is missing."""
+    switch = GoldenSwitch()
+    ctl = SwitchControl(switch)
+    ctl.write([(W.beat_reg(0, 2), 0x12345601)])          # left by an earlier run
+    session = uuid.uuid4().hex
+    ws = [Worker(r, 3, switch, session=session, timeout=3.0) for r in range(2)]  # 2 never
+    try:
+        handles = [w.allreduce_async(np.ones(10, np.int32)) for w in ws]
+        with pytest.raises(Exception, match="a peer of this job stopped contributing") as e:
+            handles[0].wait()
+        assert not isinstance(e.value, NetaggRankGone)
+        assert ws[0].counters()["beat_reads"] >= 8
+        mark = ws[0].engine.liveness.mark
+        beats = ctl.read(*(W.beat_reg(0, r) for r in range(3)))
+        assert [b >> liveness.COUNT_BITS for b in beats] == [mark, mark, 0x123456]
+    finally:
+        for w in ws:
+            w.close()
+
+
+def test_judging_needs_another_rank_to_move():
+    """Reads every READ_PERIOD: a beat that stands still while every other also does (the
+    switch or the whole machine stalled) names nobody; one that stands still for DEAD_AFTER
+    while another moves is gone; a beat without the session's mark (a rank not started in
+    this run) never is; a read after a gap in the watch starts it again."""
+    period, tag = liveness.READ_PERIOD, 0x80ABCDEF
+
+    def beat(count, mark=tag & 0xFFFFFF):
+        return mark << liveness.COUNT_BITS | count
+
+    def watch(live, start, reads, beats):
+        for i in range(reads):
+            t = start + i * period
+            live.judge(t, t, beats(i))
+        return t
+
+    still = liveness.Liveness(None, job=1, rank=0, workers=3, session_tag=tag, stats={})
+    watch(still, 10.0, 20, lambda i: [beat(5), beat(7), beat(9)])
+    assert still.gone == []
+    live = liveness.Liveness(None, job=1, rank=0, workers=4, session_tag=tag, stats={})
+    needed = round(liveness.DEAD_AFTER / period)
+    others = [beat(7), 0, beat(7, mark=0x5A5A5A)]       # rank 1 stops; 2, 3 not started
+    t = watch(live, 10.0, needed, lambda i: [beat(i + 1), *others])
+    assert live.gone == []                          # still for DEAD_AFTER - period
+    live.judge(t + period, t + period, [beat(needed + 1), *others])
+    assert [g.rank for g in live.gone] == [1]
+    assert live.gone[0].silent == pytest.approx(liveness.DEAD_AFTER)
+    assert "rank 1 of job 1 is gone" in live.describe()
+    later = t + period + liveness.READ_GAP + 0.1
+    live.judge(later, later, [beat(needed + 5), *others])    # after a gap: a new watch
+    assert live.gone == []
+
+
+# --- worker processes over UDP ----------------------------------------------------------------
+
+@pytest.fixture
+def serve(request):
+    """`netagg sim serve` in its own process (golden, or the RTL when the test asks)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "netagg.apps.cli", "sim", "serve", "--backend", request.param],
+        cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": ROOT})
+    url = proc.stdout.readline().strip()    # the RTL may be built first
+    assert url.startswith("udp://127."), f"netagg sim serve said {url!r}"
+    yield url
+    proc.terminate()
+    proc.wait(10)
+
+
+class WorkerProcess:
+    """tests/liveness_job.py in its own process; its events, as they come."""
+
+    def __init__(self, url: str, rank: int, session: str, values: int, *options: str):
+        self.rank = rank
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.liveness_job", url, str(rank), str(WORLD), session,
+             str(values), *options],
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONPATH": ROOT})
+        self.events: queue.Queue[dict] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.events.put(json.loads(line))
+        self.events.put({"event": "exit", "time": time.monotonic()})
+
+    def expect(self, event: str, within: float) -> dict:
+        got = self.events.get(timeout=within)
+        assert got["event"] == event, f"rank {self.rank}: {got} (expected {event})"
+        return got
+
+    def go(self):
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+WORLD = 4
+
+
+@pytest.mark.parametrize("serve", ["golden", "rtl"], indirect=True)
+def test_killed_rank_is_named_over_udp(serve):
+    """4 worker processes; rank 3 is SIGKILLed once it has sent part of its allreduce (the
+    others are in theirs, waiting on it): each of the three names rank 3 of job 0 within
+    2 s of the kill."""
+    session = uuid.uuid4().hex
+    procs = [WorkerProcess(serve, r, session, 2000 * N.LANES, *(["--gate"] if r == 3 else []))
+             for r in range(WORLD)]
+    try:
+        for p in procs:
+            p.expect("ready", 120)
+        for p in procs[:3]:
+            p.expect("submitted", 60)
+        procs[3].go()
+        procs[3].expect("submitted", 60)
+        os.kill(procs[3].proc.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        for p in procs[:3]:
+            e = p.expect("error", 10 + NAMED_WITHIN)
+            assert e["type"] == "NetaggRankGone" and e["job"] == 0 and e["ranks"] == [3], e
+            assert re.match(r"rank 3 of job 0 is gone: its heartbeat .* for \d\.\d s", e["message"])
+            assert e["time"] - killed < NAMED_WITHIN, e
+    finally:
+        for p in procs:
+            p.stop()
+
+
+@pytest.mark.parametrize("serve", ["golden", "rtl"], indirect=True)
+def test_slow_rank_is_not_named_over_udp(serve):
+    """Rank 3 joins its allreduce 4 s after the others began theirs (alive, beating): no
+    error, the exact sum on every rank."""
+    session = uuid.uuid4().hex
+    procs = [WorkerProcess(serve, r, session, 3 * N.LANES, *(["--late", "4"] if r == 3 else []))
+             for r in range(WORLD)]
+    try:
+        for p in procs:
+            p.expect("ready", 120)
+        begun = [p.expect("submitted", 60)["time"] for p in procs]
+        assert begun[3] - max(begun[:3]) > 3.0
+        for p in procs:
+            assert p.expect("done", 30)["exact"]
+    finally:
+        for p in procs:
+            p.stop()
