@@ -2,10 +2,14 @@
 
 Two segments per node and session (names `netagg_<session hash>_<node>_c` and `..._d<gen>`):
 
-- control: one int64 epoch per local worker, the barrier. A worker arrives by writing its own
-  epoch (one writer per word, so no atomic operation is needed), and waits until every epoch
-  has reached its own. Waiting polls, and gives up with `NetaggTimeout` after `timeout`
-  seconds naming the local workers that did not arrive.
+- control: per local worker an int64 epoch (the barrier), the epoch of a step it failed in,
+  and its process id. A worker arrives by writing its own epoch (one writer per word, so no
+  atomic operation is needed), and waits until every epoch has reached its own. A worker
+  whose step failed (its allreduce raised) says so as it arrives, and the others then raise
+  `NetaggError` naming it instead of taking a result it did not complete. Waiting polls; it
+  raises at once for a local worker whose process is gone (no longer there, or a zombie),
+  and gives up with `NetaggTimeout` after `timeout` seconds naming the local workers that
+  did not arrive.
 - data: the local workers' inputs (one region each) and the result, for one step. It grows
   (a new generation, the same decision on every local worker since all see the same tensor
   sizes) when a step needs more.
@@ -15,13 +19,14 @@ Local worker 0 creates and finally unlinks both; the others attach, waiting for 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import zlib
 from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
-from netagg.host.errors import NetaggTimeout
+from netagg.host.errors import NetaggError, NetaggTimeout
 
 # The creator owns a segment: an attaching worker must not register it with the resource
 # tracker (which would unlink it at exit, or complain when the creator unlinks it). Attaching
@@ -59,6 +64,23 @@ def _create(name: str, size: int) -> shared_memory.SharedMemory:
         return shared_memory.SharedMemory(name=name, create=True, size=size)
 
 
+def _alive(pid: int) -> bool:
+    """Whether process `pid` (0: not known yet) is there and not a zombie."""
+    if pid <= 0 or pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
 class Region:
     def __init__(self, buf, local_size: int, capacity: int):
         self.buf, self.local_size, self.capacity = buf, local_size, capacity
@@ -79,10 +101,13 @@ class NodeShm:
                  timeout: float = 20.0):
         self.prefix = f"netagg_{zlib.crc32(str(session).encode()):08x}_{node}"
         self.local_rank, self.local_size, self.timeout = local_rank, local_size, timeout
-        size = 8 * local_size
+        self.node = node
+        size = 3 * 8 * local_size
         name = self.prefix + "_c"
         self.ctl = _create(name, size) if local_rank == 0 else _attach(name, timeout)
-        self.epochs = np.ndarray(local_size, np.int64, buffer=self.ctl.buf)
+        words = np.ndarray(3 * local_size, np.int64, buffer=self.ctl.buf)
+        self.epochs, self.failed, self.pids = words.reshape(3, local_size)
+        self.pids[local_rank] = os.getpid()
         self.epoch = 0
         self.data = None
         self.gen = 0
@@ -112,17 +137,34 @@ class NodeShm:
         except BufferError:     # numpy views still alive: the mapping goes with them
             pass
 
-    def arrive(self):
+    def arrive(self, failed: bool = False):
+        """This worker is at the next step (`failed`: its allreduce raised)."""
         self.epoch += 1
+        if failed:
+            self.failed[self.local_rank] = self.epoch
         self.epochs[self.local_rank] = self.epoch
 
     def wait_all(self):
         deadline = time.monotonic() + self.timeout
-        spins = 0
+        spins, look = 0, time.monotonic()
         while True:
             behind = np.flatnonzero(self.epochs < self.epoch)
             if behind.size == 0:
+                failed = np.flatnonzero(self.failed == self.epoch).tolist()
+                if failed:
+                    raise NetaggError(
+                        f"local workers {failed} of node {self.node} failed in step "
+                        f"{self.epoch} (their own errors say why): the node's result is "
+                        f"incomplete")
                 return
+            if time.monotonic() > look:
+                look = time.monotonic() + 0.05
+                gone = [int(i) for i in behind if not _alive(int(self.pids[i]))]
+                if gone:
+                    raise NetaggError(
+                        f"local workers {gone} of node {self.node} (world ranks "
+                        f"{[self.node * self.local_size + i for i in gone]}) are gone: their "
+                        f"processes ended before step {self.epoch}")
             if time.monotonic() > deadline:
                 raise NetaggTimeout(
                     f"local workers {behind.tolist()} of this node did not reach step "

@@ -432,12 +432,13 @@ class Worker:
             handle.works = works
             try:
                 self._wait_works(works, None)
-            finally:
-                self.shm.arrive()
-                self.shm.wait_all()
-            for w in works:
-                if w.error is not None:
-                    raise w.error
+                error = next((w.error for w in works if w.error is not None), None)
+            except BaseException as e:
+                error = e
+            self.shm.arrive(failed=error is not None)   # the others must not take the result
+            if error is not None:
+                raise error
+            self.shm.wait_all()     # raises for a local worker that failed or is gone
             for a, o, off in zip(arrays, outs, offsets):
                 o.reshape(-1)[...] = region.result(off, a)
             self.shm.arrive()       # everyone has copied out: the region may be reused

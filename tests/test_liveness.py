@@ -170,8 +170,12 @@ def test_judging_needs_another_rank_to_move():
 @pytest.fixture
 def serve(request):
     """`netagg sim serve` in its own process (golden, or the RTL when the test asks)."""
+    yield from _serve(request.param)
+
+
+def _serve(backend: str):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "netagg.apps.cli", "sim", "serve", "--backend", request.param],
+        [sys.executable, "-m", "netagg.apps.cli", "sim", "serve", "--backend", backend],
         cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": ROOT})
     url = proc.stdout.readline().strip()    # the RTL may be built first
@@ -179,6 +183,12 @@ def serve(request):
     yield url
     proc.terminate()
     proc.wait(10)
+
+
+@pytest.fixture
+def serve_golden():
+    """`netagg sim serve` with the golden model, in its own process."""
+    yield from _serve("golden")
 
 
 class WorkerProcess:
@@ -202,6 +212,12 @@ class WorkerProcess:
     def expect(self, event: str, within: float) -> dict:
         got = self.events.get(timeout=within)
         assert got["event"] == event, f"rank {self.rank}: {got} (expected {event})"
+        return got
+
+    def outcome(self, within: float) -> dict:
+        """The allreduce's end ("done", "error", or the process's "exit"), past "submitted"."""
+        while (got := self.events.get(timeout=within))["event"] == "submitted":
+            pass
         return got
 
     def go(self):
@@ -235,7 +251,7 @@ def test_killed_rank_is_named_over_udp(serve):
         os.kill(procs[3].proc.pid, signal.SIGKILL)
         killed = time.monotonic()
         for p in procs[:3]:
-            e = p.expect("error", 10 + NAMED_WITHIN)
+            e = p.outcome(10 + NAMED_WITHIN)
             assert e["type"] == "NetaggRankGone" and e["job"] == 0 and e["ranks"] == [3], e
             assert re.match(r"rank 3 of job 0 is gone: its heartbeat .* for \d\.\d s", e["message"])
             assert e["time"] - killed < NAMED_WITHIN, e
@@ -258,6 +274,35 @@ def test_slow_rank_is_not_named_over_udp(serve):
         assert begun[3] - max(begun[:3]) > 3.0
         for p in procs:
             assert p.expect("done", 30)["exact"]
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def test_killed_rank_is_named_in_a_hierarchical_run(serve_golden):
+    """2 nodes of 2 local workers (switch jobs 0 and 1, the node as the switch rank); world
+    rank 3 (node 1's local worker 1: job 1, rank 1) is SIGKILLed in its allreduce. Within
+    2 s: rank 1 names rank 1 of job 1 gone (its heartbeat); rank 2, its node peer, names
+    world rank 3's process gone; rank 0 says its local worker 1 failed (no incomplete
+    result is returned)."""
+    session = uuid.uuid4().hex
+    procs = [WorkerProcess(serve_golden, r, session, 2000 * N.LANES, "--local-size", "2",
+                           *(["--gate"] if r == 3 else [])) for r in range(WORLD)]
+    try:
+        for p in procs:
+            p.expect("ready", 120)
+        for p in procs[:2]:
+            p.expect("submitted", 60)
+        procs[3].go()
+        procs[3].expect("submitted", 60)
+        os.kill(procs[3].proc.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        ends = [p.outcome(10 + NAMED_WITHIN) for p in procs[:3]]
+        assert ends[1]["type"] == "NetaggRankGone" and ends[1]["ranks"] == [1], ends[1]
+        assert ends[1]["message"].startswith("rank 1 of job 1 is gone"), ends[1]
+        assert "local workers [1] of node 1 (world ranks [3]) are gone" in ends[2]["message"]
+        assert "local workers [1] of node 0 failed" in ends[0]["message"], ends[0]
+        assert all(e["event"] == "error" and e["time"] - killed < NAMED_WITHIN for e in ends)
     finally:
         for p in procs:
             p.stop()
