@@ -201,7 +201,7 @@ class Comparer:
         self.rtl, self.golden, self.ledger = rtl, golden, Ledger(golden)
         self.beat = rtl.width // 8
         self.wide = self.beat << (golden.ports - 1).bit_length()    # the aggregator's beat
-        self.names = register_names(golden.ports, golden.jobs)
+        self.names = register_names(golden.ports, golden.jobs, golden.max_workers)
         self.summary = Summary(seed)
 
     def _difference(self, d: Difference):
@@ -218,7 +218,8 @@ class Comparer:
         at a time at most (default: one per port); `stop` at the first difference."""
         s, started = self.summary, time.perf_counter()
         batch = batch or self.golden.ports
-        tail = reads(self.golden.ports, self.golden.jobs, random.Random(0), 1 << 20)
+        tail = reads(self.golden.ports, self.golden.jobs, self.golden.max_workers,
+                     random.Random(0), 1 << 20)
         pending: list[tuple[int, Frame]] = []
         indexed = itertools.chain(enumerate(frames), ((-1, f) for f in tail))
         for index, frame in indexed:

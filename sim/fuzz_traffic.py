@@ -7,10 +7,12 @@ sends several uses of each of their slots by every worker, with the job's key (v
 alternating, MSN use * slots + slot, random int32 lanes
 below 2**24 so that sums do not saturate, workers in random order, some droppable with a
 random priority, some on another port than their own, a few sent again: duplicates, replays,
-stale messages), and ends with `reads`: control requests that read every register and
-counter of `register_names`. Every frame is a `Frame`, tagged with the `Kind` that made it.
-A frame sent again may be one of an earlier epoch of its job, whose key is no longer the
-job's. `Traffic.keys` holds each job's (key, tag) of the epoch, for the mutations.
+stale messages), with now and then a worker's heartbeat (a running count written to its
+BEAT register) and a worker's read of its job's heartbeats among them, and ends with
+`reads`: control requests that read every register and counter of `register_names`. Every
+frame is a `Frame`, tagged with the `Kind` that made it. A frame sent again may be one of an
+earlier epoch of its job, whose key is no longer the job's. `Traffic.keys` holds each job's
+(key, tag) of the epoch, for the mutations.
 """
 
 from __future__ import annotations
@@ -75,15 +77,20 @@ class Member:
     va: int
     key: int = 0              # the job's KEY: every contribution's RETH.rkey
     psn: int = 0
+    beat: int = 0             # its heartbeat's running count
+
+    def next_beat(self) -> int:
+        self.beat = (self.beat + 1) & 0xFFFFFFFF
+        return self.beat
 
     def next_psn(self) -> int:
         self.psn = (self.psn + 1) & 0xFFFFFF
         return self.psn
 
 
-def register_names(ports: int, jobs: int) -> dict[int, str]:
-    """Every register a checkpoint reads, by address: the global ones, each job's, and the
-    port and job counters."""
+def register_names(ports: int, jobs: int, max_workers: int) -> dict[int, str]:
+    """Every register a checkpoint reads, by address: the global ones, each job's and its
+    ranks' heartbeats, and the port and job counters."""
     names = {a: f"global {a:#06x}" for a in range(W.REG_PORT + 1)}
     names |= {W.drop_threshold(c): f"drop threshold {c}" for c in range(W.PRIORITY_CLASSES)}
     for j in range(jobs):
@@ -91,15 +98,17 @@ def register_names(ports: int, jobs: int) -> dict[int, str]:
                       "EPOCH", "KEY"):
             names[W.job_reg(j, getattr(W, f"JOB_{field}"))] = f"job {j} {field}"
         names |= {W.job_counter(j, n): f"job {j} {n}" for n in W.JOB_COUNTERS}
+        names |= {W.beat_reg(j, r): f"job {j} beat {r}" for r in range(max_workers)}
     for p in range(ports):
         names |= {W.port_counter(p, n): f"port {p} {n}" for n in W.PORT_COUNTERS}
     return names
 
 
-def reads(ports: int, jobs: int, rng: random.Random, psn: int = 0) -> list[Frame]:
+def reads(ports: int, jobs: int, max_workers: int, rng: random.Random,
+          psn: int = 0) -> list[Frame]:
     """Control requests that read every register of `register_names`, from the host on a
     random port."""
-    addresses = list(register_names(ports, jobs))
+    addresses = list(register_names(ports, jobs, max_workers))
     port = rng.randrange(ports)
     return [Frame(port, W.control_request([(a, 0) for a in addresses[i:i + 64]], psn + i,
                                           HOST, SWITCH).frame(), Kind.READ)
@@ -151,6 +160,20 @@ class Traffic:
             (W.job_reg(job, W.JOB_KEY), members[0].key)]
             + [(W.worker_reg(job, m.rank, W.WORKER_RKEY), m.rkey) for m in members])
 
+    def _liveness(self, members: list[Member]) -> list[Frame]:
+        """What the host's liveness sends meanwhile: a worker's heartbeat, or (less often) a
+        worker's read of every heartbeat of its job."""
+        rng, out = self.rng, []
+        if rng.random() < 0.5:
+            m = rng.choice(members)
+            out.append(self._control(m, [(W.beat_reg(m.job, m.rank), m.next_beat())]))
+        if rng.random() < 0.15:
+            m = rng.choice(members)
+            out.append(Frame(m.port, W.control_request(
+                [(W.beat_reg(m.job, r), 0) for r in range(len(members))], m.next_psn(),
+                m.endpoint, SWITCH).frame(), Kind.READ))
+        return out
+
     def _contribution(self, m: Member, slot: int, use: int, count: int, lanes: np.ndarray,
                       exponent: int) -> Frame:
         rng = self.rng
@@ -199,10 +222,11 @@ class Traffic:
                         lanes = self.np_rng.integers(-(1 << 24), 1 << 24, n, dtype="<i4")
                         batch.append(self._contribution(m, slot, use, count, lanes,
                                                         rng.randint(-8, 8)))
+                batch += self._liveness(members)
             rng.shuffle(batch)
             for frame in batch:
                 yield frame
                 if sent and rng.random() < 0.05:   # a retransmission: duplicate or replay
                     yield dataclasses.replace(rng.choice(sent[-64:]), kind=Kind.RESEND)
                 sent.append(frame)
-        yield from reads(self.ports, self.jobs, rng)
+        yield from reads(self.ports, self.jobs, self.max_workers, rng)

@@ -159,12 +159,17 @@ async def control_path(dut):
     for f in sc.config:
         tb.send(0, f)
     addresses = [W.REG_MAGIC, W.REG_PARAMS, W.REG_SLOTS, W.REG_IP, W.REG_PORT,
-                 W.job_reg(1, W.JOB_CONFIG)]
+                 W.job_reg(1, W.JOB_CONFIG), W.beat_reg(1, 1)]
     addresses += [W.port_counter(p, n) for p in range(PORTS) for n in W.PORT_COUNTERS]
     for n, count in enumerate((1, 5, 8, 64, 63)):
         port = n % PORTS
         tb.send(port, control_frame([(a, 0) for a in (addresses * 2)[:count]], psn=n,
                                     sport=0xD000 + port))
+    # Heartbeats: written and read back in one request, beside ranks and jobs it has not.
+    tb.send(3, control_frame([(W.WRITE | W.beat_reg(1, 1), 0xBEA70001), (W.beat_reg(1, 1), 0),
+                              (W.WRITE | W.beat_reg(0, 3), 7), (W.beat_reg(0, 0), 0),
+                              (W.WRITE | W.beat_reg(0, 4), 9), (W.beat_reg(2, 0), 0),
+                              (W.beat_reg(0, 3), 0)], psn=20, sport=0xD003))
     # A request the switch does not serve (12 bytes: not whole records) gets no reply, and
     # the port's next request is answered all the same.
     tb.send(1, scapy_frame(W.OP_CONTROL, W.CONTROL_QPN, 9, bytes(12),
@@ -176,6 +181,8 @@ async def control_path(dut):
     assert_same(dut, tb, model)
     # The model answers what the switch committed; the last request must have been too.
     assert [W.parse_frame(f).psn for f in tb.received[1]] == [1, 10]
+    beats = W.unpack_records(W.parse_frame(tb.received[3][-1]).payload)
+    assert [v for _, v in beats] == [0xBEA70001, 0xBEA70001, 7, 0, 0, 0, 7]
 
 
 @cocotb.test()
