@@ -151,3 +151,31 @@ def test_netagg_train_command_line(monkeypatch, capsys):
     assert json.loads(capsys.readouterr().out) == {"command": "train", "runs": {}}
     with pytest.raises(SystemExit):
         main(["train", "--runs", "nccl"])
+
+
+def test_a_gone_rank_fails_the_torch_work():
+    """A rank gone in an allreduce (in process: its engine no longer driven) fails the torch
+    Work the group's completer waits on: `Work.wait()` raises, naming the rank and the job."""
+    import numpy as np
+    from netagg.host import numerics as N
+    from netagg.host.torch_work import Completer, NetaggWork, Pending
+
+    from tests.host_workers import workers
+
+    ws = workers(2, timeout=20)
+    hub = ws[0].transport.driver
+    handles = [w.allreduce_async(np.ones(50 * N.LANES, np.int32)) for w in ws]
+    while ws[1].engine.stats["packets_sent"] == 0:
+        hub.drive()
+    hub.engines.remove(ws[1].engine)                # rank 1 is gone
+    completer = Completer("netagg rank 0 (job 0)", timeout=20)
+    try:
+        work = NetaggWork(completer.submit(Pending(torch.futures.Future(), lambda r: r,
+                                                   handles[0])))
+        with pytest.raises(Exception, match=r"netagg rank 0 \(job 0\): NetaggRankGone: rank 1 "
+                                            r"of job 0 is gone"):
+            work.wait()
+    finally:
+        completer.close()
+        for w in ws:
+            w.close()
