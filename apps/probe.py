@@ -3,10 +3,10 @@
 It reads, through the control path, whether the switch answers and how fast, its magic, its
 parameters (ports, jobs, workers per job, slots, largest payload, datapath width), its own
 addresses (the source of results), the switch port this host's requests come in by, each
-job's configuration (its epoch too; its key is never read), and every port and job
-counter; and prints them as tables (`--json`: one object). `sources(url)` finds, among this
-host's addresses, one per switch port it reaches (how `netagg demo` puts nodes on every
-cabled port).
+job's configuration (its epoch too; its key is never read) and its ranks' heartbeats
+(BEAT, `host.liveness`), and every port and job counter; and prints them as tables
+(`--json`: one object). `sources(url)` finds, among this host's addresses, one per switch
+port it reaches (how `netagg demo` puts nodes on every cabled port).
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ def probe(url: str, timeout: float = 3.0) -> dict:
             job = dict(zip((name for name, _ in JOB_FIELDS), values))
             config = job.pop("config")
             job.update(enabled=bool(config >> 31), workers=config & 0x3F)
+            ranks = min(job["workers"], p["max_workers"])
+            job["beats"] = ctl.read(*(W.beat_reg(j, r) for r in range(ranks))) if ranks else []
             jobs[j] = job
         counters = ctl.counters()
         local = ctl.transport.local
@@ -92,11 +94,11 @@ def print_probe(report: dict, console) -> None:
     jobs = Table(title="jobs")
     columns = ("enabled", "workers", "slot_base", "slot_count", "credits", "quorum",
                "completed", "epoch")
-    for col in ("job", *columns):
+    for col in ("job", *columns, "beats (by rank)"):
         jobs.add_column(col, justify="right")
     for j, job in report["jobs"].items():
         jobs.add_row(str(j), *(f"{job[c]:#010x}" if c == "epoch" else str(job[c])
-                               for c in columns))
+                               for c in columns), " ".join(f"{b:08x}" for b in job["beats"]))
     console.print(jobs)
     for title, rows, names in (("port counters", report["port_counters"], W.PORT_COUNTERS),
                                ("job counters", report["job_counters"], W.JOB_COUNTERS)):

@@ -18,6 +18,7 @@ import uuid
 
 import numpy as np
 import pytest
+from netagg.apps.probe import probe
 from netagg.host import SwitchControl, Worker, liveness
 from netagg.host import numerics as N
 from netagg.host.errors import NetaggRankGone
@@ -274,6 +275,9 @@ def test_slow_rank_is_not_named_over_udp(serve):
         assert begun[3] - max(begun[:3]) > 3.0
         for p in procs:
             assert p.expect("done", 30)["exact"]
+        beats = probe(serve)["jobs"][0]["beats"]        # every rank beat, in this session
+        assert len(beats) == WORLD and len({b >> liveness.COUNT_BITS for b in beats}) == 1
+        assert all(b & 0xFF for b in beats)
     finally:
         for p in procs:
             p.stop()
