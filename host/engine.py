@@ -64,8 +64,8 @@ from netagg.host import numerics as N
 from netagg.host import transport as T
 from netagg.host.checklane import MEMBERSHIP_MAX_WORKERS, CheckLane, poke_delay
 from netagg.host.control import ControlChannel, PsnCounter
-from netagg.host.errors import NetaggError, NetaggRankGone, NetaggTimeout
-from netagg.host.liveness import STUCK_AFTER, Liveness
+from netagg.host.errors import NetaggError, NetaggTimeout
+from netagg.host.liveness import Liveness
 from netagg.host.messages import (
     DEFAULT_PRIORITY,
     Dealer,
@@ -173,6 +173,7 @@ class Engine(Taking):
         self.credits, self.quorum = credits, quorum
         self.needed = quorum if 0 < quorum < self.workers else self.workers
         self.limit = completed + credits        # also the reference to unwrap result PSNs
+        self.liveness.start(self.session_tag)   # its beats carry this run's mark
         prejoin, self.prejoin = self.prejoin, []
         for work in prejoin:
             self._deal(work)
@@ -455,16 +456,10 @@ class Engine(Taking):
 
     def _check_progress(self):
         now = time.monotonic()
-        live = self.liveness
-        if now >= live.next_beat or (self.pending_works and now >= live.next_read):
-            live.step(now, self.joined and self.pending_works > 0)
+        self.liveness.watch(self, now)      # beats; raises NetaggRankGone
         if self.pending_works == 0:
             return
         idle = now - self.last_progress
-        if live.gone and idle >= STUCK_AFTER:
-            raise NetaggRankGone(f"{live.describe()}; rank {self.rank} of {self.workers} "
-                                 f"waits: {self._stuck()}", self.job,
-                                 tuple(g.rank for g in live.gone))
         if idle < self.timeout:
             return
         if not self.joined:
@@ -473,10 +468,10 @@ class Engine(Taking):
                 f"{self.timeout:.1f} s (rank {self.rank} of {self.workers} waits for it)")
         raise NetaggTimeout(
             f"no answer for {idle:.1f} s (timeout {self.timeout:.1f} s) in job {self.job} "
-            f"(rank {self.rank} of {self.workers}): {self._stuck()}; "
+            f"(rank {self.rank} of {self.workers}): {self.stuck()}; "
             f"{self._diagnose()}")
 
-    def _stuck(self) -> str:
+    def stuck(self) -> str:
         """Which slot's use waits, and how often it was sent."""
         if self.window is not None:
             self.window.leave()             # its slots, to name what is stuck

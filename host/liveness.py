@@ -3,10 +3,13 @@ registers, `hw.regmap`), so that the ranks waiting on them learn it within 2 s, 
 
 - **Beating.** Every worker's engine writes its rank's heartbeat every `BEAT_PERIOD` seconds
   while the worker is open, whether it has work or not (its background progress does, or,
-  in process, whoever drives the engines): the session's mark (24 bits of its R_Key) and a
-  running count (8 bits, 1..255 again and again), in one control request of one record,
-  through the engine's control channel (its PSNs, its retransmission). A beat still
-  unanswered when the next is due is forgotten: the next one stands for it.
+  in process, whoever drives the engines): the run's mark and a running count (8 bits,
+  1..255 again and again), in one control request of one record, through the engine's
+  control channel (its PSNs, its retransmission). A beat still unanswered when the next is
+  due is forgotten: the next one stands for it. The mark is 24 bits of the run's tag
+  (`host.session`: a keyed hash of the session, the job and the epoch rank 0 drew for this
+  run), known to rank 0 when it configures the job and to the others when they join it
+  (`start`, which beats at once); until then a worker beats with the mark 0.
 - **Watching.** A worker with works pending reads the beats of every rank of its job (one
   request) every `READ_PERIOD` seconds, one read at a time. For each rank it keeps the value
   and since when it has read it (`Seen`, on its own clock: when the answer came).
@@ -14,15 +17,20 @@ registers, `hw.regmap`), so that the ranks waiting on them learn it within 2 s, 
   (this worker's own included) moved meanwhile is gone (`Gone`): its process stopped, not
   merely its contributions. A rank that is only slow (a long backward pass, rank 0 writing a
   checkpoint while the others wait for minutes) keeps beating and is never gone. A beat
-  without this session's mark (0 after a reset, or left by an earlier run) is a rank that
-  has not beaten in this run: it is still starting, and the bounded wait (`timeout`) covers
-  it. A read more than `READ_GAP` seconds after the one before (this worker did not watch
-  meanwhile) starts the watch again, so that only time this worker watched counts.
+  without this run's mark (0 after a reset, a rank that has not joined yet, or one an
+  earlier run left, of the same session string or not) is a rank that has not beaten in
+  this run: it is still starting, and the bounded wait (`timeout`) covers it. Only time
+  this worker watched counts: the watch starts again when a read is sent more than
+  `READ_GAP` seconds after the previous answer (no works waited meanwhile), or when this
+  worker's engine did not step for that long (it was stalled, or nobody drove it: the
+  others may have been too, and beat again only now). A switch slow to answer does not
+  restart it: it delays every rank's beats alike.
 
-The engine fails its waiting works with `NetaggRankGone` once a rank is gone and its own
-works have made no progress for `STUCK_AFTER` seconds (with a quorum, works that complete
-without the rank go on). The first read shows a rank's beat as new, so the verdict comes
-between `DEAD_AFTER` and `DEAD_AFTER + 2 READ_PERIOD` seconds after the rank's last beat.
+`watch`, a step of the engine's, fails its waiting works with `NetaggRankGone` once a rank
+is gone and its own works have made no progress for `STUCK_AFTER` seconds (with a quorum,
+works that complete without the rank go on). The first read shows a rank's beat as new, so
+the verdict comes between `DEAD_AFTER` and `DEAD_AFTER + 2 READ_PERIOD` seconds after the
+rank's last beat.
 
 Cost: per worker, one control request of one record every `BEAT_PERIOD`, and while works
 are pending one of `workers` records every `READ_PERIOD`; nothing per packet or per step
@@ -35,13 +43,15 @@ import dataclasses
 import math
 import time
 
+from netagg.host.errors import NetaggRankGone
 from netagg.sim import wire as W
 
 BEAT_PERIOD = 0.25      # seconds between a worker's heartbeats
 READ_PERIOD = 0.25      # seconds between reads of the job's heartbeats while works wait
 DEAD_AFTER = 1.5        # seconds a beat stands still, while others move, for its rank to be gone
-READ_GAP = 1.0          # a read this long after the previous one starts the watch again
-COUNT_BITS = 8          # a beat: the session's mark above, the running count in these bits
+READ_GAP = 1.0          # a read sent this long after the last answer starts the watch again
+COUNT_BITS = 8          # a beat: the run's mark above, the running count in these bits
+MARK = (1 << (32 - COUNT_BITS)) - 1
 STUCK_AFTER = 0.5       # seconds without progress before a gone rank fails the works
 
 
@@ -68,13 +78,14 @@ class Liveness:
                  stats):
         self.control, self.stats = control, stats
         self.job, self.rank, self.workers = job, rank, workers
-        self.mark = session_tag & ((1 << (32 - COUNT_BITS)) - 1)    # on this run's beats
+        self.mark = session_tag & MARK          # on this run's beats (`start`)
         self.count = 0                  # the last beat's running count
         self.next_beat = 0.0            # the first beat is due at once
         self.beat_psn: int | None = None    # the beat awaiting its answer
         self.next_read = 0.0
         self.reading = False            # a read awaits its answer
-        self.last_read = -math.inf      # when the last answered read was sent
+        self.last_answer = -math.inf    # when the last read was answered
+        self.last_step = math.inf       # when the engine last stepped (`watch`)
         self.seen: dict[int, Seen] = {}
         self.gone: list[Gone] = []
 
@@ -86,6 +97,21 @@ class Liveness:
     def beat_due(self, now: float) -> bool:
         return now >= self.next_beat
 
+    def watch(self, engine, now: float):
+        """The engine's step: beat and read when it is time; raise `NetaggRankGone` when a
+        rank is gone and the engine's works have made no progress for `STUCK_AFTER`."""
+        if now - self.last_step > READ_GAP:
+            self.seen.clear()           # this worker stalled: not a watch
+            self.gone = []
+        self.last_step = now
+        waiting = engine.pending_works > 0
+        if now >= self.next_beat or (waiting and now >= self.next_read):
+            self.step(now, engine.joined and waiting)
+        if self.gone and waiting and now - engine.last_progress >= STUCK_AFTER:
+            raise NetaggRankGone(f"{self.describe()}; rank {self.rank} of {self.workers} "
+                                 f"waits: {engine.stuck()}", self.job,
+                                 tuple(g.rank for g in self.gone))
+
     def step(self, now: float, watching: bool):
         """Beat if it is time; with `watching` (works wait), read the job's beats if it is
         time and no read is awaiting its answer."""
@@ -93,6 +119,15 @@ class Liveness:
             self._beat(now)
         if watching and not self.reading and now >= self.next_read:
             self._read(now)
+
+    def start(self, tag: int):
+        """This run's tag is known (rank 0 configured the job, or this rank joined it): the
+        beats carry its mark from now on, the first at once (before any contribution), and
+        the watch starts afresh."""
+        self.mark = tag & MARK
+        self.seen.clear()
+        self.gone = []
+        self._beat(time.monotonic())
 
     def keep_beating(self):
         """The heartbeat of a worker whose engine failed (the worker is open, its process
@@ -134,9 +169,9 @@ class Liveness:
         `answered` (this worker's clock), and name the ranks gone (`gone`)."""
         if len(beats) != self.workers:
             return                      # not an answer to the read (counted as ignored)
-        if sent - self.last_read > READ_GAP:
+        if sent - self.last_answer > READ_GAP:
             self.seen.clear()
-        self.last_read = sent
+        self.last_answer = answered
         for rank, value in enumerate(beats):
             seen = self.seen.get(rank)
             if seen is None or seen.value != value:

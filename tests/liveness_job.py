@@ -23,10 +23,9 @@ import numpy as np
 from netagg.host import Worker
 
 
-def say(event: str, **fields):
-    line = json.dumps({"event": event, "time": time.monotonic(), **fields}) + "\n"
-    sys.stdout.write(line)          # one write: the waiting thread says things too
-    sys.stdout.flush()
+def say(event: str, when: float | None = None, **fields):
+    when = time.monotonic() if when is None else when
+    print(json.dumps({"event": event, "time": when, **fields}), flush=True)
 
 
 def main():
@@ -47,23 +46,33 @@ def main():
             sys.stdin.readline()
         time.sleep(a.late)
         handle = w.allreduce_async(np.full(a.values, a.rank + 1, np.int32))
-        waiter = threading.Thread(target=wait, args=(handle, a.world, a.values))
+        outcome = {}
+        waiter = threading.Thread(target=wait, args=(handle, outcome))
         waiter.start()          # (a hierarchical allreduce goes on the network in its wait)
         while w.counters().get("packets_sent", 0) == 0 and waiter.is_alive():
             time.sleep(0.001)
         say("submitted")
         waiter.join()
+        e = outcome.get("error")
+        if e is not None:
+            c = w.counters()
+            say("error", outcome["when"], type=type(e).__name__, message=str(e),
+                job=getattr(e, "job", None), ranks=list(getattr(e, "ranks", ())),
+                counters={k: c.get(k, 0) for k in ("beats", "beat_reads", "retransmissions",
+                                                   "control_retransmissions")})
+        else:
+            expected = a.world * (a.world + 1) // 2
+            say("done", outcome["when"],
+                exact=bool(np.array_equal(outcome["total"], np.full(a.values, expected))))
 
 
-def wait(handle, world: int, values: int):
+def wait(handle, outcome: dict):
+    """The allreduce's end, and when (the main thread says it, after "submitted")."""
     try:
-        total = handle.wait()
+        outcome["total"] = handle.wait()
     except Exception as e:
-        say("error", type=type(e).__name__, message=str(e),
-            job=getattr(e, "job", None), ranks=list(getattr(e, "ranks", ())))
-    else:
-        expected = world * (world + 1) // 2
-        say("done", exact=bool(np.array_equal(total, np.full(values, expected))))
+        outcome["error"] = e
+    outcome["when"] = time.monotonic()
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ golden model and the RTL, and workers in process and in their own processes over
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import re
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import uuid
 
 import numpy as np
@@ -29,6 +31,45 @@ from tests.host_workers import in_threads, workers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMED_WITHIN = 2.5      # seconds from the kill to every survivor's error (the aim is 2 s)
+STALL = 0.3             # a gap this long in a thread ticking every 10 ms: the machine stalled
+
+
+class Stalls(threading.Thread):
+    """The longest gap of a thread that ticks every 10 ms while the context lasts: whether
+    the processes were stopped for a while (the sandbox pauses them now and then), which no
+    timing can be measured through."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.longest, self.done = 0.0, threading.Event()
+
+    def run(self):
+        last = time.monotonic()
+        while not self.done.wait(0.01):
+            now = time.monotonic()
+            self.longest, last = max(self.longest, now - last), now
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.join()
+
+
+def named_in_time(scenario, attempts: int = 3):
+    """`scenario()` (which asserts what the survivors' errors say) returns when each error
+    came and when the rank was killed: all within NAMED_WITHIN, or the attempt is made again
+    if the machine stalled meanwhile (a late error without a stall fails)."""
+    for _ in range(attempts):
+        with Stalls() as stalls:
+            times, killed = scenario()
+        late = [round(t - killed, 3) for t in times if t - killed >= NAMED_WITHIN]
+        if not late:
+            return
+        assert stalls.longest > STALL, f"named {late} s after the kill, with no stall"
+    pytest.fail(f"named late ({late} s) in each of {attempts} attempts, each with a stall")
 
 
 # --- the registers ---------------------------------------------------------------------------
@@ -72,6 +113,10 @@ def test_gone_rank_is_named_in_process():
     """4 in-process workers; rank 3 stops (its engine is no longer driven: no contribution, no
     heartbeat) after it began: the three others fail, each within 2 s, naming rank 3 of
     job 0, how long its beat stood still and which slot waits."""
+    named_in_time(_stop_rank_3_in_process)
+
+
+def _stop_rank_3_in_process() -> tuple[list[float], float]:
     ws = workers(4, timeout=20)
     hub = ws[0].transport.driver
     try:
@@ -80,14 +125,15 @@ def test_gone_rank_is_named_in_process():
         while ws[3].engine.stats["packets_sent"] == 0:
             hub.drive()
         hub.engines.remove(ws[3].engine)            # rank 3 is gone
-        killed = time.monotonic()
+        killed, named = time.monotonic(), []
         for h in handles[:3]:
             with pytest.raises(NetaggRankGone, match=r"rank 3 of job 0 is gone: its heartbeat"
-                               r" .* not moved for 1\.[5-9] s .*waits: slot \d+ \(use"):
+                               r" .* not moved for \d\.\d s .*waits: slot \d+ \(use"):
                 h.wait()
-            assert time.monotonic() - killed < NAMED_WITHIN
+            named.append(time.monotonic())
         assert [w.engine.failed.ranks for w in ws[:3]] == [(3,)] * 3
         assert all(w.engine.failed.job == 0 for w in ws[:3])
+        return named, killed
     finally:
         for w in ws:
             w.close()
@@ -164,6 +210,17 @@ def test_judging_needs_another_rank_to_move():
     later = t + period + liveness.READ_GAP + 0.1
     live.judge(later, later, [beat(needed + 5), *others])    # after a gap: a new watch
     assert live.gone == []
+    # a worker that stalls (its engine did not step for READ_GAP) starts its watch again
+    engine = types.SimpleNamespace(pending_works=1, joined=True, last_progress=0.0,
+                                   stuck=lambda: "slot 5 (use 2) sent 3 times")
+    live.next_beat = live.next_read = math.inf      # (no requests: no control channel)
+    t = watch(live, 30.0, needed + 1, lambda i: [beat(i + 1), *others])
+    with pytest.raises(NetaggRankGone, match=r"rank 1 of job 1 is gone: .* 1\.5 s .*; rank 0 "
+                                             r"of 4 waits: slot 5 \(use 2\)") as e:
+        live.watch(engine, t)
+    assert (e.value.job, e.value.ranks) == (1, (1,))
+    live.watch(engine, t + liveness.READ_GAP + 0.5)
+    assert live.seen == {} and live.gone == []
 
 
 # --- worker processes over UDP ----------------------------------------------------------------
@@ -234,31 +291,41 @@ class WorkerProcess:
 WORLD = 4
 
 
-@pytest.mark.parametrize("serve", ["golden", "rtl"], indirect=True)
-def test_killed_rank_is_named_over_udp(serve):
-    """4 worker processes; rank 3 is SIGKILLed once it has sent part of its allreduce (the
-    others are in theirs, waiting on it): each of the three names rank 3 of job 0 within
-    2 s of the kill."""
+def _kill_rank_3(url: str, *options: str) -> tuple[list[dict], float]:
+    """4 worker processes (`options` for each); rank 3 is SIGKILLed once it has sent part of
+    its allreduce, the others in theirs (waiting on it, or hierarchical: node 0's two local
+    workers). What the three others ended in, and when the kill was."""
     session = uuid.uuid4().hex
-    procs = [WorkerProcess(serve, r, session, 2000 * N.LANES, *(["--gate"] if r == 3 else []))
-             for r in range(WORLD)]
+    procs = [WorkerProcess(url, r, session, 2000 * N.LANES, *options,
+                           *(["--gate"] if r == 3 else [])) for r in range(WORLD)]
     try:
         for p in procs:
             p.expect("ready", 120)
-        for p in procs[:3]:
+        for p in procs[:2 if "--local-size" in options else 3]:
             p.expect("submitted", 60)
         procs[3].go()
         procs[3].expect("submitted", 60)
         os.kill(procs[3].proc.pid, signal.SIGKILL)
         killed = time.monotonic()
-        for p in procs[:3]:
-            e = p.outcome(10 + NAMED_WITHIN)
-            assert e["type"] == "NetaggRankGone" and e["job"] == 0 and e["ranks"] == [3], e
-            assert re.match(r"rank 3 of job 0 is gone: its heartbeat .* for \d\.\d s", e["message"])
-            assert e["time"] - killed < NAMED_WITHIN, e
+        return [p.outcome(20 + NAMED_WITHIN) for p in procs[:3]], killed
     finally:
         for p in procs:
             p.stop()
+
+
+@pytest.mark.parametrize("serve", ["golden", "rtl"], indirect=True)
+def test_killed_rank_is_named_over_udp(serve):
+    """4 worker processes; rank 3 is SIGKILLed once it has sent part of its allreduce (the
+    others are in theirs, waiting on it): each of the three names rank 3 of job 0 within
+    2 s of the kill."""
+    def scenario():
+        ends, killed = _kill_rank_3(serve)
+        for e in ends:
+            assert e["type"] == "NetaggRankGone" and e["job"] == 0 and e["ranks"] == [3], e
+            assert re.match(r"rank 3 of job 0 is gone: its heartbeat .* for \d\.\d s",
+                            e["message"])
+        return [e["time"] for e in ends], killed
+    named_in_time(scenario)
 
 
 @pytest.mark.parametrize("serve", ["golden", "rtl"], indirect=True)
@@ -289,24 +356,12 @@ def test_killed_rank_is_named_in_a_hierarchical_run(serve_golden):
     2 s: rank 1 names rank 1 of job 1 gone (its heartbeat); rank 2, its node peer, names
     world rank 3's process gone; rank 0 says its local worker 1 failed (no incomplete
     result is returned)."""
-    session = uuid.uuid4().hex
-    procs = [WorkerProcess(serve_golden, r, session, 2000 * N.LANES, "--local-size", "2",
-                           *(["--gate"] if r == 3 else [])) for r in range(WORLD)]
-    try:
-        for p in procs:
-            p.expect("ready", 120)
-        for p in procs[:2]:
-            p.expect("submitted", 60)
-        procs[3].go()
-        procs[3].expect("submitted", 60)
-        os.kill(procs[3].proc.pid, signal.SIGKILL)
-        killed = time.monotonic()
-        ends = [p.outcome(10 + NAMED_WITHIN) for p in procs[:3]]
+    def scenario():
+        ends, killed = _kill_rank_3(serve_golden, "--local-size", "2")
+        assert all(e["event"] == "error" for e in ends), ends
         assert ends[1]["type"] == "NetaggRankGone" and ends[1]["ranks"] == [1], ends[1]
         assert ends[1]["message"].startswith("rank 1 of job 1 is gone"), ends[1]
         assert "local workers [1] of node 1 (world ranks [3]) are gone" in ends[2]["message"]
         assert "local workers [1] of node 0 failed" in ends[0]["message"], ends[0]
-        assert all(e["event"] == "error" and e["time"] - killed < NAMED_WITHIN for e in ends)
-    finally:
-        for p in procs:
-            p.stop()
+        return [e["time"] for e in ends], killed
+    named_in_time(scenario)
