@@ -52,7 +52,7 @@ class Taking:
             self._receive(datagram)
         if batch is None:
             return
-        top = max(batch.limit)
+        top = int(batch.limit.max())
         if top > self.limit:
             self.limit = top
         now = time.monotonic()
@@ -66,12 +66,14 @@ class Taking:
             return
         slots, workers, idle, delivering = self.slots, self.workers, self.idle, self.delivering
         everyone, others, sampled = self.check_lane.everyone, [], False
-        lanes, limits, exponents = batch.lanes, batch.limit, batch.exponent
-        for i, s in enumerate(batch.slot):
+        lanes, limits, exponents = batch.lanes, batch.limit.tolist(), batch.exponent.tolist()
+        versions, checks = batch.version.tolist(), batch.check.tolist()
+        counts, overflows = batch.count.tolist(), batch.overflow.tolist()
+        for i, s in enumerate(batch.slot.tolist()):
             st = slots[s]
             m = st.inflight
-            if m is None or m.expect != (batch.version[i], batch.check[i]) \
-                    or batch.count[i] != workers or batch.overflow[i] \
+            if m is None or m.expect != (versions[i], checks[i]) \
+                    or counts[i] != workers or overflows[i] \
                     or limits[i] < st.last_psn:
                 others.append(i)
                 continue

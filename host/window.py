@@ -115,6 +115,7 @@ class PlainWindow:
         self.packets: list = [None] * n
         self.tag_base = self.use - TAG_USES         # `_tags`' table: none yet
         self.tag_table = np.zeros((n, TAG_USES), np.int64)
+        self.taken: list[tuple] = []                # sums taken, not yet in their tensors
 
     @staticmethod
     def takes(engine, work: Work) -> bool:
@@ -145,11 +146,10 @@ class PlainWindow:
         """Take the results of `batch` (`host.wire_arrays.ResultBatch`) that complete their
         use at once; the indices of the others, which the window cannot take."""
         e = self.engine
-        slot = np.asarray(batch.slot, np.int64)
-        ok = ((self.cur[slot] >= 0) & (np.asarray(batch.version) == self.cur_use[slot] & 1)
-              & (np.asarray(batch.check) == self.whole[slot])
-              & (np.asarray(batch.count) == e.workers) & ~np.asarray(batch.overflow, bool)
-              & (np.asarray(batch.limit) >= self.last_psn[slot]))
+        slot = batch.slot
+        ok = ((self.cur[slot] >= 0) & (batch.version == self.cur_use[slot] & 1)
+              & (batch.check == self.whole[slot]) & (batch.count == e.workers)
+              & ~batch.overflow & (batch.limit >= self.last_psn[slot]))
         rows = np.flatnonzero(ok)
         if not len(rows):
             return list(range(len(slot)))
@@ -164,18 +164,17 @@ class PlainWindow:
         g = self.cur[done]
         self.cur[done] = -1
         self.deadline[done] = np.inf
-        self.last_psn[done] = np.asarray(batch.limit)[rows]
-        exponent = np.asarray(batch.exponent)[rows]
+        self.last_psn[done] = batch.limit[rows]
+        exponent = batch.exponent[rows]
         for span in self._spans_of(g):
             mine = (g >= span.first) & (g < span.first + span.count)
             self._taken(span, g[mine] - span.first, rows[mine], exponent[mine], batch.lanes)
-        self.spans = [span for span in self.spans if not span.work.done]
         return np.flatnonzero(~ok).tolist()
 
     def _taken(self, span: _Span, i: np.ndarray, rows: np.ndarray, exponent: np.ndarray,
                lanes: np.ndarray):
         """Messages `i` of a span completed, by results `rows`."""
-        w, e = span.work, self.engine
+        w = span.work
         leading = span.leading
         exps = i < leading
         for b, x in zip(i[exps].tolist(), exponent[exps].tolist()):
@@ -190,10 +189,19 @@ class PlainWindow:
             for b, v in zip(carried[carrying].tolist(), x[carrying].tolist()):
                 if b not in w.exponents:
                     span.know(b, v)
-        e.stats.update(deliver_rows(w, chunk, lanes[rows[data], :-1],
-                                    span.shared[span.needs[i]] if leading else None,
-                                    [e.workers], e.workers))
-        e._finish_chunk(w, len(chunk))
+        self.taken.append((w, chunk, lanes, rows[data],
+                           span.shared[span.needs[i]] if leading else None))
+
+    def deliver(self):
+        """Write the sums of the messages taken into their tensors (`start` does it after
+        sending the next packets, so that the writing overlaps the switch's turnaround)."""
+        e = self.engine
+        for w, chunk, lanes, rows, shared in self.taken:
+            e.stats.update(deliver_rows(w, chunk, lanes[rows, :-1], shared,
+                                        [e.workers], e.workers))
+            e._finish_chunk(w, len(chunk))
+        self.taken.clear()
+        self.spans = [span for span in self.spans if not span.work.done]
 
     def _spans_of(self, g: np.ndarray) -> list[_Span]:
         lo, hi = int(g.min()), int(g.max())
@@ -202,7 +210,15 @@ class PlainWindow:
     # --- sending ------------------------------------------------------------------------
 
     def start(self, now: float):
-        """Start every slot whose next message may start, and send their packets."""
+        """Start every slot whose next message may start, send their packets, then write
+        the sums taken into their tensors."""
+        try:
+            self._start(now)
+        finally:
+            if self.taken and self.engine.window is self:
+                self.deliver()
+
+    def _start(self, now: float):
         e = self.engine
         free = np.flatnonzero((self.cur < 0) & (self.next < self.total))
         if not len(free):
@@ -295,6 +311,7 @@ class PlainWindow:
         """Write the window's state into the engine's slots and messages, as the engine
         would have it, and the dealer's position."""
         e = self.engine
+        self.deliver()
         if not self.idle():
             e.stats["window_fallbacks"] += 1
         spans = self.spans

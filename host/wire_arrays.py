@@ -96,25 +96,25 @@ class ContributionWriter:
                        | slot_ << field["slot"] | (exponent_ & 0xFF) << field["exponent"]
                        | np.asarray(droppable, np.int64) << field["droppable"])
         recs["lanes"] = lanes
-        buf, crc32 = memoryview(recs.view(np.uint8)), W.crc32
+        buf = memoryview(recs.view(np.uint8))
         states = [self._state(p, width - 1) for p in range(len(self.sources))]
-        end = size - W.ICRC_LEN
-        recs["icrc"] = [crc32(buf[at + 8:at + end], states[p])
-                        for at, p in zip(range(0, k * size, size), paths)]
-        return [buf[at:at + size] for at in range(0, k * size, size)]
+        whole, covered = W.run_slices(size, k)
+        recs["icrc"] = np.fromiter(map(W.crc32, map(buf.__getitem__, covered),
+                                       map(states.__getitem__, paths)), np.uint32, k)
+        return list(map(buf.__getitem__, whole))
 
 
 @dataclasses.dataclass
 class ResultBatch:
     """The results of a step, as arrays (one entry per result, in arrival order)."""
 
-    slot: list[int]
-    version: list[int]
-    count: list[int]
-    exponent: list[int]
-    overflow: list[bool]        # the overflow flag, or a worker's saturation marker
-    check: list[int]            # the check lane
-    limit: list[int]            # the job's credit limit (BTH.psn, unwrapped)
+    slot: np.ndarray            # int64, as the fields below
+    version: np.ndarray
+    count: np.ndarray
+    exponent: np.ndarray
+    overflow: np.ndarray        # bool: the overflow flag, or a worker's saturation marker
+    check: np.ndarray           # the check lane
+    limit: np.ndarray           # the job's credit limit (BTH.psn, unwrapped)
     lanes: np.ndarray           # (results, lanes + 1) int32: the sums, then the check lane
 
     def __len__(self) -> int:
@@ -122,8 +122,9 @@ class ResultBatch:
 
     def result(self, i: int) -> Result:
         """Result `i` as the engine's one-at-a-time reading makes it."""
-        return Result(self.slot[i], self.version[i], self.count[i], self.exponent[i],
-                      self.overflow[i], self.lanes[i], self.limit[i], self.check[i])
+        return Result(int(self.slot[i]), int(self.version[i]), int(self.count[i]),
+                      int(self.exponent[i]), bool(self.overflow[i]), self.lanes[i],
+                      int(self.limit[i]), int(self.check[i]))
 
 
 def read_results(datagrams: list[bytes], *, lanes: int, qpn: int, rkey: int, job: int,
@@ -153,6 +154,5 @@ def read_results(datagrams: list[bytes], *, lanes: int, qpn: int, rkey: int, job
     check = sums[:, -1]
     exponent = f["exponent"] - ((f["exponent"] & 0x80) << 1)
     overflow = (f["overflow"] != 0) | (check == N.INT32_MAX)
-    return ResultBatch(f["slot"].tolist(), f["version"].tolist(), f["count"].tolist(),
-                       exponent.tolist(), overflow.tolist(), check.tolist(), limit.tolist(),
-                       sums), rest
+    return ResultBatch(f["slot"], f["version"], f["count"], exponent, overflow,
+                       check, limit, sums), rest
