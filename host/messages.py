@@ -122,8 +122,8 @@ class Work:
             self.blocks_done = set()
         for b in set((chunks // self.block).tolist()) - self.blocks_done:
             c0, c1 = b * self.block, min((b + 1) * self.block, self.chunks)
-            self.quantised[c0:c1], self.saturated[c0:c1] = self._quantize(
-                c0, c1, self.exponents.get(b))
+            _, self.saturated[c0:c1] = self._quantize(c0, c1, self.exponents.get(b),
+                                                      self.quantised[c0:c1])
             self.blocks_done.add(b)
         return self.quantised[chunks], self.saturated[chunks]
 
@@ -136,11 +136,13 @@ class Work:
             rows, saturated = self.lanes_of(np.array([chunk]))
         return rows[0], bool(saturated[0])
 
-    def _quantize(self, c0: int, c1: int, exponent: int) -> tuple[np.ndarray, np.ndarray]:
-        """Chunks c0..c1-1 as int32 rows of lanes + 1 (the check lane 0), and per row
-        whether a sum over the sources saturated (then its lanes are clipped). Fixed point:
-        each source's values times 2**(frac - exponent) (exact: a power of two), rounded to
-        the nearest integer (`numerics.quantize`'s), summed exactly in float64."""
+    def _quantize(self, c0: int, c1: int, exponent: int, rows: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        """Chunks c0..c1-1 as int32 rows of lanes + 1 (the check lane 0; written into
+        `rows`, zeros, if given), and per row whether a sum over the sources saturated (then
+        its lanes are clipped). Fixed point: each source's values times 2**(frac - exponent)
+        (exact: a power of two), rounded to the nearest integer (`numerics.quantize`'s),
+        summed exactly in float64."""
         k, lanes = c1 - c0, self.lanes
         lo, hi = c0 * lanes, min(c1 * lanes, self.n)
         fixed = self.fmt.kind == "fixed"
@@ -156,8 +158,10 @@ class Work:
                 acc[:hi - lo] += self._scaled(src[lo:hi], exponent, clean) if fixed \
                     else src[lo:hi]
         acc = acc.reshape(k, lanes)
-        rows = np.zeros((k, lanes + 1), np.int32)
-        if float(acc.max(initial=0)) <= N.INT32_MAX and float(acc.min(initial=0)) >= N.INT32_MIN:
+        if rows is None:
+            rows = np.zeros((k, lanes + 1), np.int32)
+        if acc.dtype == np.int32 or float(acc.max(initial=0)) <= N.INT32_MAX \
+                and float(acc.min(initial=0)) >= N.INT32_MIN:
             rows[:, :-1] = acc
             return rows, np.zeros(k, bool)
         acc = acc.astype(np.float64) if fixed else acc
@@ -172,7 +176,7 @@ class Work:
         and infinities become 0 (a block that holds them, `host.nonfinite`)."""
         shift = self.frac - exponent
         if values.dtype == np.float32 and -126 <= shift <= 127:
-            v = values * np.float32(2.0 ** shift)
+            v = np.multiply(values, np.float32(2.0 ** shift))
         else:
             v = N.to_float64(values, self.fmt)
             v *= 2.0 ** shift
