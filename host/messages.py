@@ -397,6 +397,12 @@ def deliver_rows(work: Work, index: np.ndarray, sums: np.ndarray, exponent: np.n
                                         f"{part.stop - 1}) does not fit in int32")
             index, sums = index[~bad], sums[~bad]
         values = sums
+    elif not lost.any() and not w.mean and kinds is None and w.fmt is not N.BFLOAT16 \
+            and w.out.dtype in (np.float32, np.float64):
+        # each sum times its scale in float64 (exact), rounded once into the tensor's dtype
+        values = np.empty((len(index), lanes), w.out.dtype)
+        np.multiply(sums, np.ldexp(1.0, exponent - w.frac)[:, None], out=values,
+                    casting="unsafe")
     else:
         scale = np.ldexp(1.0, exponent - w.frac)
         values = sums * scale[:, None]
@@ -412,7 +418,10 @@ def deliver_rows(work: Work, index: np.ndarray, sums: np.ndarray, exponent: np.n
         values = N.from_float64(values, w.fmt, w.out)
     full = w.n // lanes                 # chunks of `lanes` values; the last may be shorter
     whole = index < full
-    w.out[:full * lanes].reshape(full, lanes)[index[whole]] = values[whole]
+    if whole.all():
+        w.out[:full * lanes].reshape(full, lanes)[index] = values
+    else:
+        w.out[:full * lanes].reshape(full, lanes)[index[whole]] = values[whole]
     for row in np.flatnonzero(~whole):
         w.out[full * lanes:] = values[row][:w.n - full * lanes]
     counts["tensor_bytes"] = (int(whole.sum()) * lanes + int((~whole).sum()) * (

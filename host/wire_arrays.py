@@ -132,12 +132,17 @@ def read_results(datagrams: list[bytes], *, lanes: int, qpn: int, rkey: int, job
     """The job's results among `datagrams` (None if there are none), and the others."""
     dtype = write_imm_dtype(lanes)
     size = dtype.itemsize
-    mine = [d for d in datagrams if len(d) == size and d[0] == W.OP_RESULT]
+    joined = b"".join(datagrams) if set(map(len, datagrams)) == {size} else None
+    if joined is not None and (np.frombuffer(joined, np.uint8)[::size] == W.OP_RESULT).all():
+        mine, rest = datagrams, []      # (a step's usual datagrams: results only)
+    else:
+        mine = [d for d in datagrams if len(d) == size and d[0] == W.OP_RESULT]
+        rest = [d for d in datagrams if len(d) != size or d[0] != W.OP_RESULT] \
+            if len(mine) < len(datagrams) else []
+        joined = b"".join(mine)
     if not mine or not slots:
         return None, datagrams
-    rest = [d for d in datagrams if len(d) != size or d[0] != W.OP_RESULT] \
-        if len(mine) < len(datagrams) else []
-    recs = np.frombuffer(b"".join(mine), dtype)
+    recs = np.frombuffer(joined, dtype)
     imm = recs["imm"].astype(np.int64)
     f = {name: imm >> shift & ((1 << width) - 1) for name, shift, width in W.RESULT_IMM}
     ok = ((recs["flags"] & 0x3F) == 0) & ((recs["dqpn"] & 0xFFFFFF) == qpn) \
