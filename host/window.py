@@ -10,7 +10,8 @@ each slot (the message in flight, its use, tag, msn, timer, packet) is a numpy a
 step's results are matched and taken in a handful of array operations, the messages that
 may start (credits, a fixed-point chunk's shared exponent) are found and their packets
 built as one batch (`host.wire_arrays`), and the sums are written into the tensors a batch
-at a time (`host.messages.deliver_rows`). No `Message` object exists for a message of the
+at a time (`host.messages.deliver_rows`), after the next packets are sent (`start`), so that
+the writing overlaps the switch's turnaround. No `Message` object exists for a message of the
 window.
 
 Anything else leaves the window (`leave`): a result that does not complete its use at once
