@@ -46,6 +46,15 @@ def write_imm_dtype(lanes: int) -> np.dtype:
 _REQUEST = {name: (shift, (1 << width) - 1) for name, shift, width in W.REQUEST_IMM}
 
 
+@functools.lru_cache(maxsize=256)
+def _slices(size: int, k: int) -> tuple[list[slice], list[slice]]:
+    """`k` datagrams of `size` bytes one after another: the slice of each, and of what its
+    ICRC covers after its BTH's first 8 bytes."""
+    starts = range(0, k * size, size)
+    return ([slice(at, at + size) for at in starts],
+            [slice(at + 8, at + size - W.ICRC_LEN) for at in starts])
+
+
 class ContributionWriter:
     """The contribution datagrams of one worker of one job, for a UDP socket or a bridge to
     add the canonical IPv4 and UDP headers from path `p`'s source (`sources[p]`) to the
@@ -98,7 +107,7 @@ class ContributionWriter:
         recs["lanes"] = lanes
         buf = memoryview(recs.view(np.uint8))
         states = [self._state(p, width - 1) for p in range(len(self.sources))]
-        whole, covered = W.run_slices(size, k)
+        whole, covered = _slices(size, k)
         recs["icrc"] = np.fromiter(map(W.crc32, map(buf.__getitem__, covered),
                                        map(states.__getitem__, paths)), np.uint32, k)
         return list(map(buf.__getitem__, whole))

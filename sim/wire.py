@@ -51,7 +51,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import ipaddress
-import itertools
 import struct
 
 import numpy as np
@@ -394,6 +393,7 @@ class IcrcCheck:
     def __init__(self, local: Endpoint):
         self.local = local
         self._states: dict[tuple, int] = {}
+        self._covered: dict[tuple[int, int], list[slice]] = {}
 
     def _state(self, sender: tuple[str, int], end: int, head: bytes) -> int:
         key = (sender, end, head)
@@ -414,39 +414,26 @@ class IcrcCheck:
             _ICRC_FIELD.unpack_from(body, end)[0]
 
     def run(self, data: bytes, size: int, sender: tuple[str, int]) -> tuple[list, int]:
-        """The datagrams of a run of `size`-byte datagrams from one sender (as UDP_GRO
-        merges them) whose ICRC holds, and how many did not. A run of whole datagrams that
-        share their first 8 bytes (a switch's results to one worker) shares one CRC state
-        and is compared as an array; any other is checked a datagram at a time."""
+        """The datagrams of a run of `size`-byte datagrams from one sender (as UDP_GRO merges
+        them) whose ICRC holds, and how many did not. Whole datagrams sharing their first 8
+        bytes (a switch's results to a worker) share a CRC state; others go one at a time."""
         view = memoryview(data)
+        datagrams = [view[at:at + size] for at in range(0, len(data), size)]
         full = len(data) // size
-        whole, covered = run_slices(size, full)
-        datagrams = list(map(view.__getitem__, whole))
-        if full * size < len(data):
-            datagrams.append(view[full * size:])
         words = np.frombuffer(data, "<u4").reshape(full, size // 4) \
             if size % 4 == 0 and full * size == len(data) and size >= 8 + ICRC_LEN else None
         if words is None or (words[:, :2] != words[0, :2]).any():
             good = [d for d in datagrams if self.holds(d, sender)]
             return good, len(datagrams) - len(good)
-        end = size - ICRC_LEN
-        state = self._state(sender, end, bytes(view[:8]))
-        crcs = np.fromiter(map(crc32, map(view.__getitem__, covered),
-                               itertools.repeat(state, full)), np.uint32, full)
-        holds = crcs == words[:, -1]
-        if holds.all():
-            return datagrams, 0
-        good = [d for d, ok in zip(datagrams, holds.tolist()) if ok]
+        state = self._state(sender, size - ICRC_LEN, bytes(view[:8]))
+        covered = self._covered.get((size, full))
+        if covered is None:             # what each one's ICRC covers after its first 8 bytes
+            covered = self._covered[size, full] = [slice(at + 8, at + size - ICRC_LEN)
+                                                   for at in range(0, full * size, size)]
+        crcs = np.fromiter(map(crc32, map(view.__getitem__, covered), [state] * full),
+                           np.uint32, full)
+        good = [d for d, ok in zip(datagrams, (crcs == words[:, -1]).tolist()) if ok]
         return good, full - len(good)
-
-
-@functools.lru_cache(maxsize=256)
-def run_slices(size: int, full: int) -> tuple[list[slice], list[slice]]:
-    """A run of `full` datagrams of `size` bytes: the slice of each, and of what its ICRC
-    covers after its BTH's first 8 bytes."""
-    starts = range(0, full * size, size)
-    return ([slice(at, at + size) for at in starts],
-            [slice(at + 8, at + size - ICRC_LEN) for at in starts])
 
 
 def read_write_imm(body: bytes) -> tuple[int, int, int, int, bytes]:
