@@ -205,8 +205,8 @@ class PlainWindow:
         self.spans = [span for span in self.spans if not span.work.done]
 
     def _spans_of(self, g: np.ndarray) -> list[_Span]:
-        lo, hi = int(g.min()), int(g.max())
-        return [s for s in self.spans if s.first <= hi and lo < s.first + s.count]
+        """The spans that hold one of the messages `g` (not those in a gap between them)."""
+        return [s for s in self.spans if ((g >= s.first) & (g < s.first + s.count)).any()]
 
     # --- sending ------------------------------------------------------------------------
 

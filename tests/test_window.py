@@ -6,6 +6,7 @@ leave the common case."""
 from __future__ import annotations
 
 import uuid
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -72,3 +73,13 @@ def test_the_engine_takes_over_mid_tensor_under_loss_and_the_sums_stay_exact():
                 assert np.array_equal(x, want)
     assert sum(c.get("window_fallbacks", 0) for c in counters) > 0
     assert sum(c.get("retransmissions", 0) for c in counters) > 0
+
+
+def test_a_span_in_a_gap_between_the_messages_started_is_not_one_of_theirs():
+    """Messages 0 and 10 start while the span of messages 4..7 lies between them (slots free
+    up in any order under DDP's buckets): it is not one of their spans, whose payloads would
+    be made for no message (a ValueError on an empty array, the rank's allreduce failed)."""
+    spans = [SimpleNamespace(first=f, count=4) for f in (0, 4, 8)]
+    window = SimpleNamespace(spans=spans)
+    assert PlainWindow._spans_of(window, np.array([0, 10])) == [spans[0], spans[2]]
+    assert PlainWindow._spans_of(window, np.array([5])) == [spans[1]]
