@@ -74,3 +74,24 @@ def pytest_collection_modifyitems(items):
         else:
             continue
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture(scope="module")
+def rtl_model():
+    """The switch's RTL (`sim.model.make_switch`), one per test module."""
+    from netagg.sim.model import make_switch
+
+    with make_switch() as rtl:
+        yield rtl
+
+
+@pytest.fixture(params=["golden", "rtl"])
+def switch(request):
+    """The golden model, then the RTL reset: a test of the switch's behaviour runs on both."""
+    from netagg.sim.golden import GoldenSwitch
+
+    if request.param == "golden":
+        return GoldenSwitch()
+    rtl = request.getfixturevalue("rtl_model")
+    rtl.reset()
+    return rtl

@@ -175,14 +175,6 @@ def test_a_missing_frame_and_a_counter_are_differences():
 
 # --- the RTL against the golden model ----------------------------------------------------
 
-@pytest.fixture(scope="module")
-def rtl_model():
-    from netagg.sim.model import make_switch
-
-    with make_switch() as rtl:
-        yield rtl
-
-
 def test_rtl_equals_golden_on_fuzzed_frames(rtl_model):
     rtl_model.reset()
     s = Comparer(rtl_model, GoldenSwitch(), seed=11).run(stream(11, DEFAULT_FRAMES))
@@ -206,13 +198,6 @@ def test_rtl_fuzz_command(capsys):
 
 # --- the differences found, as regressions on both switches ------------------------------
 
-@pytest.fixture(params=["golden", "rtl"])
-def switch(request):
-    if request.param == "golden":
-        return GoldenSwitch()
-    rtl = request.getfixturevalue("rtl_model")
-    rtl.reset()
-    return rtl
 
 
 def exchange(switch, sends) -> list:

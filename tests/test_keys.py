@@ -29,23 +29,6 @@ from tests.switch_traffic import (
 from tests.test_fuzz import configure, exchange, job_counters, lanes_of
 
 
-@pytest.fixture(scope="module")
-def rtl_model():
-    from netagg.sim.model import make_switch
-
-    with make_switch() as rtl:
-        yield rtl
-
-
-@pytest.fixture(params=["golden", "rtl"])
-def switch(request):
-    if request.param == "golden":
-        return GoldenSwitch()
-    rtl = request.getfixturevalue("rtl_model")
-    rtl.reset()
-    return rtl
-
-
 def read(switch, *addresses) -> list[int]:
     [(_, reply)] = exchange(switch, [(0, control_frame([(a, 0) for a in addresses]))])
     return [v for _, v in W.unpack_records(W.parse_frame(reply).payload)]
