@@ -143,7 +143,7 @@ class NetaggProcessGroup(dist.ProcessGroup):
         session = _agree(store, rank, SESSION_KEY, f"torch-{secrets.token_hex(16)}"
                          if rank == 0 else None, "session")
         self.placement = placement(rank, world_size, options.hierarchical)
-        self.where = f"netagg rank {rank} of {world_size}, job {options.job}, session {session}"
+        self.where = f"netagg rank {rank} of {world_size}, job {options.job}"   # not the secret
         try:
             self.worker = Worker(rank, world_size, switch, options.job, session=session,
                                  local_size=self.placement.local_size, timeout=seconds,
