@@ -7,7 +7,8 @@ the aggregation switch, and status LEDs.
             RGMII <- RgmiiPhy <- Mac <- FrameMux(switch tx[i], ARP replies)
 
 `BoardCore` is everything from the MACs' GMII side inwards (MACs, ARP responders, frame
-muxes, the switch), in the clock domains its parent supplies; `SwitchBoard` is a `BoardCore`
+muxes, the switch and the tick of its deadlines' clock, `hw.regmap.TICK_SECONDS`), in the
+clock domains its parent supplies; `SwitchBoard` is a `BoardCore`
 with the board's pins around it: the PLL, an RGMII PHY per port, the resets and the LEDs.
 Simulation (`sim.tops.BoardTop`) clocks the same `BoardCore` and drives its GMII directly.
 
@@ -23,6 +24,7 @@ from amaranth import ClockDomain, ClockSignal, Const, Elaboratable, Instance, Mo
 from amaranth.lib import wiring
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.lib.wiring import In, Out
+from netagg.hw import regmap as R
 from netagg.hw.mac import COUNTER_WIDTH, Mac
 from netagg.hw.mac_arp import ArpResponder, FrameMux
 from netagg.hw.mac_rgmii import RgmiiPhy
@@ -156,6 +158,11 @@ class BoardCore(wiring.Component):
         m = Module()
         m.submodules.switch = switch = Switch(ports=len(t.ports), width=WIDTH, icrc="mac",
                                               mac=t.mac, ip=t.ip_int, **t.switch)
+        # The deadlines' clock: a tick every TICK_SECONDS of the core clock.
+        period = round(t.core_hz * R.TICK_SECONDS)
+        divider = Signal(range(period))
+        m.d.sync += divider.eq(Mux(divider == period - 1, 0, divider + 1))
+        m.d.comb += switch.tick.eq(divider == period - 1)
         for n in range(len(t.ports)):
             mac = Mac(WIDTH, rx_domain=f"eth{n}_rx", tx_domain="eth_tx", icrc=True)
             arp = ArpResponder(WIDTH, mac=t.mac, ip=t.ip_int)

@@ -15,7 +15,8 @@ that send it. Its parts, one a file:
   and the message number of its use) decides: start a new use (overwrite) for a later
   message, add to the use in progress, send a completed use's result again to the one worker
   (replay, for a message of the use's length), or drop a duplicate or a stale message; a use
-  completes at the job's quorum of contributions; updates the state and queues a command
+  completes at the job's quorum of contributions, or closes short when a retransmission finds
+  it past the job's deadline (in ticks, `tick`); updates the state and queues a command
   (`hw.aggregator_command`);
 - sums (`hw.aggregator_sums.Sums`; one wide beat per cycle, 1 cycle a beat): reads each row of
   the slot's sums, adds the beat's int32 lanes with saturation (an overflow bit and the
@@ -51,6 +52,7 @@ from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from . import regmap as R
 from .aggregator_clearing import Clearing
 from .aggregator_command import command, egress_beat, slot_state
 from .aggregator_decide import Decide
@@ -78,6 +80,7 @@ class Aggregator(wiring.Component):
             "reply_dropped": Out(ports),  # a port's control request got no reply
             "port_events": Out(len(PORT_EVENTS)).array(ports),
             "job_events": Out(len(JOB_EVENTS)).array(jobs),
+            "tick": In(1),                # a tick of the deadlines' clock (`hw.regmap`)
         })
 
     def elaborate(self, platform):
@@ -103,6 +106,10 @@ class Aggregator(wiring.Component):
         wiring.connect(m, table, lookup.table, decide.table, clearing.table)
         wiring.connect(m, wiring.flipped(self.header), lookup.header)
         wiring.connect(m, lookup.o, decide.i)
+        now = Signal(R.DEADLINE_BITS)   # ticks, wrapping
+        with m.If(self.tick):
+            m.d.sync += now.eq(now + 1)
+        m.d.comb += decide.now.eq(now)
         m.d.comb += [
             lookup.completing.eq(
                 decide.decided & decide.job_event[JOB_EVENTS.index("completed")]),

@@ -10,6 +10,7 @@ from amaranth import signed
 from amaranth.lib import data
 
 from . import headers as H
+from . import regmap as R
 from .beat import BeatLayout
 
 MAX_CONTROL_PAYLOAD = H.MAX_CONTROL_RECORDS * H.CONTROL_RECORD.length     # 512 bytes
@@ -21,6 +22,7 @@ class Action(enum.IntEnum):
     ADD = 2          # add the payload to the sums
     REPLAY = 3       # send the sums again
     CONTROL = 4      # apply the records, send the reply
+    CLOSE = 5        # send the sums to every worker: a use closed short at its deadline
 
 
 def result_descriptor(max_workers: int):
@@ -43,10 +45,10 @@ def egress_beat(width: int, ports: int, max_workers: int):
 
 def slot_copy(max_workers: int):
     """A slot copy's state: its contributors (`bitmap`), their number (`count`, 0: no use in
-    progress), how many brought data (`data`: not null), the payload length and the low bits
-    of the use's message number (`msn`)."""
+    progress), how many brought data (`data`: not null), the payload length, the low bits
+    of the use's message number (`msn`) and the tick its use began at (`begun`)."""
     return data.StructLayout({"bitmap": max_workers, "count": 6, "data": 6, "length": 11,
-                              "msn": 16})
+                              "msn": 16, "begun": R.DEADLINE_BITS})
 
 
 def slot_state(max_workers: int):

@@ -6,12 +6,14 @@ number, how many brought data, the payload length and the message number of its 
 decides: start a new use (overwrite) for a later message, add to the use in progress, send a
 completed use's result again to the one worker (replay, for a message of the use's length),
 or drop a duplicate or a stale message; a use completes at the job's quorum of
-contributions. It writes the slot's new state (`state`), queues a command for the payload
-stages (`command`, when `decided`) and gives the packet's events (`port_event`,
-`job_event`), among them each drop: a packet the lookup stage judged bad, a message other
-than its copy's use (stale), a duplicate contribution to a use in progress, or a
-contribution of another length than the use's (in progress or completed). A control request
-that is not served (a bad length) is `unserved`: its barrier lifts.
+contributions, or closes short when a duplicate (a retransmission) finds it at least the
+job's DEADLINE ticks old (`now` minus the tick it began at, modulo 2**DEADLINE_BITS): its
+result goes to every worker, as a completion's does. It writes the slot's new state
+(`state`), queues a command for the payload stages (`command`, when `decided`) and gives the
+packet's events (`port_event`, `job_event`), among them each drop: a packet the lookup stage
+judged bad, a message other than its copy's use (stale), a duplicate contribution to a use
+in progress, or a contribution of another length than the use's (in progress or completed).
+A control request that is not served (a bad length) is `unserved`: its barrier lifts.
 
 Latency: none of its own (combinational: the command is written to the queue in the cycle
 the packet is decided); the stage moves with the lookup stage when `go` (the command queue
@@ -23,6 +25,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from . import headers as H
+from . import regmap as R
 from .aggregator_command import Action, command, slot_state
 from .aggregator_lookup import Look, looked_up
 from .control import JOB_EVENTS, PORT_EVENTS, JobTable
@@ -50,6 +53,7 @@ class Decide(wiring.Component):
             "i": In(stream.Signature(looked_up(ports, slots))),
             "go": In(1),                  # the command queue has room: take `i`
             "copies": In(slot_state(max_workers)),   # the state of `i`'s slot
+            "now": In(R.DEADLINE_BITS),   # the switch's tick count
             "table": In(JobTable(jobs, max_workers)),
             "state": Out(state_write(slots, max_workers)),
             "command": Out(command(ports, slots, max_workers)),
@@ -139,6 +143,9 @@ class Decide(wiring.Component):
         idle = mine.count == 0              # no use in progress: the last one completed
         fresh = mine.bitmap == 0            # never used since the job's slots were cleared
         new_use = idle & (fresh | (distance > 0))
+        age = Signal(R.DEADLINE_BITS)
+        m.d.comb += age.eq(self.now - mine.begun)
+        late = (b_job.deadline != 0) & (age >= b_job.deadline)
         with m.If(idle & ~new_use & (distance == 0)):
             # The result's rows go out with the request's payload beats: a request of another
             # length than the use's would send a part of the sums, or rows beyond them.
@@ -152,6 +159,17 @@ class Decide(wiring.Component):
                 ]
         with m.Elif(~new_use & (distance != 0)):
             m.d.comb += count("drop_stale")
+        with m.Elif(~new_use & seen & late & (mine.length == b.payload_length)):
+            # A retransmission past the job's deadline: the use closes with what it has, and
+            # its result, read from the sums, goes to every worker.
+            m.d.comb += [
+                update.eq(1), new.count.eq(0),
+                count("closed_late"), count("completed"),
+                cmd.action.eq(Action.CLOSE), cmd.emit.eq(1), desc.count.eq(mine.data),
+                desc.dests.eq((Const(1, MW + 1) << self.i.payload.workers) - 1),
+                cmd.ports.eq(self.i.payload.completion_ports),
+                limit.eq(b_job.completed + b_job.credits + 1),
+            ]
         with m.Elif(~new_use & seen):
             m.d.comb += count("duplicates")
         with m.Elif(~new_use & (mine.length != b.payload_length)):
@@ -165,6 +183,7 @@ class Decide(wiring.Component):
                 new.data.eq(new_data),
                 new.length.eq(b.payload_length),
                 new.msn.eq(msn[:16]),
+                new.begun.eq(Mux(new_use, self.now, mine.begun)),
             ]
             with m.If(finishes):
                 m.d.comb += [

@@ -5,8 +5,9 @@ per cycle, from the packet's ingress port (`payload`), or zeros for a null contr
 payload dropped by priority at ingress: made here, as long as its length says). For each
 beat it reads the row of the slot's sums (`rows` rows of `width` bits a version), adds the
 beat's int32 lanes with saturation (an overflow bit and the exponent, the maximum, are kept
-per row), writes the row back, and, when the packet completed the slot or is a replay, sends
-the row on as the result's payload (`egress`), with the command's descriptor and ports; a
+per row), writes the row back, and, when the packet completed the slot, closed it at its
+deadline (its payload drained, the rows unchanged) or is a replay, sends the row on as the
+result's payload (`egress`), with the command's descriptor and ports; a
 command that drains its packet changes nothing and sends nothing. A control request's beats
 go to the records stage (`request`), and its reply comes back (`reply`) to leave the same way.
 A completion whose sums saturated is counted (`overflowed`, of job `overflowed_job`), at its
@@ -80,7 +81,8 @@ class Sums(wiring.Component):
             out.beat.keep.eq(d_beat.keep), out.beat.last.eq(d_beat.last),
             out.beat.data.eq(Mux(d_direct, d_beat.data, new.lanes.as_value())),
         ]
-        completes = (d_action == Action.OVERWRITE) | (d_action == Action.ADD)
+        completes = ((d_action == Action.OVERWRITE) | (d_action == Action.ADD)
+                     | (d_action == Action.CLOSE))
         m.d.comb += [
             self.overflowed.eq(d_valid & advance & d_emit & d_beat.last & completes
                                & (d_overflow | new.overflow)),

@@ -40,6 +40,7 @@ from .headers import Verdict
 JOB = data.StructLayout({
     "enable": 1, "workers": 6, "slot_base": 16, "slot_count": 16,
     "credits": 16, "quorum": 6, "completed": 32, "epoch": 32, "key": 32,
+    "deadline": R.DEADLINE_BITS,
 })
 WORKER = data.StructLayout({
     "port": 4, "udp_port": 16, "mac": 48, "ip": 32, "qpn": 24, "rkey": 32, "va": 64,
@@ -152,6 +153,7 @@ class Control(wiring.Component):
                 (R.job_reg(j, R.JOB_COMPLETED), job.completed, None),
                 (R.job_reg(j, R.JOB_EPOCH), job.epoch, job.epoch),
                 (R.job_reg(j, R.JOB_KEY), Const(0, 32), job.key),      # no read learns it
+                (R.job_reg(j, R.JOB_DEADLINE), job.deadline, job.deadline),
             ]
             with m.If(self.job_events[j][JOB_EVENTS.index("completed")]):
                 m.d.sync += job.completed.eq(job.completed + 1)

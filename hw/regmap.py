@@ -71,6 +71,7 @@ JOB_QUORUM = 0x04           # rw: [5:0] contributions that complete a use; 0 or 
 JOB_COMPLETED = 0x05        # ro: uses completed since CONFIG was last written (32 bits, wraps)
 JOB_EPOCH = 0x06            # rw: the configuration's epoch, fresh each time rank 0 configures
 JOB_KEY = 0x07              # wo (reads 0): the R_Key every contribution of the job carries
+JOB_DEADLINE = 0x09         # rw: [7:0] ticks a use may wait for its missing contributions; 0: ever
 WORKER_BASE, WORKER_STRIDE = 0x20, 8
 WORKER_PORT = 0             # rw: WORKER_ENDPOINT
 WORKER_ENDPOINT = Fields((("switch_port", 16, 4), ("udp_port", 0, 16)))
@@ -81,6 +82,17 @@ WORKER_QPN = 4              # rw: 24 bits
 WORKER_RKEY = 5
 WORKER_VA_HI = 6
 WORKER_VA_LO = 7
+
+# Deadlines: the switch counts ticks of TICK_SECONDS (8 bits, wrapping; a board divides its
+# core clock, a simulated switch ticks by the wall clock). A use notes the tick it began at; a
+# retransmission (a contribution of a rank already in the use) that finds the use at least
+# JOB_DEADLINE ticks old closes it with the contributions it has, as a quorum would: its
+# result, whose count and check lane say who is in it, goes to every worker of the job, and
+# the workers complete, fill in or redo the chunk by their loss budget. Ages are taken modulo
+# 256 ticks (2 s), so a deadline is at most 255 ticks, and a retransmission at least every
+# second (the workers' rto_max) finds a late use past it within 2 s.
+TICK_SECONDS = 2 ** -7
+DEADLINE_BITS = 8
 
 # Heartbeats: one register per (job, rank), rw, 32 bits, reset 0, which a rank's worker
 # writes with a running count while it is open; every rank of the job reads them all to tell
@@ -116,6 +128,7 @@ JOB_COUNTERS = (
     "drop_credit",         # a message beyond the job's credit limit
     "results",             # result packets sent
     "drop_bad_key",        # a contribution whose RETH.rkey is not the job's KEY
+    "closed_late",         # uses closed short at their deadline (also counted `completed`)
 )
 
 WRITE = 1 << 31             # in a control record's address: write the value
@@ -173,6 +186,9 @@ def rows() -> list[tuple[str, str]]:
         (f"{JOB_BASE + JOB_EPOCH:#06x} / {JOB_BASE + JOB_KEY:#06x} + {job}",
          "job j EPOCH (the configuration's, written with CONFIG) / KEY (write only, reads 0: "
          "the R_Key of the job's contributions)"),
+        (f"{JOB_BASE + JOB_DEADLINE:#06x} + {job}",
+         f"job j DEADLINE ({DEADLINE_BITS - 1}-0; 0: none): ticks of {TICK_SECONDS * 1e3:g} ms "
+         "after which a retransmission closes a use with the contributions it has"),
         (f"{JOB_BASE + WORKER_BASE:#06x} + {worker} + 0..{WORKER_STRIDE - 1}",
          f"worker r of job j: {WORKER_ENDPOINT.text()}; MAC 47-32; MAC 31-0; IPv4 address; "
          f"QPN; R_Key; base address 63-32; 31-0"),

@@ -17,7 +17,8 @@ deparser ("engine"), or by the MACs in front of the ports ("mac": `hw.mac.Mac` w
 ``icrc=True``; the rx beats then carry the MAC's ``icrc_ok``, and frames leave with four zero
 bytes for the MAC to fill), which saves about 1,500 LUTs per engine on an ECP5.
 The packet format is `hw.headers`' (`sim.wire` is its software side); the behaviour is
-`sim.golden`'s, frame for frame, when frames are applied in commit order (`committed`).
+`sim.golden`'s, frame for frame, when frames are applied in commit order (`committed`) and
+each `tick` between them. The board's top pulses `tick` every `hw.regmap.TICK_SECONDS`.
 
 Reset reaches control state only (valid bits, pointers, counts, the job table): the registers
 that hold a header, a beat or an address behind a valid bit are ``reset_less``, as in the MAC.
@@ -99,6 +100,7 @@ class Switch(wiring.Component):
             "tx": Out(FrameStream(width)).array(ports),
             "committed": Out(1).array(ports),
             "nulled": Out(1).array(ports),
+            "tick": In(1),      # a tick of the deadlines' clock, every TICK_SECONDS (`hw.regmap`)
         })
 
     def elaborate(self, platform):
@@ -131,6 +133,7 @@ class Switch(wiring.Component):
             ports=P, width=wide, jobs=J, max_workers=MW, slots=self.slots,
             max_payload=self.max_payload)
         wiring.connect(m, aggregator.control, control.records)
+        m.d.comb += aggregator.tick.eq(self.tick)
         for p in range(P):
             wiring.connect(m, ingress[p].header, arbiter.i[p])
             wiring.connect(m, ingress[p].payload, aggregator.payload[p])

@@ -3,15 +3,16 @@
 
 The stream (`stream`) is good traffic (`sim.fuzz_traffic`: jobs configured through the
 control path as the host configures them, then uses of their slots by every worker, so that
-uses complete, duplicates are dropped and results are replayed, and a read of every register
+uses complete, duplicates are dropped, results are replayed and, between ticks of the
+deadlines' clock, uses past their deadline close short, and a read of every register
 and counter at the end of each epoch) interleaved with mutated copies of recent good frames
 (`sim.fuzz_mutations`), sometimes ahead of the good frame they come from, so that they may
 take its place. The same seed gives the same frames.
 
 The comparer (`Comparer`) sends the stream in batches of at most one frame per port (a
-control request alone), runs the RTL until its ports are quiet, and applies the batch to the
-golden model in the switch's commit order (the frame that ends first, then the lower port),
-so the two see the same thing. It compares:
+control request alone; a tick alone, to both switches' `tick`), runs the RTL until its ports
+are quiet, and applies the batch to the golden model in the switch's commit order (the frame
+that ends first, then the lower port), so the two see the same thing. It compares:
 
 - every frame out, port by port, byte for byte: a frame one side sends and the other does not,
   or sends different bytes, is a difference, reported with the index and bytes of the input
@@ -63,13 +64,13 @@ def stream(seed: int, frames: int, *, ports: int = 4, jobs: int = 4, max_workers
 
     while sent < frames:
         for good in traffic.epoch():
-            if good.kind is not Kind.READ and rng.random() < mutation_rate / 5 \
+            if good.kind not in (Kind.READ, Kind.TICK) and rng.random() < mutation_rate / 5 \
                     and sent < frames - 1:
                 yield mutated(good)       # ahead of its good frame: it may take its place
                 sent += 1
             yield good
             sent += 1
-            if good.kind is not Kind.READ:
+            if good.kind not in (Kind.READ, Kind.TICK):
                 recent = recent[-63:] + [good]
             while recent and sent < frames and rng.random() < mutation_rate / (1 + mutation_rate):
                 yield mutated(rng.choice(recent))
@@ -163,9 +164,11 @@ class Ledger:
         before = counters["contributions"], counters["completed"]
         nulls = g.port_counters[port]["drop_priority"]
         out = g.receive(port, frame)
-        if counters["contributions"] == before[0]:
-            return out
         key = (g.job[req.job].slot_base + req.slot, req.version)
+        if counters["contributions"] == before[0]:
+            if counters["completed"] != before[1]:      # closed short at its deadline
+                self._done(key)
+            return out
         if g.state[key[0]][key[1]].bitmap == 1 << req.rank:       # a new use begins
             self.open[key] = []
         data = g.port_counters[port]["drop_priority"] == nulls
@@ -173,10 +176,14 @@ class Ledger:
             bytes(header.length)
         self.open[key].append((np.frombuffer(payload, "<i4").astype(np.int64), data))
         if counters["completed"] != before[1]:
-            lanes = [lanes for lanes, _ in self.open[key]]
-            done = (_saturated_sum(lanes).tobytes(), sum(d for _, d in self.open[key]))
-            self.done[key] = self.done.get(key, [])[-3:] + [done]
+            self._done(key)
         return out
+
+    def _done(self, key: tuple[int, int]):
+        """The use open in slot copy `key` completed: what its results carry."""
+        lanes = [lanes for lanes, _ in self.open[key]]
+        done = (_saturated_sum(lanes).tobytes(), sum(d for _, d in self.open[key]))
+        self.done[key] = self.done.get(key, [])[-3:] + [done]
 
     def wrong(self, frame: bytes) -> bool | None:
         """Whether a result carries sums or a count other than its use's (None: not a result,
@@ -226,7 +233,7 @@ class Comparer:
             if index >= 0:
                 s.frames += 1
                 s.mutated += frame.kind.mutated
-            if pending and (frame.control or pending[0][1].control or len(pending) >= batch
+            if pending and (frame.alone or pending[0][1].alone or len(pending) >= batch
                             or frame.port in {f.port for _, f in pending}):
                 if not self._batch(pending) or (stop and s.differences + s.wrong_sums):
                     pending = []
@@ -244,6 +251,10 @@ class Comparer:
 
         s = self.summary
         s.batches += 1
+        if batch[0][1].kind is Kind.TICK:
+            self.golden.tick()
+            self.rtl.tick()
+            return True
         s.reads += sum(f.kind is Kind.READ for _, f in batch)
         want: dict[int, list[tuple[int, Frame, bytes]]] = {}
         for index, f in sorted(batch, key=lambda b: (-(-len(b[1].data) // self.beat),

@@ -36,6 +36,7 @@ class Kind(enum.Enum):
     CONTRIBUTION = "contribution"    # good
     RESEND = "resend"                # good, sent again: a duplicate, a replay or stale
     READ = "read"                    # good: a read of the registers and counters
+    TICK = "tick"                    # a tick of the deadlines' clock (no frame: `data` empty)
     BYTES = "bytes"                  # the mutations (`sim.fuzz_mutations`)
     BITS = "bits"
     FIELD = "field"
@@ -46,7 +47,7 @@ class Kind(enum.Enum):
 
     @property
     def mutated(self) -> bool:
-        return self not in (Kind.CONTROL, Kind.CONTRIBUTION, Kind.RESEND, Kind.READ)
+        return self not in (Kind.CONTROL, Kind.CONTRIBUTION, Kind.RESEND, Kind.READ, Kind.TICK)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +63,14 @@ class Frame:
     def control(self) -> bool:
         """Whether the switch may take it as a control request (sent alone)."""
         return len(self.data) > W.BTH_OFFSET and self.data[W.BTH_OFFSET] == W.OP_CONTROL
+
+    @property
+    def alone(self) -> bool:
+        """Whether it goes into the switches on its own: a control request, or a tick."""
+        return self.control or self.kind is Kind.TICK
+
+
+TICK = Frame(0, b"", Kind.TICK)
 
 
 @dataclasses.dataclass
@@ -155,6 +164,7 @@ class Traffic:
         yield self._control(members[0], [
             (W.job_reg(job, W.JOB_SLOT_BASE), base), (W.job_reg(job, W.JOB_SLOT_COUNT), count),
             (W.job_reg(job, W.JOB_CREDITS), credits), (W.job_reg(job, W.JOB_QUORUM), quorum),
+            (W.job_reg(job, W.JOB_DEADLINE), self.rng.choice((0, 0, 1, 2, 3))),
             (W.job_reg(job, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=len(members))),
             (W.job_reg(job, W.JOB_EPOCH), self.rng.getrandbits(32)),
             (W.job_reg(job, W.JOB_KEY), members[0].key)]
@@ -226,6 +236,8 @@ class Traffic:
             rng.shuffle(batch)
             for frame in batch:
                 yield frame
+                if rng.random() < 0.04:
+                    yield TICK
                 if sent and rng.random() < 0.05:   # a retransmission: duplicate or replay
                     yield dataclasses.replace(rng.choice(sent[-64:]), kind=Kind.RESEND)
                 sent.append(frame)

@@ -43,7 +43,10 @@ What the switch does, frame by frame:
      arrived after the use closed early) (`replays`), unless its length is not the use's
      (`drop_bad_length`); if d < 0, `drop_stale`;
    - a use in progress: d != 0 is `drop_stale`; the worker's bit already set is
-     `duplicates`; a different length is `drop_bad_length`; else the lanes are added
+     `duplicates`, unless the use is at least the job's DEADLINE ticks old (ticks since it
+     began, modulo 2**DEADLINE_BITS; `tick`) and the length is the use's: then the use closes
+     short (`closed_late`, and it is complete as below, its result, of the contributions it
+     has, to every worker); a different length is `drop_bad_length`; else the lanes are added
      (a null adds zeros), the exponent is the maximum (a null's included), the bit is set,
      the count goes up;
    - a NEW USE or an add counts `contributions`. When the count reaches the quorum (QUORUM
@@ -121,6 +124,7 @@ class Job:
     completed: int = 0                # the COMPLETED register (32 bits, wraps)
     epoch: int = 0                    # the EPOCH register
     key: int = 0                      # the KEY register: every contribution's RETH.rkey
+    deadline: int = 0                 # the DEADLINE register: ticks; 0: none
     table: list = dataclasses.field(default_factory=list)
     beats: list = dataclasses.field(default_factory=list)     # by rank: BEAT registers
 
@@ -151,13 +155,14 @@ class SlotCopy:
     msn16: int = 0                    # low 16 bits of the use's MSN
     exponent: int = 0
     overflow: bool = False
+    begun: int = 0                    # the tick the use began at
 
-    def begin(self, bit: int, sums: np.ndarray, null: bool, msn: int, exponent: int):
-        """A new use, begun by one contribution (its rank's `bit`) with its lanes as the
-        `sums` (a null's are zeros)."""
+    def begin(self, bit: int, sums: np.ndarray, null: bool, msn: int, exponent: int, now: int):
+        """A new use, begun at tick `now` by one contribution (its rank's `bit`) with its
+        lanes as the `sums` (a null's are zeros)."""
         self.bitmap, self.count, self.data = bit, 1, int(not null)
         self.sums, self.length, self.msn16 = sums, 4 * len(sums), msn & 0xFFFF
-        self.exponent, self.overflow = exponent, False
+        self.exponent, self.overflow, self.begun = exponent, False, now
 
     def __eq__(self, other):
         if not isinstance(other, SlotCopy):
@@ -215,6 +220,7 @@ class GoldenSwitch(Registers):
         self._pending = collections.deque()
         self._cleared = None          # in a control request: the jobs whose CONFIG it wrote
         self._templates = {}          # the result headers of each destination and length
+        self.now = 0                  # ticks of the deadlines' clock, wrapping
 
     # --- the backend interface ------------------------------------------------------------
 
@@ -304,10 +310,14 @@ class GoldenSwitch(Registers):
             if copy.bitmap and d < 0:
                 counters["drop_stale"] += 1
                 return []
-            copy.begin(bit, _lanes(payload), null, msn, req.exponent)
+            copy.begin(bit, _lanes(payload), null, msn, req.exponent, self.now)
         elif d != 0:
             counters["drop_stale"] += 1
             return []
+        elif copy.bitmap & bit and self._late(job, copy) and len(payload) == copy.length:
+            counters["closed_late"] += 1
+            self._complete(job, counters, copy)
+            return self._results(j, slot, version, copy, ranks, offset)
         elif copy.bitmap & bit:
             counters["duplicates"] += 1
             return []
@@ -344,6 +354,16 @@ class GoldenSwitch(Registers):
         if req.slot >= job.slot_count or job.slot_base + req.slot >= self.slots:
             return "drop_bad_slot"
         return None
+
+    def tick(self):
+        """A tick of the deadlines' clock (`hw.regmap.TICK_SECONDS`), between two frames."""
+        self.now = (self.now + 1) % (1 << W.DEADLINE_BITS)
+
+    def _late(self, job: Job, copy: SlotCopy) -> bool:
+        """Whether a use in progress is past its job's deadline (its age modulo the tick
+        count's range)."""
+        return job.deadline != 0 and (self.now - copy.begun) % (1 << W.DEADLINE_BITS) >= \
+            job.deadline
 
     def _complete(self, job: Job, counters: dict, copy: SlotCopy):
         """A use of a slot copy is complete: counted, and the job's COMPLETED + 1."""

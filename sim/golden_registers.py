@@ -71,7 +71,8 @@ class Registers:
             return {W.JOB_CONFIG: job.config, W.JOB_SLOT_BASE: job.slot_base,
                     W.JOB_SLOT_COUNT: job.slot_count, W.JOB_CREDITS: job.credits,
                     W.JOB_QUORUM: job.quorum, W.JOB_COMPLETED: job.completed,
-                    W.JOB_EPOCH: job.epoch}.get(off, 0)       # KEY reads 0
+                    W.JOB_EPOCH: job.epoch, W.JOB_DEADLINE: job.deadline,
+                    }.get(off, 0)       # KEY reads 0
         if kind is Space.WORKER:
             j, rank = index
             w = self.job[j].table[rank]
@@ -118,6 +119,8 @@ class Registers:
                 job.epoch = value
             elif off == W.JOB_KEY:
                 job.key = value
+            elif off == W.JOB_DEADLINE:
+                job.deadline = value & ((1 << W.DEADLINE_BITS) - 1)
         elif kind is Space.WORKER:
             j, rank = index
             w = self.job[j].table[rank]

@@ -47,7 +47,7 @@ from .verilated import ContractError, Harness, LoadedModel, build_library, check
 
 # Part of every model's key: bump it when what this module writes for the harness
 # (netagg_ports.h) or expects of it changes.
-HARNESS_ABI = 1
+HARNESS_ABI = 2
 _PORT_SIGNALS = ("rx{i}_tdata", "rx{i}_tkeep", "rx{i}_tlast", "rx{i}_tvalid", "rx{i}_tready",
                  "tx{i}_tdata", "tx{i}_tkeep", "tx{i}_tlast", "tx{i}_tvalid", "tx{i}_tready")
 _INPUTS = {"rx{i}_tdata", "rx{i}_tkeep", "rx{i}_tlast", "rx{i}_tvalid", "tx{i}_tready"}
@@ -87,6 +87,7 @@ def _port_header(signals: dict[str, tuple[str, int]], top: str) -> str:
     each = " ".join(f"X({i})" for i in range(count))
     return (f"#define NETAGG_PORTS {count}\n#define NETAGG_WIDTH {width}\n"
             f"#define NETAGG_HAS_RST {int('rst' in signals)}\n"
+            f"#define NETAGG_HAS_TICK {int('tick' in signals)}\n"
             f"#define NETAGG_FOR_EACH_PORT(X) {each}\n")
 
 
@@ -106,7 +107,7 @@ def _load(library: Path) -> ctypes.CDLL:
         "nm_ports": ([], ctypes.c_int), "nm_width": ([], ctypes.c_int),
         "nm_create": ([], handle), "nm_destroy": ([handle], None),
         "nm_reset": ([handle, ctypes.c_uint], None), "nm_cycles": ([handle], u64),
-        "nm_step": ([handle, u64], None),
+        "nm_step": ([handle, u64], None), "nm_tick": ([handle], ctypes.c_int),
         "nm_run_until_idle": ([handle, u64, u64], ctypes.c_int),
         "nm_port_state": ([handle, ctypes.c_int, p], None),
         "nm_queued": ([handle, ctypes.c_int], i64),
@@ -193,6 +194,14 @@ class SwitchModel(LoadedModel):
         """Clock exactly `cycles` cycles; return the frames that came out meanwhile."""
         self._flush()
         self._lib.nm_step(self._h, cycles)
+        return self._collect()
+
+    def tick(self) -> list[tuple[int, bytes]]:
+        """One cycle with the top's `tick` input high (after the frames queued so far are
+        handed over); the frames that came out in it. ValueError for a top without one."""
+        self._flush()
+        if not self._lib.nm_tick(self._h):
+            raise ValueError(f"top {self.top!r} has no tick input")
         return self._collect()
 
     @property

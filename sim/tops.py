@@ -197,8 +197,9 @@ TOPS["loopback"] = LoopbackTop
 class SwitchTop(Elaboratable):
     """The aggregation switch (`hw.switch.Switch`) with flat ports: ``rx{i}_*`` in and
     ``tx{i}_*`` out (AXI-Stream style), ``committed{i}``, high in the cycle port i's
-    ingress commits a good frame (the order the golden model applies frames in), and
-    ``nulled{i}``, high with it when that frame was dropped by priority to a null."""
+    ingress commits a good frame (the order the golden model applies frames in),
+    ``nulled{i}``, high with it when that frame was dropped by priority to a null, and
+    ``tick`` in, a tick of the deadlines' clock (the harness's `nm_tick`)."""
 
     def __init__(self, ports: int = 4, width: int = 64, **params):
         from netagg.hw.switch import Switch
@@ -208,10 +209,11 @@ class SwitchTop(Elaboratable):
         self.tx = [_AxisPorts(f"tx{i}", width) for i in range(ports)]
         self.committed = [Signal(name=f"committed{i}") for i in range(ports)]
         self.nulled = [Signal(name=f"nulled{i}") for i in range(ports)]
+        self.tick = Signal(name="tick")
 
     def ports(self):
         return [*(s for axis in [*self.rx, *self.tx] for s in axis.ports()), *self.committed,
-                *self.nulled]
+                *self.nulled, self.tick]
 
     def elaborate(self, platform):
         m = Module()
@@ -220,6 +222,7 @@ class SwitchTop(Elaboratable):
             rx.drive(m, sw.rx[i])
             tx.observe(m, sw.tx[i])
             m.d.comb += [self.committed[i].eq(sw.committed[i]), self.nulled[i].eq(sw.nulled[i])]
+        m.d.comb += sw.tick.eq(self.tick)
         return m
 
 

@@ -14,8 +14,9 @@
 // returning to Python, as the reference speed.
 //
 // netagg_ports.h is written by sim/model.py from the verilated header: NETAGG_PORTS (count),
-// NETAGG_WIDTH (tdata bits), NETAGG_HAS_RST and NETAGG_FOR_EACH_PORT(X), which expands X(i)
-// for every port index i.
+// NETAGG_WIDTH (tdata bits), NETAGG_HAS_RST, NETAGG_HAS_TICK (an input `tick`, which nm_tick
+// holds high for one cycle) and NETAGG_FOR_EACH_PORT(X), which expands X(i) for every port
+// index i.
 
 #include <chrono>
 #include <cstdint>
@@ -366,6 +367,19 @@ int nm_push_list(Model* m, PyObject* ports, PyObject* frames) {
 }
 
 void nm_step(Model* m, uint64_t cycles) { m->step(cycles); }
+
+// One cycle with `tick` high; 1, or 0 (and no cycle) when the top has no tick input.
+int nm_tick(Model* m) {
+#if NETAGG_HAS_TICK
+    m->top->tick = 1;
+    m->step(1);
+    m->top->tick = 0;
+    return 1;
+#else
+    (void)m;
+    return 0;
+#endif
+}
 int nm_run_until_idle(Model* m, uint64_t max_cycles, uint64_t idle) {
     return m->run_until_idle(max_cycles, idle);
 }
