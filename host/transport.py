@@ -47,6 +47,7 @@ from netagg.host import netif
 from netagg.host.errors import NetaggError
 from netagg.sim import udp_offload
 from netagg.sim import wire as W
+from netagg.sim.ticks import WallClock
 from netagg.sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, request_on, switch_port_for
 from netagg.sim.wire import CONTROL_FIRST_BYTE
 
@@ -141,6 +142,7 @@ class InProcessHub:
         self.endpoints: dict[tuple[str, int], InProcessTransport] = {}
         self.engines = []          # progress functions of the attached workers
         self.misrouted = 0
+        self.clock = WallClock(backend)     # the deadlines' ticks
 
     def attach(self, transport):
         with self.lock:
@@ -157,7 +159,7 @@ class InProcessHub:
 
     def pump(self):
         with self.lock:
-            for port, frame in self.backend.run():
+            for port, frame in self.clock.catch_up() + self.backend.run():
                 try:
                     _, dst, _ = W.strip_frame(frame)
                 except Exception:

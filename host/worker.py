@@ -48,7 +48,12 @@ on the handles; waiting drives every worker of that backend. They may also run i
 Credits and quorum (`credits=`, `quorum=`, set by rank 0 for the job, read by the others):
 a worker opens at most `credits` uses of the job's slots beyond those completed (default: the
 job's slot count; 0: no limit), and a use completes with `quorum` contributions (default 0:
-all workers; the late ones get the result when theirs arrives).
+all workers; the late ones get the result when theirs arrives). A use still open `deadline`
+seconds after it began (default 0: none, every use waits for every rank, and a dead one is
+named, `host.liveness`) is closed by the switch at the next retransmission into it, with the
+contributions it has, as a quorum would: with a loss budget that allows it, the job goes on
+without a dead or stalled rank, its sums scaled (a rank that falls behind by more than a use
+of a slot is left behind: its contributions are stale).
 
 Loss tolerance (`allreduce(..., loss_budget=0.02, priority=3)`, a value or one per tensor):
 each worker may let the switch drop (as null contributions, under congestion) up to
@@ -62,6 +67,7 @@ sum is exact, quorum or not. The rules are in `host.messages` and `host.checklan
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import random
 import time
@@ -135,13 +141,18 @@ class Worker:
                  slot_base: int | None = None, timeout: float = 20.0,
                  fraction_bits: int | None = None, block: int = N.DEFAULT_BLOCK,
                  faults: dict | None = None, paths: int = 1, spray: str = "round_robin",
-                 credits: int | None = None, quorum: int = 0, bind: str | None = None):
+                 credits: int | None = None, quorum: int = 0, bind: str | None = None,
+                 deadline: float = 0.0):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
         if credits is not None and not 0 <= credits <= 0xFFFF:
             raise ValueError(f"credits must be 0..65535 (0: no limit), not {credits}")
         if not 0 <= quorum <= 63:
             raise ValueError(f"quorum must be 0..63 (0: all workers), not {quorum}")
+        self.deadline_ticks = math.ceil(deadline / W.TICK_SECONDS)
+        if not 0 <= self.deadline_ticks < 1 << W.DEADLINE_BITS:
+            top = ((1 << W.DEADLINE_BITS) - 1) * W.TICK_SECONDS
+            raise ValueError(f"deadline must be 0..{top:g} s, not {deadline}")
         if local_size < 1 or world_size % local_size:
             raise ValueError(f"world_size {world_size} is not a multiple of local_size "
                              f"{local_size}")
@@ -248,6 +259,7 @@ class Worker:
                          (W.job_reg(j, W.JOB_SLOT_COUNT), count),
                          (W.job_reg(j, W.JOB_CREDITS), credits),
                          (W.job_reg(j, W.JOB_QUORUM), quorum),
+                         (W.job_reg(j, W.JOB_DEADLINE), self.deadline_ticks),
                          (W.job_reg(j, W.JOB_CONFIG), config),   # clears slots, COMPLETED
                          (W.job_reg(j, W.JOB_EPOCH), keys.epoch),
                          (W.job_reg(j, W.JOB_KEY), keys.key)]

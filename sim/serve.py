@@ -31,7 +31,8 @@ too.
 
 Backends: `golden` (sim.golden.GoldenSwitch), `rtl` (sim.model, the Verilator model) and
 `echo` (sim.echo.EchoSwitch: each contribution answered at once to its sender, for
-measurements).
+measurements). The golden model and the RTL tick their deadlines' clock by the wall clock
+(`sim.ticks`), between the frames they take.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ import time
 
 from netagg.sim import udp, udp_offload
 from netagg.sim import wire as W
+from netagg.sim.ticks import WallClock
 from netagg.sim.udp_offload import FrameRun
 from netagg.sim.udp_runs import LINGER, RunReader
 
@@ -143,6 +145,7 @@ class SimServer:
         self.stats = {"datagrams_in": 0, "datagrams_out": 0, "undeliverable": 0}
         self.unsendable: set[tuple[str, int]] = set()
         self._stop = threading.Event()
+        self.clock = WallClock(backend)         # the deadlines' ticks
         self._thread = None
         self.lock = threading.Lock()
 
@@ -162,12 +165,14 @@ class SimServer:
         watch = [self.raw if self.raw is not None else self.sock]
         r, _, _ = select.select(watch, [], [], 0 if busy else timeout)
         if not r:
-            if busy:
-                with self.lock:
+            with self.lock:
+                self._deliver(self.clock.catch_up())
+                if busy:
                     self._deliver(self._advance())
             return 0
         taken = 0
         with self.lock:
+            self._deliver(self.clock.catch_up())
             send, pcap = self.backend.send, self.pcap
             send_run = getattr(self.backend, "send_run", None)
             burst = BURST if not hasattr(self.backend, "advance") else 0

@@ -8,9 +8,12 @@ the same frames, byte for byte, on the same frames and ticks."""
 from __future__ import annotations
 
 import random
+import time
 
 import numpy as np
 import pytest
+from netagg.host import numerics as N
+from netagg.host.errors import NetaggRankGone
 from netagg.sim import wire as W
 from netagg.sim.golden import GoldenSwitch
 from netagg.sim.scapy_frames import ImmDt
@@ -130,3 +133,67 @@ def test_golden_and_rtl_agree_frame_for_frame_with_ticks(rtl_model):
     for job in (0, 1):
         assert job_counters(switches[0], job) == job_counters(switches[1], job)
     assert job_counters(switches[0], 0)["closed_late"] > 0
+
+
+# --- the host's workers ----------------------------------------------------------------------
+
+def three_without_rank_2(backend, rtl_model):
+    """Three in-process workers of job 0 with a deadline of 0.1 s on `backend`, which
+    allreduce once together; then rank 2's engine is no longer driven (it is gone)."""
+    from tests.host_workers import allreduce_all, workers
+
+    if backend == "rtl":
+        rtl_model.reset()
+    ws = workers(3, GoldenSwitch() if backend == "golden" else rtl_model, deadline=0.1,
+                 timeout=20)
+    first = allreduce_all(ws, [np.full(N.LANES, r, np.int32) for r in range(3)])
+    assert all((x == 3).all() for x in first)
+    ws[0].transport.driver.engines.remove(ws[2].engine)
+    return ws
+
+
+@pytest.mark.parametrize("backend", ["golden", "rtl"])
+def test_a_job_with_a_loss_budget_goes_on_without_a_stopped_rank(backend, rtl_model):
+    """Rank 2 of three is gone: the two others' allreduce with a loss budget of one rank in
+    three completes, every chunk closed short at its deadline and scaled to the world's
+    (the mean of the two present stands for the third), instead of waiting for ever."""
+    ws = three_without_rank_2(backend, rtl_model)
+    try:
+        size = 8 * N.LANES
+        handles = [w.allreduce_async(np.full(size, r + 1, np.float32), loss_budget=0.34)
+                   for r, w in enumerate(ws[:2])]
+        out = [h.wait() for h in handles]
+        for x in out:
+            np.testing.assert_allclose(x, np.full(size, 4.5), rtol=1e-3)
+        stats = handles[0].stats()[0]
+        assert stats["rescaled_chunks"] > 0 and stats["lost_contributions"] > 0
+        [closed] = ws[0].engine.control.request([(W.job_counter(0, "closed_late"), 0)])
+        assert closed[1] > 0
+    finally:
+        for w in ws:
+            w.close()
+
+
+def test_with_no_loss_budget_a_stopped_rank_is_still_named(rtl_model):
+    """Rank 2 of three is gone and the sums must be exact: the uses its data is missing from
+    close at the deadline and are filled in, which cannot complete either; the two others
+    fail within seconds naming rank 2 (the heartbeats), never with a wrong sum."""
+    ws = three_without_rank_2("golden", rtl_model)
+    try:
+        handles = [w.allreduce_async(np.full(8 * N.LANES, r + 1, np.int32))
+                   for r, w in enumerate(ws[:2])]
+        started = time.monotonic()
+        for h in handles:
+            with pytest.raises(NetaggRankGone, match="rank 2 of job 0 is gone"):
+                h.wait()
+        assert time.monotonic() - started < 10
+    finally:
+        for w in ws:
+            w.close()
+
+
+def test_the_deadline_is_checked():
+    with pytest.raises(ValueError, match="deadline must be 0..1.99"):
+        from tests.host_workers import workers
+
+        workers(1, deadline=2.5)

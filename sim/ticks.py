@@ -1,0 +1,33 @@
+"""The deadlines' clock of a simulated switch, kept by the wall clock.
+
+A board ticks its switch every `hw.regmap.TICK_SECONDS` of its core clock; a simulated switch
+(the golden model, the RTL) has no time of its own, so whoever drives it (`sim serve`, the
+in-process transport) applies the ticks the wall clock says are due, between the frames it
+hands over (`WallClock.catch_up`). A backend without a `tick` (the echo switch) has no
+deadlines.
+
+Cost: one clock read a call; per tick, one call of the backend's (one cycle of the RTL).
+"""
+
+from __future__ import annotations
+
+import time
+
+from netagg.sim import wire as W
+
+
+class WallClock:
+    def __init__(self, backend):
+        self._tick = getattr(backend, "tick", None)
+        self._started, self._ticks = time.monotonic(), 0
+
+    def catch_up(self) -> list[tuple[int, bytes]]:
+        """Apply the ticks due since the last call; the frames the backend sent meanwhile."""
+        if self._tick is None:
+            return []
+        due = int((time.monotonic() - self._started) / W.TICK_SECONDS)
+        out = []
+        for _ in range(due - self._ticks):
+            out += self._tick() or []
+        self._ticks = due
+        return out
