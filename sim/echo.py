@@ -119,7 +119,8 @@ def _field(name: str, kind=int):
 
 class CopyView:
     """One copy of a `RankCopies`, read and written as a `SlotCopy` is by the golden model's
-    contribution path."""
+    contribution path. A rank's own copy completes each use at its first contribution, so
+    none is ever in progress for a deadline to close: the tick a use began at is not kept."""
 
     __slots__ = ("copies", "c")
     bitmap, count, data = _field("bitmap"), _field("count"), _field("data")
@@ -133,7 +134,8 @@ class CopyView:
     def sums(self) -> np.ndarray:
         return self.copies.sums[self.c, :self.length // 4]
 
-    def begin(self, bit: int, sums: np.ndarray, null: bool, msn: int, exponent: int):
+    def begin(self, bit: int, sums: np.ndarray, null: bool, msn: int, exponent: int,
+              now: int = 0):
         self.copies.begin(self.c, bit, sums, null, msn, exponent)
 
 
