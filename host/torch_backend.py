@@ -62,13 +62,15 @@ class NetaggOptions:
     """`dist.init_process_group("netagg", pg_options=NetaggOptions(...))`: the switch
     (`udp://host:port`; default NETAGG_SWITCH), the local address to send from (default
     NETAGG_BIND, else the kernel's route), the worker's timeout in seconds, its first switch
-    job, and whether LOCAL_WORLD_SIZE > 1 makes it hierarchical."""
+    job, whether LOCAL_WORLD_SIZE > 1 makes it hierarchical, and the job's deadline in seconds
+    (`Worker`'s: 0, none)."""
 
     switch: str | None = None
     bind: str | None = None
     timeout: float | None = None
     job: int = 0
     hierarchical: bool = True
+    deadline: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +149,8 @@ class NetaggProcessGroup(dist.ProcessGroup):
         try:
             self.worker = Worker(rank, world_size, switch, options.job, session=session,
                                  local_size=self.placement.local_size, timeout=seconds,
-                                 bind=options.bind or os.environ.get("NETAGG_BIND"))
+                                 bind=options.bind or os.environ.get("NETAGG_BIND"),
+                                 deadline=options.deadline)
         except Exception as e:
             raise NetaggError(f"{self.where}: cannot join switch {switch}: "
                               f"{type(e).__name__}: {e}") from e
