@@ -27,11 +27,11 @@ import time
 
 import psutil
 from netagg.sim import wire as W
+from netagg.sim.model import BENCH_KEY
 from netagg.sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, request_on
 
 # BTH, RETH and ImmDt of a contribution: the header the senders write for each use.
 _HEAD = struct.Struct("!BBHIIQIII")
-JOB_KEY = 0x5EEDC0DE            # the benchmark job's KEY, every contribution's RETH.rkey
 _DQPN = 2                       # contributions' destination QP (the switch ignores it)
 _ICRC = struct.Struct("<I")
 _IMM = struct.Struct("!I")      # a result's ImmDt, after its BTH and RETH
@@ -98,7 +98,7 @@ class _Sender:
         use = self.use[slot]
         msn = use * self.slots + slot
         head = _HEAD.pack(W.OP_CONTRIBUTION, 0, W.PKEY_DEFAULT, _DQPN, msn & 0xFFFFFF,
-                          W.contribution_va(msn, 0), JOB_KEY, len(self.payload),
+                          W.contribution_va(msn, 0), BENCH_KEY, len(self.payload),
                           self.imm[slot][use & 1])
         crc = W.crc32(self.payload, W.crc32(head[8:], self.icrc))
         self.sock.sendto(b"".join((head, self.payload, _ICRC.pack(crc))), self.switch)
@@ -134,7 +134,7 @@ def _configure(senders: list[_Sender], job: int, slots: int):
     first.control([(W.WRITE | W.job_reg(job, reg), value) for reg, value in (
         (W.JOB_SLOT_BASE, 0), (W.JOB_SLOT_COUNT, slots), (W.JOB_CREDITS, 0),
         (W.JOB_QUORUM, 0), (W.JOB_CONFIG, W.CONFIG.pack(enable=1, workers=len(senders))),
-        (W.JOB_KEY, JOB_KEY))])
+        (W.JOB_KEY, BENCH_KEY))])
 
 
 def contributions_per_second(backend: str = "golden", senders: int = 4, seconds: float = 2.0,

@@ -24,6 +24,7 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 from netagg.sim import wire as W
+from netagg.sim.model import BENCH_KEY
 
 PARAMS = json.loads(os.environ.get("NETAGG_SWITCH", "{}"))
 PORTS = PARAMS.get("ports", 4)
@@ -32,7 +33,6 @@ NB = WIDTH // 8
 
 HOST = W.Endpoint("10.0.9.9", 0xD000, 0x02BB00000009)     # where control requests come from
 SWITCH = W.Endpoint("10.0.0.1", W.ROCEV2_PORT, 0x02AA00000001)
-KEY = 0x5EEDC0DE                # job 0's KEY, every contribution's RETH.rkey
 
 
 class SwitchTB:
@@ -167,7 +167,7 @@ def config_frames(ws: list[W.Endpoint], slots: int) -> list[bytes]:
         ]
     records.append((W.WRITE | W.job_reg(0, W.JOB_CONFIG),
                     W.CONFIG.pack(enable=1, workers=len(ws))))
-    records.append((W.WRITE | W.job_reg(0, W.JOB_KEY), KEY))
+    records.append((W.WRITE | W.job_reg(0, W.JOB_KEY), BENCH_KEY))
     step = W.MAX_CONTROL_RECORDS
     return [W.control_request(records[i:i + step], i // step, HOST, SWITCH).frame()
             for i in range(0, len(records), step)]
@@ -176,7 +176,7 @@ def config_frames(ws: list[W.Endpoint], slots: int) -> list[bytes]:
 def contribution(rank: int, w: W.Endpoint, slot: int, version: int, lanes: bytes, psn: int,
                  msn: int) -> bytes:
     return W.contribution(job=0, rank=rank, slot=slot, version=version, offset=0, lanes=lanes,
-                          psn=psn, msn=msn, key=KEY, src=w, dst=SWITCH).frame()
+                          psn=psn, msn=msn, key=BENCH_KEY, src=w, dst=SWITCH).frame()
 
 
 @cocotb.test()

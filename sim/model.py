@@ -48,6 +48,7 @@ from .verilated import ContractError, Harness, LoadedModel, build_library, check
 # Part of every model's key: bump it when what this module writes for the harness
 # (netagg_ports.h) or expects of it changes.
 HARNESS_ABI = 2
+BENCH_KEY = 0x5EEDC0DE      # the benchmarks' job's KEY, every contribution's RETH.rkey
 _PORT_SIGNALS = ("rx{i}_tdata", "rx{i}_tkeep", "rx{i}_tlast", "rx{i}_tvalid", "rx{i}_tready",
                  "tx{i}_tdata", "tx{i}_tkeep", "tx{i}_tlast", "tx{i}_tvalid", "tx{i}_tready")
 _INPUTS = {"rx{i}_tdata", "rx{i}_tkeep", "rx{i}_tlast", "rx{i}_tvalid", "tx{i}_tready"}
@@ -459,7 +460,6 @@ def switch_traffic(ports: int = 4, slots: int = 16, lanes: int = 256) -> list[tu
     import numpy as np
     from netagg.sim import wire as W
 
-    bench_key = 0x5EEDC0DE      # job 0's KEY, every contribution's RETH.rkey
     host = W.Endpoint("10.0.9.9", 0xD000, 0x02BB00000009)
     switch = W.Endpoint("10.0.0.1", W.ROCEV2_PORT, 0x02AA00000001)
     workers = [W.Endpoint(f"10.1.0.{10 + r}", 0xC100 + r, 0x020000000100 | r)
@@ -475,14 +475,14 @@ def switch_traffic(ports: int = 4, slots: int = 16, lanes: int = 256) -> list[tu
             (W.WRITE | W.worker_reg(0, r, W.WORKER_IP), W.ip_to_int(w.ip)),
         ]
     records.append((W.WRITE | W.job_reg(0, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=ports)))
-    records.append((W.WRITE | W.job_reg(0, W.JOB_KEY), bench_key))
+    records.append((W.WRITE | W.job_reg(0, W.JOB_KEY), BENCH_KEY))
     traffic = [(0, W.control_request(records, 0, host, switch).frame())]
     payload = np.arange(lanes, dtype="<i4").tobytes()
     for s in range(slots):
         for r, w in enumerate(workers):
             # the slot's use 0 after CONFIG: msn = use * slots + slot
             packet = W.contribution(job=0, rank=r, slot=s, version=0, offset=len(payload) * s,
-                                    lanes=payload, psn=s, msn=s, key=bench_key, src=w,
+                                    lanes=payload, psn=s, msn=s, key=BENCH_KEY, src=w,
                                     dst=switch)
             traffic.append((r, packet.frame()))
     return traffic
