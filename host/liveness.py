@@ -78,7 +78,7 @@ class Liveness:
                  stats):
         self.control, self.stats = control, stats
         self.job, self.rank, self.workers = job, rank, workers
-        self.mark = session_tag & MARK          # on this run's beats (`start`)
+        self.mark = session_tag & MARK or 1     # on this run's beats (`start`); 0: no run's
         self.count = 0                  # the last beat's running count
         self.next_beat = 0.0            # the first beat is due at once
         self.beat_psn: int | None = None    # the beat awaiting its answer
@@ -124,7 +124,7 @@ class Liveness:
         """This run's tag is known (rank 0 configured the job, or this rank joined it): the
         beats carry its mark from now on, the first at once (before any contribution), and
         the watch starts afresh."""
-        self.mark = tag & MARK
+        self.mark = tag & MARK or 1
         self.seen.clear()
         self.gone = []
         self._beat(time.monotonic())

@@ -50,7 +50,7 @@ import torch.distributed as dist
 from netagg.host.errors import NetaggError
 from netagg.host.torch_tensors import as_array, store_result, switch_op
 from netagg.host.torch_work import Completer, NetaggWork, Pending
-from netagg.host.worker import Worker
+from netagg.host.worker import Worker, deadline_ticks
 
 BACKEND = "netagg"
 MAX_WORKER_TIMEOUT = 60.0       # seconds without progress before an allreduce fails
@@ -146,6 +146,7 @@ class NetaggProcessGroup(dist.ProcessGroup):
                          if rank == 0 else None, "session")
         self.placement = placement(rank, world_size, options.hierarchical)
         self.where = f"netagg rank {rank} of {world_size}, job {options.job}"   # not the secret
+        deadline_ticks(options.deadline)        # a bad deadline is the caller's, not the network's
         try:
             self.worker = Worker(rank, world_size, switch, options.job, session=session,
                                  local_size=self.placement.local_size, timeout=seconds,

@@ -159,7 +159,7 @@ class InProcessHub:
 
     def pump(self):
         with self.lock:
-            for port, frame in self.clock.catch_up() + self.backend.run():
+            for port, frame in self.backend.run() + self.clock.catch_up():
                 try:
                     _, dst, _ = W.strip_frame(frame)
                 except Exception:
@@ -184,6 +184,8 @@ class InProcessHub:
                     engine.step(0.0)
                 except NetaggError:
                     pass                    # kept in engine.failed
+                except Exception as e:      # the engine's own fault: its worker's waits raise
+                    engine.failed = engine.failed or e
 
 
 _HUBS: dict[int, InProcessHub] = {}

@@ -45,15 +45,15 @@ sends at once and the allreduce completes while the caller computes; `wait` only
 In-process workers of one backend run cooperatively: `allreduce_async` on each, then `wait`
 on the handles; waiting drives every worker of that backend. They may also run in threads.
 
-Credits and quorum (`credits=`, `quorum=`, set by rank 0 for the job, read by the others):
-a worker opens at most `credits` uses of the job's slots beyond those completed (default: the
+Credits and quorum (`credits=`, `quorum=`, set by rank 0 for the job, read by the others): a
+worker opens at most `credits` uses of the job's slots beyond those completed (default: the
 job's slot count; 0: no limit), and a use completes with `quorum` contributions (default 0:
 all workers; the late ones get the result when theirs arrives). A use still open `deadline`
-seconds after it began (default 0: none, every use waits for every rank, and a dead one is
-named, `host.liveness`) is closed by the switch at the next retransmission into it, with the
-contributions it has, as a quorum would: with a loss budget that allows it, the job goes on
-without a dead or stalled rank, its sums scaled (a rank that falls behind by more than a use
-of a slot is left behind: its contributions are stale).
+seconds after it began (at most 1 s; default 0: none, every use waits for every rank, and a
+dead one is named, `host.liveness`) is closed by the switch at the next retransmission into
+it, with the contributions it has, as a quorum would: with a loss budget that allows it, the
+job goes on without a dead or stalled rank, its sums scaled (a rank that falls behind by
+more than a use of a slot is left behind: its contributions are stale).
 
 Loss tolerance (`allreduce(..., loss_budget=0.02, priority=3)`, a value or one per tensor):
 each worker may let the switch drop (as null contributions, under congestion) up to
@@ -86,6 +86,16 @@ from netagg.host.session import JobKeys, fresh_epoch
 from netagg.sim import wire as W
 
 __all__ = ["Worker", "Handle", "SwitchControl", "NetaggError", "NetaggTimeout"]
+
+
+def deadline_ticks(seconds: float) -> int:
+    """A job's DEADLINE register for a deadline of `seconds` (0: none), at most 1 s
+    (`hw.regmap.MAX_DEADLINE`: a longer one may never be hit by a retransmission)."""
+    ticks = math.ceil(seconds / W.TICK_SECONDS)
+    if not 0 <= ticks <= W.MAX_DEADLINE:
+        raise ValueError(f"deadline must be 0..{W.MAX_DEADLINE * W.TICK_SECONDS:g} s, not "
+                         f"{seconds}")
+    return ticks
 
 def _queue_pair() -> int:
     """A queue pair number for a worker's endpoint, as a NIC allocates one: results name it,
@@ -149,10 +159,7 @@ class Worker:
             raise ValueError(f"credits must be 0..65535 (0: no limit), not {credits}")
         if not 0 <= quorum <= 63:
             raise ValueError(f"quorum must be 0..63 (0: all workers), not {quorum}")
-        self.deadline_ticks = math.ceil(deadline / W.TICK_SECONDS)
-        if not 0 <= self.deadline_ticks < 1 << W.DEADLINE_BITS:
-            top = ((1 << W.DEADLINE_BITS) - 1) * W.TICK_SECONDS
-            raise ValueError(f"deadline must be 0..{top:g} s, not {deadline}")
+        self.deadline_ticks = deadline_ticks(deadline)
         if local_size < 1 or world_size % local_size:
             raise ValueError(f"world_size {world_size} is not a multiple of local_size "
                              f"{local_size}")

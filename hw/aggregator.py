@@ -10,14 +10,14 @@ that send it. Its parts, one a file:
   length, job, rank and source IP, key (RETH.rkey, the job's KEY), slot, and credit (its
   message number, the top half of RETH.va, below the job's completed uses, the one the
   packet in decide completes included, plus its credits), and reads the slot's state;
-- decide (`hw.aggregator_decide.Decide`; combinational, its command queue adds a cycle): with
-  the slot's state (for each of its two versions: bitmap, count, data contributions, length,
-  and the message number of its use) decides: start a new use (overwrite) for a later
-  message, add to the use in progress, send a completed use's result again to the one worker
-  (replay, for a message of the use's length), or drop a duplicate or a stale message; a use
-  completes at the job's quorum of contributions, or closes short when a retransmission finds
-  it past the job's deadline (in ticks, `tick`); updates the state and queues a command
-  (`hw.aggregator_command`);
+- decide (`hw.aggregator_decide.Decide`; combinational, its command queue adds a cycle):
+  with the slot's state (for each of its two versions: bitmap, count, data contributions,
+  length, the message number of its use and the tick it began at) decides: start a new use
+  (overwrite) for a later message, add to the use in progress, send a completed use's result
+  again to the one worker (replay, for a message of the use's length), or drop a duplicate
+  or a stale message; a use completes at the job's quorum of contributions, or closes short
+  when a retransmission finds it past the job's deadline (in ticks, `tick`); updates the
+  state and queues a command (`hw.aggregator_command`);
 - sums (`hw.aggregator_sums.Sums`; one wide beat per cycle, 1 cycle a beat): reads each row of
   the slot's sums, adds the beat's int32 lanes with saturation (an overflow bit and the
   exponent, the maximum, are kept per row), writes the row back, and, when the packet

@@ -2,7 +2,8 @@
 
 Takes each looked-up packet (`i`) with its slot's state (`copies`, read by the lookup stage:
 for each of the slot's two versions, the shadow copies of SwitchML, its contributors, their
-number, how many brought data, the payload length and the message number of its use) and
+number, how many brought data, the payload length, the message number of its use and the
+tick it began at) and
 decides: start a new use (overwrite) for a later message, add to the use in progress, send a
 completed use's result again to the one worker (replay, for a message of the use's length),
 or drop a duplicate or a stale message; a use completes at the job's quorum of

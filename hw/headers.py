@@ -34,6 +34,14 @@ class Header(data.StructLayout):
     def __repr__(self):
         return f"Header({self.name!r})"
 
+    def byte_offset(self, name: str) -> int:
+        """The byte offset of field `name` from the header's first byte (a field that starts
+        on a byte)."""
+        bit = next(pos for field, pos, _ in self.field_offsets() if field == name)
+        if bit % 8:
+            raise ValueError(f"{self.name}.{name} does not start on a byte")
+        return bit // 8
+
     def field_offsets(self):
         """(name, bit offset from the first wire bit, width) in wire order, for software."""
         pos = 0

@@ -71,7 +71,7 @@ JOB_QUORUM = 0x04           # rw: [5:0] contributions that complete a use; 0 or 
 JOB_COMPLETED = 0x05        # ro: uses completed since CONFIG was last written (32 bits, wraps)
 JOB_EPOCH = 0x06            # rw: the configuration's epoch, fresh each time rank 0 configures
 JOB_KEY = 0x07              # wo (reads 0): the R_Key every contribution of the job carries
-JOB_DEADLINE = 0x09         # rw: [7:0] ticks a use may wait for its missing contributions; 0: ever
+JOB_DEADLINE = 0x09         # rw: [7:0] ticks a use may wait for its missing contributions; 0: none
 WORKER_BASE, WORKER_STRIDE = 0x20, 8
 WORKER_PORT = 0             # rw: WORKER_ENDPOINT
 WORKER_ENDPOINT = Fields((("switch_port", 16, 4), ("udp_port", 0, 16)))
@@ -89,10 +89,12 @@ WORKER_VA_LO = 7
 # JOB_DEADLINE ticks old closes it with the contributions it has, as a quorum would: its
 # result, whose count and check lane say who is in it, goes to every worker of the job, and
 # the workers complete, fill in or redo the chunk by their loss budget. Ages are taken modulo
-# 256 ticks (2 s), so a deadline is at most 255 ticks, and a retransmission at least every
-# second (the workers' rto_max) finds a late use past it within 2 s.
+# 256 ticks (2 s): a use is late while its age modulo 256 is at least the deadline, a window of
+# 256 - DEADLINE ticks each 2 s, which retransmissions at least every second (the workers'
+# rto_max) hit only if it is at least a second long: the hosts set at most MAX_DEADLINE.
 TICK_SECONDS = 2 ** -7
 DEADLINE_BITS = 8
+MAX_DEADLINE = (1 << DEADLINE_BITS) // 2        # ticks: 1 s
 
 # Heartbeats: one register per (job, rank), rw, 32 bits, reset 0, which a rank's worker
 # writes with a running count while it is open; every rank of the job reads them all to tell

@@ -174,7 +174,10 @@ class Paths:
 
 
 class EchoSwitch(GoldenSwitch):
-    """The echo switch; parameters as `GoldenSwitch`'s."""
+    """The echo switch; parameters as `GoldenSwitch`'s. It keeps no deadlines' clock
+    (`tick`): a rank's own copy completes each use at once."""
+
+    tick = None
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

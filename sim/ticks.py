@@ -2,9 +2,10 @@
 
 A board ticks its switch every `hw.regmap.TICK_SECONDS` of its core clock; a simulated switch
 (the golden model, the RTL) has no time of its own, so whoever drives it (`sim serve`, the
-in-process transport) applies the ticks the wall clock says are due, between the frames it
-hands over (`WallClock.catch_up`). A backend without a `tick` (the echo switch) has no
-deadlines.
+in-process transport) applies the ticks the wall clock says are due, after the frames it
+handed over (`WallClock.catch_up`). Ages count modulo 2**DEADLINE_BITS ticks, so after a long
+idle time only the ticks due modulo that are applied: the same clock, at a bounded cost. A
+backend without a `tick` has no deadlines.
 
 Cost: one clock read a call; per tick, one call of the backend's (one cycle of the RTL).
 """
@@ -27,7 +28,7 @@ class WallClock:
             return []
         due = int((time.monotonic() - self._started) / W.TICK_SECONDS)
         out = []
-        for _ in range(due - self._ticks):
+        for _ in range((due - self._ticks) % (1 << W.DEADLINE_BITS)):
             out += self._tick() or []
         self._ticks = due
         return out

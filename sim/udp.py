@@ -15,6 +15,7 @@ import struct
 import sys
 import time
 
+from netagg.hw import headers as H
 from netagg.sim import wire as W
 
 IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
@@ -30,10 +31,10 @@ NOTHING = [(_RET_K, 0, 0, 0)]
 def datagrams_to(ip: bytes, port: int, offset: int = 0) -> list:
     """A filter that keeps UDP datagrams to (ip, port) only, for a socket whose packets have
     their IPv4 header at `offset` (0: a raw IPv4 socket; 14: Ethernet frames, AF_PACKET)."""
-    return [(_LD_W_ABS, 0, 0, offset + 16),                    # IPv4 destination
+    return [(_LD_W_ABS, 0, 0, offset + H.IPV4.byte_offset("dst")),
             (_JEQ_K, 0, 4, int.from_bytes(ip, "big")),
             (_LDX_B_MSH, 0, 0, offset),                        # X: IPv4 header length
-            (_LD_H_IND, 0, 0, offset + 2),                     # UDP destination port
+            (_LD_H_IND, 0, 0, offset + H.UDP.byte_offset("dst_port")),
             (_JEQ_K, 0, 1, port),
             (_RET_K, 0, 0, 0xFFFF),
             (_RET_K, 0, 0, 0)]

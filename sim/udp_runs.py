@@ -24,9 +24,12 @@ import socket
 import struct
 import time
 
+from netagg.hw import headers as H
 from netagg.sim import udp_offload
 from netagg.sim import wire as W
 from netagg.sim.udp import switch_port_for
+
+_SRC, _DST = H.IPV4.byte_offset("src"), H.IPV4.byte_offset("dst")   # in an IPv4 header
 
 LINGER = 0.0002     # s a backend that takes runs waits for the rest of a window after a full run
 LINGER_OFF = 32     # full runs taken without waiting after a wait nothing ended
@@ -175,10 +178,11 @@ class RunReader:
         it enters, or () for a packet that is not a UDP datagram to this address and port
         4791; cached by IPv4 and UDP headers (every datagram of a sender repeats them)."""
         ihl = (packet[0] & 0x0F) * 4
-        if len(packet) < ihl + W.UDP_LEN or packet[16:20] != W.ip_packed(self.bound_ip):
+        if len(packet) < ihl + W.UDP_LEN or packet[_DST:_DST + 4] != W.ip_packed(self.bound_ip):
             return ()
         sport, dport = struct.unpack_from("!HH", packet, ihl)
-        ingress = entry(packet[12:16], sport, self.ports) if dport == W.ROCEV2_PORT else ()
+        ingress = entry(packet[_SRC:_SRC + 4], sport, self.ports) \
+            if dport == W.ROCEV2_PORT else ()
         if ihl == W.IP_LEN:
             if len(self._senders_in) >= 4096:
                 self._senders_in.clear()
