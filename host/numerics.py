@@ -47,6 +47,7 @@ EXP_NONFINITE = W.EXP_NONFINITE     # the proposal of a block that holds NaN or 
 EXP_MIN, EXP_MAX = -127, EXP_NONFINITE - 1      # finite proposals (8-bit signed field)
 EXP_NONE = -128                     # no proposal
 DEFAULT_BLOCK = 16                  # chunks per shared exponent
+BFLOAT16_NAN = 0x7FC0               # the bfloat16 bits a NaN result is written as
 
 
 def fraction_bits(world_size: int) -> int:
@@ -111,7 +112,7 @@ def from_float64(values: np.ndarray, fmt: Format, like: np.ndarray) -> np.ndarra
         rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
         nan = np.isnan(values)
         out = rounded.astype(np.uint16)
-        out[nan] = 0x7FC0
+        out[nan] = BFLOAT16_NAN
         return out.view(like.dtype)
     return values.astype(like.dtype)
 

@@ -395,12 +395,7 @@ class UdpTransport(Transport):
                 break
             size = anc and udp_offload.segment_size(anc)
             if size and len(data) > size:           # a run: results of the switch
-                if sender != results:
-                    self.stray += -(-len(data) // size)
-                    continue
-                good, bad = self._icrc.run(data, size, sender)
-                out += good
-                self.bad += bad
+                out += self.accept(data, size, sender)
             elif sender != (switch if data[:1] == CONTROL_FIRST_BYTE else results):
                 self.stray += 1
             elif holds(data, sender):
@@ -408,6 +403,27 @@ class UdpTransport(Transport):
             else:
                 self.bad += 1
         return out
+
+    def accept(self, data: bytes, size: int | None, sender: tuple[str, int]) -> list:
+        """The datagrams of one buffer the socket received from `sender` (a run of
+        `size`-byte datagrams, or one datagram) that are the switch's and whose ICRC holds;
+        the others counted as stray or bad."""
+        if size and len(data) > size:
+            if sender != (self.result_source.ip, self.result_source.port):
+                self.stray += -(-len(data) // size)
+                return []
+            good, bad = self._icrc.run(data, size, sender)
+            self.bad += bad
+            return good
+        switch = (self.switch.ip, self.switch.port)
+        if sender != (switch if data[:1] == CONTROL_FIRST_BYTE else
+                      (self.result_source.ip, self.result_source.port)):
+            self.stray += 1
+        elif self._icrc.holds(data, sender):
+            return [data]
+        else:
+            self.bad += 1
+        return []
 
     def close(self):
         for sock in self.socks:

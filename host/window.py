@@ -29,9 +29,11 @@ items.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 from netagg.host import numerics as N
+from netagg.host.compiled import CompiledStep
 from netagg.host.messages import (
     EXPONENT_CLASS,
     Work,
@@ -117,6 +119,7 @@ class PlainWindow:
         self.tag_base = self.use - TAG_USES         # `_tags`' table: none yet
         self.tag_table = np.zeros((n, TAG_USES), np.int64)
         self.taken: list[tuple] = []                # sums taken, not yet in their tensors
+        self.compiled = CompiledStep.of(self)       # its steady state in C++, where it can
 
     @staticmethod
     def takes(engine, work: Work) -> bool:
@@ -218,6 +221,8 @@ class PlainWindow:
         finally:
             if self.taken and self.engine.window is self:
                 self.deliver()
+        if self.compiled is not None and self.engine.window is self:
+            self.compiled.run(time.monotonic())
 
     def _start(self, now: float):
         e = self.engine

@@ -1,0 +1,271 @@
+"""The plain window's steady state, compiled: `CompiledStep` runs a `PlainWindow`'s steps in
+C++ (`host/cpp/step.cpp`, built by `host.compiled_build`) with the GIL released, over the
+worker's UDP socket, for as long as every step is the plain case.
+
+A call (`CompiledStep.run`, from `PlainWindow.start`) hands the C++ the window's own state
+arrays, the span its messages in flight and next belong to, and every number of the wire
+it needs, taken from their Python declarations (the writer's template, ICRC states and
+layout, the ImmDt fields, the check lane's tags, sealed lanes and complete check lanes for
+each slot's next uses, computed here by `host.checklane`). The C++ then starts slots,
+sends GSO runs, waits for results, takes and writes them, step after step, until one of
+`Status`; it leaves the arrays as the window's Python would have. Here, afterwards, the
+engine's counters, its credit limit, PSNs and round-trip estimate, the work's exponents
+and finished chunks are brought up to date, and what the C++ stopped at is handed to the
+Python path: a datagram it did not take goes through the transport's reading and the
+engine's `_receive_all` (which may leave the window), a non-finite block leaves the window,
+a due message is the engine's `_retransmit`'s, the rest the next Python step's.
+
+It runs only where it can: a `UdpTransport` of one path, a span of one work whose
+sources and tensor are contiguous arrays of a format it carries (int32, float32, float16
+where the compiler has `_Float16`, bfloat16 as uint16 or int16 bits), and the library
+built (`host.compiled_build.library`; NETAGG_COMPILED=0 turns it off). Counters:
+`compiled_runs`, `compiled_packets` (sent by the C++).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+
+import numpy as np
+from netagg.host import numerics as N
+from netagg.host.compiled_build import Fmt, Run, Status, crc32_address, library
+from netagg.host.transport import UdpTransport
+from netagg.host.wire_arrays import write_imm_dtype
+from netagg.sim import udp_offload
+from netagg.sim import wire as W
+
+RUN_SECONDS = 0.05      # the longest a call runs (the engine's checks wait at most this)
+SAMPLES = 256           # round-trip samples a call records
+RX_BYTES = 65536        # the receive buffer: the largest GRO run
+
+_FORMATS = {N.INT32: Fmt.INT32, N.FLOAT32: Fmt.FLOAT32, N.FLOAT16: Fmt.FLOAT16,
+            N.BFLOAT16: Fmt.BFLOAT16}
+_DTYPES = {Fmt.INT32: ("int32",), Fmt.FLOAT32: ("float32",), Fmt.FLOAT16: ("float16",),
+           Fmt.BFLOAT16: ("uint16", "int16")}
+
+
+def _ip(address: str) -> int:
+    return int(ipaddress.IPv4Address(address))
+
+
+def _addr(array: np.ndarray) -> int:
+    return array.ctypes.data
+
+
+def carries(work) -> Fmt | None:
+    """The format the compiled step carries `work` in, None if it does not."""
+    lib = library()
+    fmt = _FORMATS.get(work.fmt)
+    if lib is None or fmt is None or (fmt is Fmt.FLOAT16 and not lib.step_float16()):
+        return None
+    arrays = [*work.sources, work.out]
+    if len(work.sources) > 8 or any(a.ndim != 1 or not a.flags.c_contiguous
+                                    or a.dtype.name not in _DTYPES[fmt] for a in arrays):
+        return None
+    return fmt
+
+
+class CompiledStep:
+    """The compiled step of one `PlainWindow` (`window`), over its engine's UDP transport."""
+
+    @staticmethod
+    def of(window) -> CompiledStep | None:
+        e = window.engine
+        if library() is None or not isinstance(e.transport, UdpTransport) \
+                or e.transport.paths != 1:
+            return None
+        return CompiledStep(window)
+
+    def __init__(self, window):
+        self.window = w = window
+        e = self.engine = w.engine
+        t = self.transport = e.transport
+        self.lib = library()
+        self.size = size = write_imm_dtype(e.lanes).itemsize
+        n = w.slots
+        self.packets = np.zeros((n, size), np.uint8)        # each slot's datagram in flight
+        self.run_buffer = np.zeros((n, size), np.uint8)
+        self.rx = np.zeros(RX_BYTES, np.uint8)
+        self.samples = np.zeros(SAMPLES)
+        self.started = np.zeros(n, np.uint8)
+        self.deltas = np.ascontiguousarray(udp_offload.ident_deltas(size), np.uint32)
+        self.tx_head = np.ascontiguousarray(e.writer._bth_head, np.uint8)
+        self.rx_head = np.frombuffer(W.bth(W.OP_RESULT, e.qpn, 0)[:8], np.uint8).copy()
+        self.tag_base = np.zeros(n, np.int64)
+        self.tag_table = self.seal_table = self.whole_table = np.zeros((n, 1), np.int64)
+        self.span = None
+        self.sources = np.zeros(8, np.int64)
+        self.r = r = Run()
+        fields = write_imm_dtype(e.lanes).fields
+        for name in ("psn", "va", "rkey", "imm", "lanes", "icrc"):
+            setattr(r, f"off_{name}", fields[name][1])
+        r.off_dma = fields["dma_length"][1]
+        r.size, r.lanes = size, e.lanes
+        request = {name: shift for name, shift, _ in W.REQUEST_IMM}
+        r.sh_version, r.sh_slot = request["version"], request["slot"]
+        r.sh_exponent = request["exponent"]
+        result = {name: (shift, (1 << width) - 1) for name, shift, width in W.RESULT_IMM}
+        for name in ("job", "count", "version", "slot", "exponent", "overflow"):
+            shift, mask = result[name]
+            setattr(r, f"rs_{name}", shift)
+            setattr(r, f"rm_{name}", mask)
+        r.exp_sign = (result["exponent"][1] + 1) >> 1
+        r.exp_mask = result["exponent"][1]
+        r.va_msn_shift, r.va_offset_mask = W.VA_MSN_SHIFT, W.VA_OFFSET_MASK
+        r.msn_mask, r.psn_mask = 0xFFFFFFFF, 0xFFFFFF
+        r.int32_max, r.exp_none, r.exp_nonfinite = N.INT32_MAX, N.EXP_NONE, N.EXP_NONFINITE
+        r.bf16_nan = N.BFLOAT16_NAN
+        r.sol_udp, r.udp_segment, r.udp_gro = (ctypes.c_int(17).value, udp_offload.UDP_SEGMENT,
+                                               udp_offload.UDP_GRO)
+        r.crc32 = crc32_address()
+        r.dst_ip, r.dst_port = _ip(t._addr[0]), t._addr[1]
+        r.per_run = udp_offload.most_rows(size)
+        for name, array in (("deltas", self.deltas), ("tx_head", self.tx_head),
+                            ("rx_head", self.rx_head), ("packets", self.packets),
+                            ("run_buffer", self.run_buffer), ("rx", self.rx),
+                            ("samples", self.samples), ("started", self.started),
+                            ("tag_base", self.tag_base), ("sources", self.sources)):
+            setattr(r, name, _addr(array))
+        r.rx_cap, r.samples_cap = RX_BYTES, SAMPLES
+        r.job, r.nslots, r.workers = e.job, n, e.workers
+
+    # --- a call -------------------------------------------------------------------------
+
+    def _span(self):
+        """The span every message in flight and every next message belongs to, if one."""
+        w = self.window
+        free = (w.cur < 0) & (w.next < w.total)
+        active = np.concatenate([w.cur[w.cur >= 0], w.next[free]])
+        if not len(active):
+            return None
+        lo, hi = int(active.min()), int(active.max())
+        for span in w.spans:
+            if span.first <= lo and hi < span.first + span.count:
+                return span
+        return None
+
+    def run(self, now: float) -> bool:
+        """Run steps in C++ while they are plain (see the module); whether it ran."""
+        w, e, t = self.window, self.engine, self.transport
+        until = min(e.liveness.next_due, now + RUN_SECONDS, *e.control.deadlines())
+        if until <= now:
+            return False
+        span = self._span()
+        fmt = span and carries(span.work)
+        if fmt is None:
+            return False
+        self._enter(span, fmt, until)
+        status = self._call()
+        while status is Status.TAGS:
+            self._tags()
+            status = self._call()
+        self._leave(span)
+        if status is Status.HANDED:
+            r = self.r
+            data = bytes(self.rx[r.rx_from:r.rx_len])
+            sender = (str(ipaddress.IPv4Address(r.rx_ip)), r.rx_port)
+            datagrams = t.accept(data, r.rx_seg or None, sender)
+            if datagrams:
+                e._receive_all(datagrams)
+        elif status is Status.NONFINITE and e.window is w:
+            w.leave()
+        return True
+
+    def _enter(self, span, fmt: Fmt, until: float):
+        w, e, r, t = self.window, self.engine, self.r, self.transport
+        if span is not self.span:
+            self.span, work = span, span.work
+            for b, x in work.exponents.items():     # (the span's own record of them)
+                span.known[b], span.shared[b] = True, x
+            self.arrays = [np.ascontiguousarray(getattr(span, name), np.int64)
+                           for name in ("chunk", "needs", "carries", "field", "offset")]
+            for name, array in zip(("chunk", "needs", "carries", "field", "offset"),
+                                   self.arrays):
+                setattr(r, name, _addr(array))
+            r.first, r.count, r.leading = span.first, span.count, span.leading
+            r.known, r.shared = _addr(span.known), _addr(span.shared)
+            r.fmt, r.nsources = int(fmt), len(work.sources)
+            self.sources[:len(work.sources)] = [_addr(s) for s in work.sources]
+            r.out, r.n, r.frac = _addr(work.out), work.n, work.frac
+            r.mean, r.world_size = int(work.mean), work.world_size
+            t._set_tos(0, int(span.dscp[-1]))
+            self._tags()
+        writer = e.writer
+        r.fd = t.sock.fileno()
+        r.gso, r.renumber = int(t.runs.gso), int(t.runs.renumber)
+        r.result_ip, r.result_port = _ip(t.result_source.ip), t.result_source.port
+        r.tx_state, r.imm_base, r.key = writer._state(0, e.lanes), writer.imm, writer.key
+        r.rx_state = t._icrc._state((t.result_source.ip, t.result_source.port),
+                                    self.size - W.ICRC_LEN, self.rx_head.tobytes())
+        r.rkey = e.session_tag
+        for name in ("next", "cur", "use", "cur_use", "tag", "whole", "last_psn", "sent_at",
+                     "deadline"):
+            setattr(r, name, _addr(getattr(w, name)))
+        r.total, r.dealt, r.credits, r.limit = w.total, w.dealt, e.credits, e.limit
+        r.rto, r.psn, r.until = e.rtt.rto, e.psns.psn, until
+        self.known_before = int(span.known.sum())
+        for name in ("packets_sent", "packets_received", "credit_waits", "tensor_bytes",
+                     "chunks_done", "nsamples", "rx_len", "rx_from", "rx_seg", "gso_failed",
+                     "steps"):
+            setattr(r, name, 0)
+        r.max_inflight, r.progress_at = e.stats["max_inflight"], 0.0
+
+    def _tags(self):
+        """Each slot's check-lane tags from its next use on, for the span's remaining
+        messages (`CheckLane.tags`), sealed and complete (`seal`, `whole`)."""
+        w, e, r = self.window, self.engine, self.r
+        cols = max(2, -(-(self.span.first + self.span.count - int(w.next.min())) // w.slots)
+                   + 2)
+        self.tag_base[:] = w.use
+        uses = self.tag_base[:, None] + np.arange(cols)
+        tags = e.check_lane.tags(np.repeat(np.arange(w.slots), cols), uses.ravel())
+        self.tag_table = tags.reshape(w.slots, cols)
+        self.seal_table = np.ascontiguousarray(e.check_lane.seal(self.tag_table, e.rank),
+                                               np.int64)
+        self.whole_table = np.ascontiguousarray(e.check_lane.whole(self.tag_table), np.int64)
+        r.tag_cols = cols
+        r.tag_table, r.seal_table = _addr(self.tag_table), _addr(self.seal_table)
+        r.whole_table = _addr(self.whole_table)
+
+    def _call(self) -> Status:
+        return Status(self.lib.step_run(ctypes.byref(self.r)))
+
+    def _leave(self, span):
+        """The engine's counters and state after a call (see the module)."""
+        w, e, r = self.window, self.engine, self.r
+        stats = e.stats
+        stats["compiled_runs"] += 1
+        if r.packets_sent:
+            stats["compiled_packets"] += r.packets_sent
+            stats["packets_sent"] += r.packets_sent
+            stats["bytes_sent"] += r.packets_sent * self.size
+        if r.packets_received:
+            stats["packets_received"] += r.packets_received
+            stats["bytes_received"] += r.packets_received * self.size
+        for name in ("credit_waits", "tensor_bytes"):
+            if getattr(r, name):
+                stats[name] += getattr(r, name)
+        stats["max_inflight"] = max(stats["max_inflight"], r.max_inflight)
+        if r.gso_failed:
+            self.transport.runs.gso = False
+        e.psns.psn = r.psn
+        e.limit = max(e.limit, r.limit)
+        for x in self.samples[:r.nsamples].tolist():
+            e.rtt.sample(x)
+        if r.progress_at:
+            e.last_progress = max(e.last_progress, r.progress_at)
+        for s in np.flatnonzero(self.started).tolist():
+            w.packets[s] = memoryview(self.packets[s])
+        self.started[:] = 0
+        if int(span.known.sum()) != self.known_before:
+            work = span.work
+            for b in np.flatnonzero(span.known[:-1]).tolist():
+                if b not in work.exponents:
+                    work.exponents[b] = int(span.shared[b])
+        if r.chunks_done:
+            e._finish_chunk(span.work, r.chunks_done)
+            if span.work.done:
+                w.spans = [s for s in w.spans if not s.work.done]
+                self.span = None
+        e.earliest = min(e.earliest, float(w.deadline.min()))

@@ -1,0 +1,213 @@
+"""The compiled step's library (`host/cpp/step.cpp`): its interface, built and loaded.
+
+The interface is declared here once: `Run`, the ctypes structure a call fills (every
+number and array of the plain window the C++ reads or updates: integers, times, and the
+addresses of numpy arrays), `Status`, why a call returned, and `Fmt`, the number formats
+it carries. `abi_header` writes them as the C++ header ``step_abi.h`` the source includes,
+so the C++ never declares a field of its own.
+
+`library()` compiles the source with the machine's C++ compiler at first use, into the
+build cache (`sim.toolchain.cache_dir()`, ``host/step-<hash>.so``, the hash of the source,
+the header, the compiler's version and flags and the machine), under the cache's lock
+(`sim.build.locked`), and loads it with ctypes, which releases the GIL for each call. It is
+None (and `unavailable()` says why) when the environment sets NETAGG_COMPILED=0, or when
+there is no compiler or the build fails: the window then runs in Python alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+from netagg.sim.build import locked
+from netagg.sim.toolchain import cache_dir
+
+SOURCE = Path(__file__).resolve().parent / "cpp" / "step.cpp"
+FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno"]
+
+
+class Status(enum.IntEnum):
+    """Why `step_run` returned."""
+
+    RUNNING = 0         # (never returned)
+    IDLE = 1            # nothing in flight and nothing may start
+    UNTIL = 2           # the time it was given is up (a heartbeat, a control deadline)
+    DUE = 3             # a message in flight is due for retransmission
+    HANDED = 4          # a datagram it does not take: `Run.rx` from `rx_from`, for Python
+    BOUNDARY = 5        # a slot's next message is outside the span it was given
+    PYTHON = 6          # a slot's next message is an exponent message
+    NONFINITE = 7       # a chunk about to start is in a block agreed non-finite
+    TAGS = 8            # a slot ran past its tag table
+
+
+class Fmt(enum.IntEnum):
+    """The number formats the compiled step carries (`host.numerics`)."""
+
+    INT32 = 0
+    FLOAT32 = 1
+    FLOAT16 = 2
+    BFLOAT16 = 3
+
+
+_I, _D = ctypes.c_int64, ctypes.c_double
+# (name, type): addresses of arrays are integers; "# out" fields are the call's results.
+RUN_FIELDS = [
+    # the socket and the switch
+    ("fd", _I), ("dst_ip", _I), ("dst_port", _I), ("result_ip", _I), ("result_port", _I),
+    ("gso", _I), ("renumber", _I), ("per_run", _I), ("deltas", _I), ("sol_udp", _I),
+    ("udp_segment", _I), ("udp_gro", _I), ("crc32", _I),
+    # a contribution's layout (`host.wire_arrays.write_imm_dtype`) and fields
+    ("size", _I), ("lanes", _I), ("off_psn", _I), ("off_va", _I), ("off_rkey", _I),
+    ("off_dma", _I), ("off_imm", _I), ("off_lanes", _I), ("off_icrc", _I), ("tx_head", _I),
+    ("tx_state", _I), ("imm_base", _I), ("sh_version", _I), ("sh_slot", _I),
+    ("sh_exponent", _I), ("exp_mask", _I), ("va_msn_shift", _I), ("va_offset_mask", _I),
+    ("msn_mask", _I), ("psn_mask", _I), ("key", _I),
+    # a result's (`host.wire_arrays.read_results`)
+    ("rx_head", _I), ("rx_state", _I), ("rkey", _I), ("job", _I), ("nslots", _I),
+    ("workers", _I), ("rs_job", _I), ("rm_job", _I), ("rs_count", _I), ("rm_count", _I),
+    ("rs_version", _I), ("rm_version", _I), ("rs_slot", _I), ("rm_slot", _I),
+    ("rs_exponent", _I), ("rm_exponent", _I), ("exp_sign", _I), ("rs_overflow", _I),
+    ("rm_overflow", _I),
+    # numbers (`host.numerics`)
+    ("int32_max", _I), ("exp_none", _I), ("exp_nonfinite", _I), ("bf16_nan", _I),
+    # the window (`host.window.PlainWindow`'s arrays) and its check-lane tags
+    ("total", _I), ("dealt", _I), ("credits", _I), ("limit", _I), ("next", _I), ("cur", _I),
+    ("use", _I), ("cur_use", _I), ("tag", _I), ("whole", _I), ("last_psn", _I),
+    ("sent_at", _I), ("deadline", _I), ("rto", _D), ("tag_base", _I), ("tag_cols", _I),
+    ("tag_table", _I), ("seal_table", _I), ("whole_table", _I), ("started", _I),
+    # the span (`host.window._Span`) and its work
+    ("first", _I), ("count", _I), ("leading", _I), ("chunk", _I), ("needs", _I),
+    ("carries", _I), ("field", _I), ("offset", _I), ("known", _I), ("shared", _I),
+    ("fmt", _I), ("nsources", _I), ("sources", _I), ("out", _I), ("n", _I), ("frac", _I),
+    ("mean", _I), ("world_size", _I),
+    # buffers
+    ("packets", _I), ("run_buffer", _I), ("rx", _I), ("rx_cap", _I), ("samples", _I),
+    ("samples_cap", _I),
+    # in and out
+    ("psn", _I), ("until", _D),
+    # out
+    ("status", _I), ("packets_sent", _I), ("packets_received", _I), ("credit_waits", _I),
+    ("max_inflight", _I), ("tensor_bytes", _I), ("chunks_done", _I), ("progress_at", _D),
+    ("nsamples", _I), ("rx_len", _I), ("rx_from", _I), ("rx_seg", _I), ("rx_ip", _I),
+    ("rx_port", _I), ("gso_failed", _I), ("steps", _I),
+]
+
+
+class Run(ctypes.Structure):
+    _fields_ = RUN_FIELDS
+
+
+def abi_header() -> str:
+    """`Run`, `Status` and `Fmt` as C++ (``step_abi.h``)."""
+    c = {_I: "int64_t", _D: "double"}
+    lines = ["// Generated by host/compiled_build.py: do not edit.", "#pragma once",
+             "#include <cstdint>", "struct Run {"]
+    lines += [f"    {c[kind]} {name};" for name, kind in RUN_FIELDS]
+    lines.append("};")
+    lines.append("enum Status {" + ", ".join(f"ST_{s.name} = {s.value}" for s in Status)
+                 + "};")
+    lines.append("enum Fmt {" + ", ".join(f"FMT_{f.name} = {f.value}" for f in Fmt) + "};")
+    return "\n".join(lines) + "\n"
+
+
+_reason: str | None = None
+
+
+def unavailable() -> str | None:
+    """Why `library()` is None (None when it is not)."""
+    library()
+    return _reason
+
+
+def enabled() -> bool:
+    return os.environ.get("NETAGG_COMPILED", "1") != "0"
+
+
+@functools.cache
+def _compiler() -> tuple[str, str] | None:
+    path = shutil.which(os.environ.get("CXX", "c++"))
+    if path is None:
+        return None
+    version = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
+    return path, version
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded library, built if need be; None where it cannot be (see the module)."""
+    global _reason
+    if not enabled():
+        _reason = "NETAGG_COMPILED=0"
+        return None
+    return _load()
+
+
+@functools.cache
+def _load() -> ctypes.CDLL | None:
+    global _reason
+    compiler = _compiler()
+    if compiler is None:
+        _reason = "no C++ compiler"
+        return None
+    header = abi_header()
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([
+        source, header.encode(), compiler[0].encode(), compiler[1].encode(),
+        " ".join(FLAGS).encode(), platform.machine().encode(), _cpu().encode()])).hexdigest()
+    out = cache_dir() / "host" / f"step-{key[:16]}.so"
+    if not out.exists():
+        with locked(out):
+            if not out.exists():
+                try:
+                    _build(compiler[0], header, out)
+                except (OSError, RuntimeError) as e:
+                    _reason = f"the compiled step did not build: {e}"
+                    return None
+    lib = ctypes.CDLL(str(out))
+    lib.step_run.argtypes = [ctypes.POINTER(Run)]
+    lib.step_run.restype = ctypes.c_int
+    lib.step_float16.restype = ctypes.c_int
+    return lib
+
+
+def _cpu() -> str:
+    """The CPU model (the build is for this machine's instruction set)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") or line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _build(compiler: str, header: str, out: Path):
+    work = out.with_name(f"{out.stem}.{os.getpid()}.d")
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "step_abi.h").write_text(header)
+    tmp = work / out.name
+    result = subprocess.run([compiler, *FLAGS, "-I", str(work), str(SOURCE), "-o", str(tmp)],
+                            capture_output=True, text=True)
+    if result.returncode:
+        shutil.rmtree(work, ignore_errors=True)
+        raise RuntimeError(result.stderr[-2000:])
+    tmp.replace(out)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+@functools.cache
+def crc32_address() -> int:
+    """The address of zlib-ng's CRC-32 (the one `sim.wire.crc32` is), 0 if it cannot be
+    found (the C++ then uses its own, slower)."""
+    try:
+        import zlib_ng.zlib_ng as z
+
+        return ctypes.cast(ctypes.CDLL(z.__file__).zng_crc32, ctypes.c_void_p).value or 0
+    except (ImportError, OSError, AttributeError):
+        return 0

@@ -1,0 +1,176 @@
+"""The compiled step (host/compiled.py, host/cpp/step.cpp): a worker over UDP runs its plain
+window's steps in C++, and gets what the Python window gives, bit for bit, in every format;
+what is not the plain case (a stray datagram, a peer late enough to need retransmission)
+goes to the Python path and still ends exact; without a compiler, or with
+NETAGG_COMPILED=0, the Python path alone runs and passes."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+from netagg.host import Worker, compiled_build
+from netagg.host import numerics as N
+from netagg.sim.serve import SimServer, make_backend
+
+pytestmark = pytest.mark.skipif(compiled_build.library() is None,
+                                reason=f"{compiled_build.unavailable()}")
+
+
+def _inputs(rng: np.random.Generator, dtype: str, n: int) -> np.ndarray:
+    if dtype == "int32":
+        return rng.integers(-2**20, 2**20, n, dtype=np.int32)
+    # magnitudes over a wide range, so that blocks get different exponents
+    x = rng.standard_normal(n) * np.exp2(rng.integers(-12, 12, n))
+    if dtype == "bfloat16":
+        return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return x.astype(dtype)
+
+
+def _allreduce(url: str, arrays: list, compiled: bool, monkeypatch, **kw) -> tuple:
+    monkeypatch.setenv("NETAGG_COMPILED", "1" if compiled else "0")
+    with Worker(0, 1, url, session=uuid.uuid4().hex, timeout=20) as w:
+        before = w.counters()
+        out = [w.allreduce(a, timeout=30, **kw) for a in arrays]
+        after = w.counters()
+    return out, {k: after.get(k, 0) - before.get(k, 0) for k in after}
+
+
+@pytest.mark.parametrize("dtype,op", [("int32", "sum"), ("float32", "sum"),
+                                      ("float32", "mean"), ("float16", "sum"),
+                                      ("bfloat16", "mean")])
+def test_the_compiled_step_gives_the_python_windows_bits(dtype, op, monkeypatch):
+    rng = np.random.default_rng(7)
+    arrays = [_inputs(rng, dtype, n) for n in (255 * 700 + 17, 255 * 64, 1000)]
+    kw = {"op": op} | ({"dtype": "bfloat16"} if dtype == "bfloat16" else {})
+    if dtype == "float16" and not compiled_build.library().step_float16():
+        pytest.skip("the compiler has no _Float16")
+    with SimServer(make_backend("echo")).start() as server:
+        fast, c = _allreduce(server.url, arrays, True, monkeypatch, **kw)
+        slow, p = _allreduce(server.url, arrays, False, monkeypatch, **kw)
+    for a, b in zip(fast, slow):
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    if dtype == "int32":
+        assert all(np.array_equal(a, x) for a, x in zip(fast, arrays))
+    # the compiled step sent most packets; the Python window none
+    assert c["compiled_packets"] > 0.8 * c["packets_sent"]
+    assert p.get("compiled_packets", 0) == 0 and p["packets_sent"] == c["packets_sent"]
+    assert c.get("retransmissions", 0) == 0 and c.get("window_fallbacks", 0) == 0
+
+
+def _peers(url: str, arrays: list, delays: list[float], **kw) -> list:
+    session = uuid.uuid4().hex
+    out: list = [None] * len(arrays)
+
+    def rank(r):
+        with Worker(r, len(arrays), url, session=session, timeout=20) as w:
+            time.sleep(delays[r])
+            out[r] = (w.allreduce(arrays[r], timeout=30, **kw), w.counters(), w)
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(arrays))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(o is not None for o in out)
+    return out
+
+
+def test_two_workers_through_the_golden_switch_one_late():
+    """A peer 0.6 s late: the other's window times out and hands its slots to the
+    engine's message path, which retransmits; the late peer's compiled step carries its
+    allreduce; int32 sums exact on both."""
+    rng = np.random.default_rng(3)
+    arrays = [rng.integers(-2**24, 2**24, 255 * 300 + 5, dtype=np.int32) for _ in range(2)]
+    with SimServer(make_backend("golden")).start() as server:
+        out = _peers(server.url, arrays, [0.0, 0.6])
+    total = arrays[0] + arrays[1]
+    for got, _, _ in out:
+        assert np.array_equal(got, total)
+    assert out[0][1]["retransmissions"] > 0 and out[0][1]["window_fallbacks"] == 1
+    assert out[1][1]["compiled_packets"] > 0.8 * out[1][1]["packets_sent"]
+
+
+def test_two_workers_floats_equal_on_both_ranks():
+    rng = np.random.default_rng(4)
+    arrays = [_inputs(rng, "float32", 255 * 200 + 100) for _ in range(2)]
+    with SimServer(make_backend("golden")).start() as server:
+        out = _peers(server.url, arrays, [0.0, 0.0])
+    assert out[0][0].tobytes() == out[1][0].tobytes()
+    exact = arrays[0].astype(np.float64) + arrays[1]
+    bound = N.error_bound(out[0][0], N.shared_exponents(arrays, N.FLOAT32), 2, N.FLOAT32)
+    assert (np.abs(out[0][0] - exact) <= bound).all()
+    assert out[0][1]["compiled_packets"] > 0
+
+
+def test_stray_datagrams_during_a_run_are_counted_not_taken(monkeypatch):
+    """Datagrams from another socket reach the worker while the C++ waits: it hands them to
+    the transport, which counts them as stray; the sums stay exact."""
+    monkeypatch.setenv("NETAGG_COMPILED", "1")
+    rng = np.random.default_rng(5)
+    x = rng.integers(-2**20, 2**20, 255 * 3000, dtype=np.int32)
+    with SimServer(make_backend("echo")).start() as server:
+        with Worker(0, 1, server.url, session=uuid.uuid4().hex, timeout=20) as w:
+            local = w.transport.local
+            stop = threading.Event()
+            sent = []
+
+            def stray():
+                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                    while not stop.is_set():
+                        s.sendto(b"\x00" * 64, (local.ip, local.port))
+                        sent.append(1)
+                        time.sleep(0.002)
+            th = threading.Thread(target=stray)
+            th.start()
+            try:
+                got = w.allreduce(x, timeout=30)
+            finally:
+                stop.set()
+                th.join(5)
+            counters = w.counters()
+            strays = w.transport.stray
+    assert np.array_equal(got, x)
+    assert sent and strays > 0
+    assert counters["compiled_packets"] > 0
+
+
+def test_without_a_compiler_or_when_turned_off_the_python_window_runs(monkeypatch,
+                                                                       tmp_path):
+    rng = np.random.default_rng(6)
+    x = _inputs(rng, "float32", 255 * 100)
+    with SimServer(make_backend("echo")).start() as server:
+        want, c = _allreduce(server.url, [x], True, monkeypatch)
+        assert c["compiled_packets"] > 0
+        got, p = _allreduce(server.url, [x], False, monkeypatch)
+        assert compiled_build.library() is None
+        assert compiled_build.unavailable() == "NETAGG_COMPILED=0"
+        assert p.get("compiled_packets", 0) == 0 and got[0].tobytes() == want[0].tobytes()
+        monkeypatch.setenv("NETAGG_COMPILED", "1")
+        monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+        monkeypatch.setenv("NETAGG_CACHE", str(tmp_path))
+        compiled_build._compiler.cache_clear()
+        compiled_build._load.cache_clear()
+        try:
+            assert compiled_build.library() is None
+            assert compiled_build.unavailable() == "no C++ compiler"
+            with Worker(0, 1, server.url, session=uuid.uuid4().hex, timeout=20) as w:
+                got = w.allreduce(x, timeout=30)
+                assert w.counters().get("compiled_packets", 0) == 0
+            assert got.tobytes() == want[0].tobytes()
+        finally:
+            monkeypatch.undo()
+            compiled_build._compiler.cache_clear()
+            compiled_build._load.cache_clear()
+    assert compiled_build.library() is not None
+
+
+def test_the_interface_is_generated_from_its_declaration():
+    header = compiled_build.abi_header()
+    for name, _ in compiled_build.RUN_FIELDS:
+        assert f" {name};" in header
+    for status in compiled_build.Status:
+        assert f"ST_{status.name} = {status.value}" in header
