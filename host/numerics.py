@@ -117,6 +117,15 @@ def from_float64(values: np.ndarray, fmt: Format, like: np.ndarray) -> np.ndarra
     return values.astype(like.dtype)
 
 
+def _exactly_float(values: np.ndarray, fmt: Format) -> np.ndarray:
+    """The values in a float dtype that holds them exactly (bfloat16 bits as float32)."""
+    if fmt is BFLOAT16 and values.dtype.name != "bfloat16":
+        return (values.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    if values.dtype.kind == "f":
+        return values
+    return to_float64(values, fmt)
+
+
 def exponent_of(magnitude: np.ndarray) -> np.ndarray:
     """Per element, the e with magnitude < 2**e (frexp's exponent), EXP_MIN for zero."""
     _, e = np.frexp(magnitude)
@@ -127,8 +136,16 @@ def block_proposals(values: np.ndarray, fmt: Format, per: int) -> np.ndarray:
     """A worker's exponent proposal for each block of `per` values of a tensor (its own
     dtype, one block for an empty one): EXP_NONFINITE where the block holds NaN or an
     infinity, else the exponent of its largest magnitude within EXP_MIN..EXP_MAX."""
-    top = np.array([np.abs(to_float64(values[i:i + per], fmt)).max(initial=0.0)  # NaN: NaN
-                    for i in range(0, max(1, len(values)), per)])
+    n = len(values)
+    full = n // per
+    top = np.zeros(max(1, -(-n // per)))
+    exact = _exactly_float(values, fmt)     # (abs and max are exact in any float dtype)
+    if full:                    # (the largest and the smallest: no temporary array)
+        blocks = exact[:full * per].reshape(full, per)
+        top[:full] = np.maximum(blocks.max(axis=1), -blocks.min(axis=1))    # NaN: NaN
+    if full * per < n:
+        tail = exact[full * per:]
+        top[full] = np.maximum(tail.max(), -tail.min())
     finite = np.isfinite(top)
     out = np.clip(exponent_of(np.where(finite, top, 0.0)), EXP_MIN, EXP_MAX)
     return np.where(finite, out, EXP_NONFINITE)

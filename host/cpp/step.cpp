@@ -117,7 +117,9 @@ Quantised quantise(const Run &r, int64_t chunk, int64_t exponent, int32_t *lanes
     const int64_t lo = chunk * r.lanes, count = std::min<int64_t>(r.lanes, r.n - lo);
     const double top = double(r.int32_max), bottom = -double(r.int32_max) - 1;
     bool saturated = false;
-    if (r.fmt == FMT_INT32) {
+    if (r.fmt == FMT_INT32 && r.nsources == 1) {
+        std::memcpy(lanes, at<int32_t>(at<int64_t>(r.sources)[0]) + lo, size_t(count) * 4);
+    } else if (r.fmt == FMT_INT32) {
         for (int64_t j = 0; j < count; j++) {
             int64_t acc = 0;
             for (int64_t s = 0; s < r.nsources; s++)
@@ -133,12 +135,20 @@ Quantised quantise(const Run &r, int64_t chunk, int64_t exponent, int32_t *lanes
         bool nan = false;
         if (r.fmt == FMT_FLOAT32 && r.nsources == 1) {
             const float *x = at<float>(at<int64_t>(r.sources)[0]) + lo;
+            int outside = 0;            // (a loop the compiler vectorises)
             for (int64_t j = 0; j < count; j++) {
-                double v = std::nearbyint(double(x[j]) * scale);
-                nan |= v != v;
-                if (v > top || v < bottom) { saturated = true; v = v > 0 ? top : bottom; }
-                lanes[j] = int32_t(v);
+                const double v = std::nearbyint(double(x[j]) * scale);
+                outside |= int(v > top) | int(v < bottom) | int(v != v);
+                double c = v < bottom ? bottom : v;
+                c = c > top ? top : c;
+                lanes[j] = int32_t(c);
             }
+            if (outside)
+                for (int64_t j = 0; j < count; j++) {
+                    const double v = std::nearbyint(double(x[j]) * scale);
+                    nan |= v != v;
+                    saturated |= v > top || v < bottom;
+                }
         } else {
             for (int64_t j = 0; j < count; j++) {
                 double v = 0;
