@@ -35,7 +35,7 @@ from netagg.host.wire_arrays import write_imm_dtype
 from netagg.sim import udp_offload
 from netagg.sim import wire as W
 
-RUN_SECONDS = 0.05      # the longest a call runs (the engine's checks wait at most this)
+RUN_SECONDS = 0.25      # the longest a call runs (the engine's checks wait at most this)
 SAMPLES = 256           # round-trip samples a call records
 RX_BYTES = 65536        # the receive buffer: the largest GRO run
 
@@ -209,7 +209,7 @@ class CompiledStep:
                      "chunks_done", "nsamples", "rx_len", "rx_from", "rx_seg", "gso_failed",
                      "steps"):
             setattr(r, name, 0)
-        r.max_inflight, r.progress_at = e.stats["max_inflight"], 0.0
+        r.max_inflight, r.progress_at, r.interrupt = e.stats["max_inflight"], 0.0, 0
 
     def _tags(self):
         """Each slot's check-lane tags from its next use on, for the span's remaining
@@ -227,6 +227,11 @@ class CompiledStep:
         r.tag_cols = cols
         r.tag_table, r.seal_table = _addr(self.tag_table), _addr(self.seal_table)
         r.whole_table = _addr(self.whole_table)
+
+    def interrupt(self):
+        """Ask a call under way to return at its next step (another thread wants the
+        engine)."""
+        self.r.interrupt = 1
 
     def _call(self) -> Status:
         return Status(self.lib.step_run(ctypes.byref(self.r)))

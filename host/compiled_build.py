@@ -91,7 +91,7 @@ RUN_FIELDS = [
     ("packets", _I), ("run_buffer", _I), ("rx", _I), ("rx_cap", _I), ("samples", _I),
     ("samples_cap", _I),
     # in and out
-    ("psn", _I), ("until", _D),
+    ("psn", _I), ("until", _D), ("interrupt", _I),
     # out
     ("status", _I), ("packets_sent", _I), ("packets_received", _I), ("credit_waits", _I),
     ("max_inflight", _I), ("tensor_bytes", _I), ("chunks_done", _I), ("progress_at", _D),

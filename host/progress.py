@@ -11,22 +11,95 @@ stops with `stop()`. While the worker is open it also keeps the engine's heartbe
 (`host.liveness`): a step when a beat is due, even without work, and after a failure the
 beat alone (the process is there: the other ranks must not take it for gone).
 
+While a step runs the window's compiled steps (`host.compiled`: C++ that releases the GIL,
+for up to `RUN_SECONDS`), a caller's Python runs on; a caller that wants the lock (to
+submit, or a waiter's look) interrupts the compiled run first (`ProgressLock`), so that it
+gets the lock within a step's Python, not at the end of the run.
+
 Used for workers whose transport has no driver of its own (UDP); in-process workers keep
 being driven cooperatively from `wait`.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
 POLL = 0.002            # seconds the thread waits for the socket per step
+SWITCH_SECONDS = 0.0005     # the interpreter's switch interval while there is work
+
+
+class _SwitchInterval:
+    """The interpreter's thread switch interval, `SWITCH_SECONDS` while a progress thread
+    has work, the program's own otherwise. A thread that wants the GIL waits up to that
+    interval for a thread running Python to let it go: the progress thread wants it back
+    each time a compiled run returns, and a caller computing in Python would otherwise hold
+    the network idle for 5 ms (Python's default) each time."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.busy: set = set()
+        self.saved = None
+
+    def enter(self, progress):
+        if progress in self.busy:
+            return
+        with self.lock:
+            if not self.busy:
+                self.saved = sys.getswitchinterval()
+                sys.setswitchinterval(min(self.saved, SWITCH_SECONDS))
+            self.busy.add(progress)
+
+    def leave(self, progress):
+        if progress not in self.busy:
+            return
+        with self.lock:
+            self.busy.discard(progress)
+            if not self.busy and self.saved is not None:
+                sys.setswitchinterval(self.saved)
+                self.saved = None
+
+
+_SWITCH = _SwitchInterval()
+
+
+class ProgressLock:
+    """A lock whose `acquire`, when it would block, first asks the holder's compiled run to
+    return (`host.compiled.CompiledStep.interrupt`)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self._lock = threading.Lock()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if self._lock.acquire(False):
+            return True
+        if not blocking:
+            return False
+        window = self.engine.window
+        compiled = window.compiled if window is not None else None
+        if compiled is not None:
+            compiled.interrupt()
+        return self._lock.acquire(True, timeout)
+
+    def release(self):
+        self._lock.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
 
 
 class Progress:
     def __init__(self, engine):
         self.engine = engine
-        self.lock = threading.Lock()
+        self.lock = ProgressLock(engine)
         self.changed = threading.Condition(self.lock)
         self._work = threading.Event()
         self._stopped = False
@@ -45,9 +118,12 @@ class Progress:
                     live.keep_beating()
             if not (self.engine.busy() or live.beat_due(time.monotonic())) \
                     or self.engine.failed:
+                _SWITCH.leave(self)
                 self._work.wait(0.05)
                 self._work.clear()
                 continue
+            if self.engine.busy():
+                _SWITCH.enter(self)
             with self.lock:
                 pending = self.engine.pending_works
                 try:
@@ -71,6 +147,7 @@ class Progress:
         return True
 
     def stop(self):
+        _SWITCH.leave(self)
         self._stopped = True
         self._work.set()
         self._thread.join(5)

@@ -14,6 +14,7 @@
 // Every field position, shift and constant of the wire comes in `Run` from the Python
 // declarations (hw/headers.py through sim/wire.py and host/wire_arrays.py); `Run`,
 // `Status` and `Fmt` themselves are generated from host/compiled.py into step_abi.h.
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -31,6 +32,8 @@
 namespace {
 
 typedef uint32_t (*CrcFn)(uint32_t, const uint8_t *, uint32_t);
+
+const double POLL_SECONDS = 0.002;  // the longest wait between looks at `Run.interrupt`
 
 uint32_t crc_table[8][256];
 
@@ -440,8 +443,9 @@ struct Step {
             if (!inflight) return ST_IDLE;
             now = monotonic();
             if (first_due <= now) return ST_DUE;
-            if (now >= r.until) return ST_UNTIL;
-            const double wait = std::min(first_due, r.until) - now;
+            if (now >= r.until || __atomic_load_n(&r.interrupt, __ATOMIC_RELAXED))
+                return ST_UNTIL;
+            const double wait = std::min({first_due, r.until, now + POLL_SECONDS}) - now;
             pollfd p{int(r.fd), POLLIN, 0};
             if (poll(&p, 1, int(std::ceil(wait * 1000))) <= 0) continue;
             sockaddr_in sender{};
