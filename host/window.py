@@ -322,16 +322,23 @@ class PlainWindow:
             e.stats["window_fallbacks"] += 1
         spans = self.spans
         starts = np.array([s.first for s in spans])
+        # the tags of each slot's last (up to 4) completed uses, which `recent` holds
+        done = self.use - (self.cur >= 0)
+        first = np.maximum(self.entry_use, done - 4)
+        ahead = np.arange(4)
+        held = first[:, None] + ahead < done[:, None]
+        slot_of = np.broadcast_to(np.arange(self.slots)[:, None], held.shape)[held]
+        tags = e.check_lane.tags(slot_of, (first[:, None] + ahead)[held]).tolist() \
+            if held.any() else []
+        held_count = held.sum(axis=1).tolist()
+        at = 0
         for s, st in enumerate(e.slots):
             st.use = int(self.use[s])
             if self.last_psn[s] != _NO_PSN:
                 st.last_psn = int(self.last_psn[s])
             inflight = [int(self.cur[s])] if self.cur[s] >= 0 else []
-            completed = range(max(int(self.entry_use[s]), st.use - len(inflight) - 4),
-                              st.use - len(inflight))          # the uses `recent` holds
-            if len(completed):
-                st.recent.extend(e.check_lane.tags([s] * len(completed),
-                                                   list(completed)).tolist())
+            st.recent.extend(tags[at:at + held_count[s]])
+            at += held_count[s]
             if self.next[s] >= self.slots:      # the msn of the last message begun
                 st.last_msn = self.dealt + int(self.next[s]) - self.slots
             for g in inflight + list(range(int(self.next[s]), self.total, self.slots)):

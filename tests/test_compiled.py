@@ -24,8 +24,13 @@ pytestmark = pytest.mark.skipif(compiled_build.library() is None,
 def _inputs(rng: np.random.Generator, dtype: str, n: int) -> np.ndarray:
     if dtype == "int32":
         return rng.integers(-2**20, 2**20, n, dtype=np.int32)
-    # magnitudes over a wide range, so that blocks get different exponents
+    # magnitudes over a wide range, so that blocks get different exponents, and blocks of
+    # the largest and the smallest (their scale outside float32's normal range)
     x = rng.standard_normal(n) * np.exp2(rng.integers(-12, 12, n))
+    per = N.LANES * N.DEFAULT_BLOCK
+    if dtype == "float32" and n > 3 * per:
+        x[:per] *= 2.0 ** 100
+        x[per:2 * per] *= 2.0 ** -120
     if dtype == "bfloat16":
         return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
     return x.astype(dtype)
