@@ -15,6 +15,9 @@ import numpy as np
 import pytest
 from netagg.host import Worker, compiled_build
 from netagg.host import numerics as N
+from netagg.host import worker as worker_module
+from netagg.host.wire_arrays import write_imm_dtype
+from netagg.sim import wire as W
 from netagg.sim.serve import SimServer, make_backend
 
 pytestmark = pytest.mark.skipif(compiled_build.library() is None,
@@ -179,3 +182,69 @@ def test_the_interface_is_generated_from_its_declaration():
         assert f" {name};" in header
     for status in compiled_build.Status:
         assert f"ST_{status.name} = {status.value}" in header
+
+
+def _contributions(pcap, size: int) -> list[bytes]:
+    """Every contribution in a pcap of `SimServer`, less its PSN and ICRC, in order."""
+    from scapy.utils import rdpcap
+
+    udp = W.ETH_LEN + W.IP_LEN
+    rows = []
+    for frame in rdpcap(str(pcap)):
+        raw = bytes(frame)
+        body = raw[udp + W.UDP_LEN:]
+        if int.from_bytes(raw[udp + 2:udp + 4], "big") == W.ROCEV2_PORT \
+                and len(body) == size and body[0] != W.OP_CONTROL:
+            rows.append(body[:8] + body[12:-W.ICRC_LEN])
+    return sorted(rows)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_the_compiled_step_sends_the_python_windows_packets(dtype, monkeypatch, tmp_path):
+    """With the same session and epoch, the contributions of the compiled step and of the
+    Python window are the same, field for field and lane for lane (the PSN and the ICRC,
+    which covers it, aside: control requests take PSNs too, as timing has it)."""
+    monkeypatch.setattr(worker_module, "fresh_epoch", lambda: 0x5EED)
+    rng = np.random.default_rng(8)
+    x = _inputs(rng, dtype, 255 * 150 + 9)
+    sent = {}
+    for compiled in (True, False):
+        monkeypatch.setenv("NETAGG_COMPILED", "1" if compiled else "0")
+        pcap = tmp_path / f"{compiled}.pcap"
+        with SimServer(make_backend("echo"), pcap=str(pcap)).start() as server:
+            with Worker(0, 1, server.url, session="same", timeout=20) as w:
+                w.allreduce(x, timeout=30)
+                counters = w.counters()
+        assert (counters.get("compiled_packets", 0) > 0) == compiled
+        sent[compiled] = _contributions(pcap, write_imm_dtype(N.LANES).itemsize)
+    assert len(sent[True]) == len(sent[False]) > 150
+    assert sent[True] == sent[False]
+
+
+def test_a_caller_that_wants_the_engine_interrupts_the_compiled_run():
+    """`ProgressLock`: a blocking acquire while another thread holds the lock asks the
+    window's compiled run to return first; one that gets it at once does not."""
+    from types import SimpleNamespace
+
+    from netagg.host.progress import ProgressLock
+
+    asked = []
+    engine = SimpleNamespace(window=SimpleNamespace(
+        compiled=SimpleNamespace(interrupt=lambda: asked.append(1))))
+    lock = ProgressLock(engine)
+    with lock:
+        pass
+    assert not asked
+    held = threading.Event()
+
+    def hold():
+        with lock:
+            held.set()
+            time.sleep(0.1)
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(5)
+    assert not lock.acquire(False) and not asked
+    with lock:
+        assert asked == [1]
+    t.join(5)
