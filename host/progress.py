@@ -107,7 +107,9 @@ class Progress:
         self._thread.start()
 
     def kick(self):
-        """There is work: step now rather than at the next idle check."""
+        """There is work: step now rather than at the next idle check (the switch interval
+        short from now on, so that the thread wakes while the caller computes)."""
+        _SWITCH.enter(self)
         self._work.set()
 
     def _run(self):
