@@ -201,12 +201,12 @@ class CompiledStep:
         for name in ("next", "cur", "use", "cur_use", "tag", "whole", "last_psn", "sent_at",
                      "deadline"):
             setattr(r, name, _addr(getattr(w, name)))
+        r.rtos = _addr(w.rto)
         r.total, r.dealt, r.credits, r.limit = w.total, w.dealt, e.credits, e.limit
         r.rto, r.psn, r.until = e.rtt.rto, e.psns.psn, until
         self.known_before = span.known.copy()
         for name in ("packets_sent", "packets_received", "credit_waits", "tensor_bytes",
-                     "chunks_done", "nsamples", "rx_len", "rx_from", "rx_seg", "gso_failed",
-                     "steps"):
+                     "chunks_done", "nsamples", "rx_len", "rx_from", "rx_seg", "gso_failed"):
             setattr(r, name, 0)
         r.max_inflight, r.progress_at, r.interrupt = e.stats["max_inflight"], 0.0, 0
 

@@ -98,7 +98,8 @@ def test_two_workers_through_the_golden_switch_one_late():
     total = arrays[0] + arrays[1]
     for got, _, _ in out:
         assert np.array_equal(got, total)
-    assert out[0][1]["retransmissions"] > 0 and out[0][1]["window_fallbacks"] == 1
+    # the messages handed over keep their timeouts: a few retries each, with backoff
+    assert 0 < out[0][1]["retransmissions"] <= 6 * 64 and out[0][1]["window_fallbacks"] == 1
     assert out[1][1]["compiled_packets"] > 0.8 * out[1][1]["packets_sent"]
 
 

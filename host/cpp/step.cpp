@@ -231,7 +231,7 @@ struct Step {
     Run &r;
     CrcFn crc;
     int64_t *next, *cur, *use, *cur_use, *tag, *whole, *last_psn, *tag_base;
-    double *sent_at, *deadline;
+    double *sent_at, *deadline, *rtos;
     int64_t *seal_table, *whole_table;
     const int64_t *chunk_of, *needs, *carries, *field, *offset;
     uint8_t *known, *started;
@@ -248,6 +248,7 @@ struct Step {
         whole = at<int64_t>(r.whole); last_psn = at<int64_t>(r.last_psn);
         tag_base = at<int64_t>(r.tag_base);
         sent_at = at<double>(r.sent_at); deadline = at<double>(r.deadline);
+        rtos = at<double>(r.rtos);
         seal_table = at<int64_t>(r.seal_table); whole_table = at<int64_t>(r.whole_table);
         chunk_of = at<int64_t>(r.chunk); needs = at<int64_t>(r.needs);
         carries = at<int64_t>(r.carries); field = at<int64_t>(r.field);
@@ -384,6 +385,7 @@ struct Step {
             started[s] = 1;
             sent_at[s] = now;
             deadline[s] = now + r.rto;
+            rtos[s] = r.rto;
             k++;
         }
         if (k) {
@@ -503,7 +505,6 @@ struct Step {
                 }
                 r.packets_received++;
             }
-            r.steps++;
         }
     }
 };
