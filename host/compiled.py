@@ -219,7 +219,8 @@ class CompiledStep:
         self.tag_base[:] = w.use
         uses = self.tag_base[:, None] + np.arange(cols)
         tags = e.check_lane.tags(np.repeat(np.arange(w.slots), cols), uses.ravel())
-        self.tag_table = tags.reshape(w.slots, cols)
+        # (use - tag_base, slot) order: the slots a step starts are at one use, side by side
+        self.tag_table = np.ascontiguousarray(tags.reshape(w.slots, cols).T)
         self.seal_table = np.ascontiguousarray(e.check_lane.seal(self.tag_table, e.rank),
                                                np.int64)
         self.whole_table = np.ascontiguousarray(e.check_lane.whole(self.tag_table), np.int64)

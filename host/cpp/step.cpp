@@ -364,10 +364,11 @@ struct Step {
             if (q == Q_NAN) { status = ST_NONFINITE; break; }
             const int64_t u = use[s], col = u - tag_base[s];
             cur[s] = g; cur_use[s] = u; use[s] = u + 1; next[s] = g + slots;
-            tag[s] = at<int64_t>(r.tag_table)[s * r.tag_cols + col];
-            whole[s] = whole_table[s * r.tag_cols + col];
+            const int64_t cell = col * slots + s;   // (use, slot): a step's slots side by side
+            tag[s] = at<int64_t>(r.tag_table)[cell];
+            whole[s] = whole_table[cell];
             lanes[r.lanes] = q == Q_SATURATED ? int32_t(r.int32_max)
-                                              : int32_t(seal_table[s * r.tag_cols + col]);
+                                              : int32_t(seal_table[cell]);
             std::memcpy(d, at<uint8_t>(r.tx_head), 8);
             r.psn = (r.psn + 1) & r.psn_mask;
             put_be32(d + r.off_psn, uint32_t(r.psn));
@@ -399,7 +400,7 @@ struct Step {
     }
 
     // `PlainWindow.take` of the datagram at `rx + at`: whether it was taken.
-    bool take(const uint8_t *d, int64_t at_, int64_t near, double now, bool &sampled) {
+    bool take(const uint8_t *d, int64_t rx_at, int64_t near, double now, bool &sampled) {
         if (std::memcmp(d, at<uint8_t>(r.rx_head), 8)) return false;
         uint32_t icrc;
         std::memcpy(&icrc, d + r.off_icrc, 4);
@@ -443,7 +444,7 @@ struct Step {
             if (b >= 0 && exponent != r.exp_none && !known[b]) { known[b] = 1; shared[b] = exponent; }
         }
         pending[npending][0] = chunk_of[i];
-        pending[npending][1] = at_;
+        pending[npending][1] = rx_at;
         pending[npending][2] = r.leading ? shared[needs[i]] : 0;
         npending++;
         return true;
