@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import ctypes
 import ipaddress
+import time
 
 import numpy as np
 from netagg.host import numerics as N
 from netagg.host.compiled_build import Fmt, Run, Status, crc32_address, library
+from netagg.host.progress import wanted
 from netagg.host.transport import UdpTransport
 from netagg.host.wire_arrays import write_imm_dtype
 from netagg.sim import udp_offload
@@ -95,7 +97,9 @@ class CompiledStep:
         self.tag_table = self.seal_table = self.whole_table = np.zeros((n, 1), np.int64)
         self.span = None
         self.sources = np.zeros(8, np.int64)
+        self.wanted = wanted(e)             # threads waiting for the engine: return
         self.r = r = Run()
+        r.wanted = _addr(self.wanted)
         fields = write_imm_dtype(e.lanes).fields
         for name in ("psn", "va", "rkey", "imm", "lanes", "icrc"):
             setattr(r, f"off_{name}", fields[name][1])
@@ -144,32 +148,33 @@ class CompiledStep:
                 return span
         return None
 
-    def run(self, now: float) -> bool:
-        """Run steps in C++ while they are plain (see the module); whether it ran."""
+    def run(self, now: float):
+        """Run steps in C++ while they are plain (see the module): again after a datagram
+        it handed over, until it stops for something else."""
         w, e, t = self.window, self.engine, self.transport
-        until = min(e.liveness.next_due, now + RUN_SECONDS, *e.control.deadlines())
-        if until <= now:
-            return False
-        span = self._span()
-        fmt = span and carries(span.work)
-        if fmt is None:
-            return False
-        self._enter(span, fmt, until)
-        status = self._call()
-        while status is Status.TAGS:
-            self._tags()
+        while e.window is w and not self.wanted[0]:
+            until = min(e.liveness.next_due, now + RUN_SECONDS, *e.control.deadlines())
+            span = self._span()
+            fmt = span and carries(span.work)
+            if until <= now or fmt is None:
+                return
+            self._enter(span, fmt, until)
             status = self._call()
-        self._leave(span)
-        if status is Status.HANDED:
+            while status is Status.TAGS:
+                self._tags()
+                status = self._call()
+            self._leave(span)
+            if status is Status.NONFINITE:
+                w.leave()
+            if status is not Status.HANDED:
+                return
             r = self.r
             data = bytes(self.rx[r.rx_from:r.rx_len])
             sender = (str(ipaddress.IPv4Address(r.rx_ip)), r.rx_port)
             datagrams = t.accept(data, r.rx_seg or None, sender)
             if datagrams:
                 e._receive_all(datagrams)
-        elif status is Status.NONFINITE and e.window is w:
-            w.leave()
-        return True
+            now = time.monotonic()
 
     def _enter(self, span, fmt: Fmt, until: float):
         w, e, r, t = self.window, self.engine, self.r, self.transport
@@ -208,7 +213,7 @@ class CompiledStep:
         for name in ("packets_sent", "packets_received", "credit_waits", "tensor_bytes",
                      "chunks_done", "nsamples", "rx_len", "rx_from", "rx_seg", "gso_failed"):
             setattr(r, name, 0)
-        r.max_inflight, r.progress_at, r.interrupt = e.stats["max_inflight"], 0.0, 0
+        r.max_inflight, r.progress_at = e.stats["max_inflight"], 0.0
 
     def _tags(self):
         """Each slot's check-lane tags from its next use on, for the span's remaining
@@ -227,11 +232,6 @@ class CompiledStep:
         r.tag_cols = cols
         r.tag_table, r.seal_table = _addr(self.tag_table), _addr(self.seal_table)
         r.whole_table = _addr(self.whole_table)
-
-    def interrupt(self):
-        """Ask a call under way to return at its next step (another thread wants the
-        engine)."""
-        self.r.interrupt = 1
 
     def _call(self) -> Status:
         return Status(self.lib.step_run(ctypes.byref(self.r)))

@@ -81,8 +81,8 @@ RUN_FIELDS = [
     # the window (`host.window.PlainWindow`'s arrays) and its check-lane tags
     ("total", _I), ("dealt", _I), ("credits", _I), ("limit", _I), ("next", _I), ("cur", _I),
     ("use", _I), ("cur_use", _I), ("tag", _I), ("whole", _I), ("last_psn", _I),
-    ("sent_at", _I), ("deadline", _I), ("rtos", _I), ("rto", _D), ("tag_base", _I), ("tag_cols", _I),
-    ("tag_table", _I), ("seal_table", _I), ("whole_table", _I), ("started", _I),
+    ("sent_at", _I), ("deadline", _I), ("rtos", _I), ("rto", _D), ("tag_base", _I),
+    ("tag_cols", _I), ("tag_table", _I), ("seal_table", _I), ("whole_table", _I), ("started", _I),
     # the span (`host.window._Span`) and its work
     ("first", _I), ("count", _I), ("leading", _I), ("chunk", _I), ("needs", _I),
     ("carries", _I), ("field", _I), ("offset", _I), ("known", _I), ("shared", _I),
@@ -92,7 +92,7 @@ RUN_FIELDS = [
     ("packets", _I), ("rx", _I), ("rx_cap", _I), ("samples", _I),
     ("samples_cap", _I),
     # in and out
-    ("psn", _I), ("until", _D), ("interrupt", _I),
+    ("psn", _I), ("until", _D), ("wanted", _I),
     # out
     ("status", _I), ("packets_sent", _I), ("packets_received", _I), ("credit_waits", _I),
     ("max_inflight", _I), ("tensor_bytes", _I), ("chunks_done", _I), ("progress_at", _D),

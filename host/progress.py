@@ -12,9 +12,10 @@ stops with `stop()`. While the worker is open it also keeps the engine's heartbe
 beat alone (the process is there: the other ranks must not take it for gone).
 
 While a step runs the window's compiled steps (`host.compiled`: C++ that releases the GIL,
-for up to `RUN_SECONDS`), a caller's Python runs on; a caller that wants the lock (to
-submit, or a waiter's look) interrupts the compiled run first (`ProgressLock`), so that it
-gets the lock within a step's Python, not at the end of the run.
+for up to a quarter of a second), a caller's Python runs on; while a caller waits for the
+lock (to submit, or a waiter's look) the compiled run returns at its next step
+(`ProgressLock`, `wanted`), so that the caller gets the lock within a step, not at the end
+of the run.
 
 Used for workers whose transport has no driver of its own (UDP); in-process workers keep
 being driven cooperatively from `wait`.
@@ -25,9 +26,14 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import weakref
+
+import numpy as np
 
 POLL = 0.002            # seconds the thread waits for the socket per step
 SWITCH_SECONDS = 0.0005     # the interpreter's switch interval while there is work
+LOOK = 0.25             # a waiter looks again this often unless notified (each look takes
+#                         the lock, which has a compiled run return)
 
 
 class _SwitchInterval:
@@ -64,24 +70,40 @@ class _SwitchInterval:
 _SWITCH = _SwitchInterval()
 
 
+_WANTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_WANTED_LOCK = threading.Lock()
+
+
+def wanted(engine) -> np.ndarray:
+    """How many threads wait for `engine`'s lock: one int64 that a compiled run reads
+    between its steps (`host.compiled`), returning while it is not 0."""
+    with _WANTED_LOCK:
+        cell = _WANTED.get(engine)
+        if cell is None:
+            cell = _WANTED[engine] = np.zeros(1, np.int64)
+        return cell
+
+
 class ProgressLock:
-    """A lock whose `acquire`, when it would block, first asks the holder's compiled run to
-    return (`host.compiled.CompiledStep.interrupt`)."""
+    """A lock whose `acquire`, while it would block, has the holder's compiled run return
+    (`wanted`)."""
 
     def __init__(self, engine):
-        self.engine = engine
         self._lock = threading.Lock()
+        self._wanted = wanted(engine)
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         if self._lock.acquire(False):
             return True
         if not blocking:
             return False
-        window = self.engine.window
-        compiled = window.compiled if window is not None else None
-        if compiled is not None:
-            compiled.interrupt()
-        return self._lock.acquire(True, timeout)
+        with _WANTED_LOCK:
+            self._wanted[0] += 1
+        try:
+            return self._lock.acquire(True, timeout)
+        finally:
+            with _WANTED_LOCK:
+                self._wanted[0] -= 1
 
     def release(self):
         self._lock.release()
@@ -145,7 +167,7 @@ class Progress:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
-                self.changed.wait(0.05 if left is None else min(left, 0.05))
+                self.changed.wait(LOOK if left is None else min(left, LOOK))
         return True
 
     def stop(self):

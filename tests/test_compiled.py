@@ -222,30 +222,32 @@ def test_the_compiled_step_sends_the_python_windows_packets(dtype, monkeypatch, 
     assert sent[True] == sent[False]
 
 
-def test_a_caller_that_wants_the_engine_interrupts_the_compiled_run():
-    """`ProgressLock`: a blocking acquire while another thread holds the lock asks the
-    window's compiled run to return first; one that gets it at once does not."""
-    from types import SimpleNamespace
+def test_a_caller_that_wants_the_engine_has_the_compiled_run_return():
+    """`ProgressLock`: while a thread waits for the lock another holds, the engine's
+    `wanted` count (which a compiled run reads between its steps) is not 0; a thread that
+    gets the lock at once does not count."""
+    from netagg.host.progress import ProgressLock, wanted
 
-    from netagg.host.progress import ProgressLock
-
-    asked = []
-    engine = SimpleNamespace(window=SimpleNamespace(
-        compiled=SimpleNamespace(interrupt=lambda: asked.append(1))))
-    lock = ProgressLock(engine)
-    with lock:
+    class Engine:
         pass
-    assert not asked
+    engine = Engine()
+    lock = ProgressLock(engine)
+    cell = wanted(engine)
+    with lock:
+        assert cell[0] == 0
+    seen = []
     held = threading.Event()
 
     def hold():
         with lock:
             held.set()
-            time.sleep(0.1)
+            time.sleep(0.2)
+            seen.append(int(cell[0]))
     t = threading.Thread(target=hold)
     t.start()
     held.wait(5)
-    assert not lock.acquire(False) and not asked
+    assert not lock.acquire(False) and cell[0] == 0
     with lock:
-        assert asked == [1]
+        pass
     t.join(5)
+    assert seen == [1] and cell[0] == 0

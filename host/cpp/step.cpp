@@ -34,7 +34,7 @@ namespace {
 
 typedef uint32_t (*CrcFn)(uint32_t, const uint8_t *, uint32_t);
 
-const double POLL_SECONDS = 0.002;  // the longest wait between looks at `Run.interrupt`
+const double POLL_SECONDS = 0.002;  // the longest wait between looks at `Run.wanted`
 
 uint32_t crc_table[8][256];
 
@@ -465,7 +465,7 @@ struct Step {
             if (!inflight) return ST_IDLE;
             now = monotonic();
             if (first_due <= now) return ST_DUE;
-            if (now >= r.until || __atomic_load_n(&r.interrupt, __ATOMIC_RELAXED))
+            if (now >= r.until || __atomic_load_n(at<int64_t>(r.wanted), __ATOMIC_RELAXED))
                 return ST_UNTIL;
             const double wait = std::min({first_due, r.until, now + POLL_SECONDS}) - now;
             pollfd p{int(r.fd), POLLIN, 0};
