@@ -108,6 +108,14 @@ class ProgressLock:
     def release(self):
         self._lock.release()
 
+    def let_waiters_in(self, seconds: float = 0.002):
+        """Give a thread that waits for the lock (it was just released) the time to take
+        it, before taking it again: a plain lock is not fair, and the stepping thread would
+        take it back before the waiter wakes, step after step."""
+        deadline = time.monotonic() + seconds
+        while self._wanted[0] and time.monotonic() < deadline:
+            time.sleep(0)
+
     def locked(self) -> bool:
         return self._lock.locked()
 
@@ -148,6 +156,7 @@ class Progress:
                 continue
             if self.engine.busy():
                 _SWITCH.enter(self)
+            self.lock.let_waiters_in()
             with self.lock:
                 pending = self.engine.pending_works
                 try:
