@@ -136,7 +136,8 @@ class CompiledStep:
     # --- a call -------------------------------------------------------------------------
 
     def _span(self):
-        """The span every message in flight and every next message belongs to, if one."""
+        """The span every message in flight and every next message belongs to, if one and
+        if no exponent message is next."""
         w = self.window
         free = (w.cur < 0) & (w.next < w.total)
         active = np.concatenate([w.cur[w.cur >= 0], w.next[free]])
@@ -145,7 +146,10 @@ class CompiledStep:
         lo, hi = int(active.min()), int(active.max())
         for span in w.spans:
             if span.first <= lo and hi < span.first + span.count:
-                return span
+                # an exponent message to start is the Python window's (the C++ would
+                # return at once)
+                exponent = (w.next[free] < span.first + span.leading).any()
+                return None if exponent else span
         return None
 
     def run(self, now: float):
