@@ -162,16 +162,16 @@ def _load() -> ctypes.CDLL | None:
     key = hashlib.sha256(b"\0".join([
         source, header.encode(), compiler[0].encode(), compiler[1].encode(),
         " ".join(FLAGS).encode(), platform.machine().encode(), _cpu().encode()])).hexdigest()
-    out = cache_dir() / "host" / f"step-{key[:16]}.so"
-    if not out.exists():
-        with locked(out):
-            if not out.exists():
-                try:
+    try:
+        out = cache_dir() / "host" / f"step-{key[:16]}.so"
+        if not out.exists():
+            with locked(out):
+                if not out.exists():
                     _build(compiler[0], header, out)
-                except (OSError, RuntimeError) as e:
-                    _reason = f"the compiled step did not build: {e}"
-                    return None
-    lib = ctypes.CDLL(str(out))
+        lib = ctypes.CDLL(str(out))
+    except (OSError, RuntimeError) as e:
+        _reason = f"the compiled step did not build or load: {e}"
+        return None
     lib.step_run.argtypes = [ctypes.POINTER(Run)]
     lib.step_run.restype = ctypes.c_int
     lib.step_float16.restype = ctypes.c_int

@@ -14,6 +14,7 @@ import uuid
 import numpy as np
 import pytest
 from netagg.host import Worker, compiled_build
+from netagg.host import compiled as compiled_module
 from netagg.host import numerics as N
 from netagg.host import worker as worker_module
 from netagg.host.wire_arrays import write_imm_dtype
@@ -251,3 +252,17 @@ def test_a_caller_that_wants_the_engine_has_the_compiled_run_return():
         pass
     t.join(5)
     assert seen == [1] and cell[0] == 0
+
+
+def test_the_compiled_steps_own_crc_is_zlibs(monkeypatch):
+    """Without zlib-ng's CRC-32 to call, the C++ computes the ICRCs itself: the switch takes
+    every contribution (a bad ICRC is dropped, and would time out), the results are
+    checked and taken by the C++."""
+    monkeypatch.setattr(compiled_module, "crc32_address", lambda: 0)
+    rng = np.random.default_rng(9)
+    x = _inputs(rng, "int32", 255 * 500 + 3)
+    with SimServer(make_backend("echo")).start() as server:
+        got, c = _allreduce(server.url, [x], True, monkeypatch)
+    assert np.array_equal(got[0], x)
+    assert c["compiled_packets"] > 0.8 * c["packets_sent"]
+    assert c.get("retransmissions", 0) == 0 and c.get("window_fallbacks", 0) == 0
