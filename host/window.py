@@ -222,11 +222,15 @@ class PlainWindow:
             self.compiled.run(now)
             if self.engine.window is not self:
                 return
+        sent = self.engine.stats["packets_sent"]
         try:
             self._start(time.monotonic())
         finally:
             if self.taken and self.engine.window is self:
                 self.deliver()
+        if self.compiled is not None and self.engine.window is self \
+                and self.engine.stats["packets_sent"] != sent:
+            self.compiled.run(time.monotonic())     # (after a tensor's exponent messages)
 
     def _start(self, now: float):
         e = self.engine
