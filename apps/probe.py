@@ -2,9 +2,9 @@
 
 It reads, through the control path, whether the switch answers and how fast, its magic, its
 parameters (ports, jobs, workers per job, slots, largest payload, datapath width), its own
-addresses (the source of results), the switch port this host's requests come in by, each
-job's configuration (its epoch too; its key is never read) and its ranks' heartbeats
-(BEAT, `host.liveness`), and every port and job counter; and prints them as tables
+addresses (the source of results), the switch port this host's requests come in by, its
+manager, each job's configuration (its owner and epoch too; its key is never read) and its
+ranks' heartbeats (BEAT, `host.liveness`), and every port and job counter; and prints them as tables
 (`--json`: one object). `sources(url)` finds, among this host's addresses, one per switch
 port it reaches (how `netagg demo` puts nodes on every cabled port).
 """
@@ -16,7 +16,7 @@ import socket
 import time
 
 from netagg.host import netif
-from netagg.host.control import SwitchControl
+from netagg.host.control import SwitchControl, ip_str
 from netagg.host.engine import NetaggError
 from netagg.host.transport import UdpTransport, parse_udp_url
 from netagg.sim import wire as W
@@ -24,7 +24,8 @@ from netagg.sim import wire as W
 JOB_FIELDS = (("config", W.JOB_CONFIG), ("slot_base", W.JOB_SLOT_BASE),
               ("slot_count", W.JOB_SLOT_COUNT), ("credits", W.JOB_CREDITS),
               ("quorum", W.JOB_QUORUM), ("completed", W.JOB_COMPLETED),
-              ("epoch", W.JOB_EPOCH))    # its KEY reads 0: no control read learns it
+              ("epoch", W.JOB_EPOCH),    # its KEY reads 0: no control read learns it
+              ("owner", W.JOB_OWNER))
 
 
 def probe(url: str, timeout: float = 3.0) -> dict:
@@ -41,17 +42,19 @@ def probe(url: str, timeout: float = 3.0) -> dict:
             values = ctl.read(*(W.job_reg(j, off) for _, off in JOB_FIELDS))
             job = dict(zip((name for name, _ in JOB_FIELDS), values))
             config = job.pop("config")
-            job.update(enabled=bool(config >> 31), workers=config & 0x3F)
+            job.update(enabled=bool(config >> 31), workers=config & 0x3F,
+                       owner=ip_str(job["owner"]) if job["owner"] else None)
             ranks = min(job["workers"], p["max_workers"])
             job["beats"] = ctl.read(*(W.beat_reg(j, r) for r in range(ranks))) if ranks else []
             jobs[j] = job
+        manager = ctl.manager()
         counters = ctl.counters()
         local = ctl.transport.local
     finally:
         ctl.close()
     return {"url": url, "answers": True, "rtt_ms": round(rtt_ms, 3), "magic": f"{W.MAGIC:#x}",
             "params": p, "host": {"ip": local.ip, "mac": _mac_str(local.mac),
-                                  "switch_port": p["port"]},
+                                  "switch_port": p["port"]}, "manager": manager,
             "jobs": jobs, "port_counters": counters["ports"], "job_counters": counters["jobs"]}
 
 
@@ -90,15 +93,17 @@ def print_probe(report: dict, console) -> None:
         f"{p['slots']} slots, payloads up to {p['max_payload']} bytes, {p['width']}-bit "
         f"ports\nresults from: {p['ip']}:{p['udp_sport']} (MAC {p['mac']})"
         + (" (unset: the first worker sets it)" if p["ip"] == "0.0.0.0" else "")
-        + f"\nthis host: {h['ip']} (MAC {h['mac']}) on switch port {h['switch_port']}")
+        + f"\nthis host: {h['ip']} (MAC {h['mac']}) on switch port {h['switch_port']}"
+        + f"\nmanager: {report['manager'] or 'none (the first write of REG_MANAGER sets it)'}")
     jobs = Table(title="jobs")
-    columns = ("enabled", "workers", "slot_base", "slot_count", "credits", "quorum",
+    columns = ("enabled", "owner", "workers", "slot_base", "slot_count", "credits", "quorum",
                "completed", "epoch")
     for col in ("job", *columns, "beats (by rank)"):
         jobs.add_column(col, justify="right")
     for j, job in report["jobs"].items():
-        jobs.add_row(str(j), *(f"{job[c]:#010x}" if c == "epoch" else str(job[c])
-                               for c in columns), " ".join(f"{b:08x}" for b in job["beats"]))
+        jobs.add_row(str(j), *(f"{job[c]:#010x}" if c == "epoch" else str(job[c] or "-")
+                               if c == "owner" else str(job[c]) for c in columns),
+                     " ".join(f"{b:08x}" for b in job["beats"]))
     console.print(jobs)
     for title, rows, names in (("port counters", report["port_counters"], W.PORT_COUNTERS),
                                ("job counters", report["job_counters"], W.JOB_COUNTERS)):

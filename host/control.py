@@ -1,7 +1,8 @@
 """The control channel: the switch's registers read and written by control requests, each
 kept until its answer comes and retransmitted while it does not; and `SwitchControl`, the
 switch's registers, parameters and counters over a channel of its own (the same code for a
-simulated switch and a board).
+simulated switch and a board), with its manager and its jobs' owners (who may write what:
+`hw.regmap`).
 
 A request carries 1..`wire.MAX_CONTROL_RECORDS` (address, value) records (bit 31 of the
 address: write); more records go out as several requests, and the callback of
@@ -240,6 +241,36 @@ class SwitchControl:
 
     def read_params(self) -> dict:
         return read_params(self.control)
+
+    def manager(self) -> str | None:
+        """The switch's manager's address (REG_MANAGER), None while it has none."""
+        [value] = self.read(W.REG_MANAGER)
+        return ip_str(value) if value else None
+
+    def set_manager(self, ip: str | None = None):
+        """Make `ip` (default: this end's address) the switch's manager; NetaggError if
+        another address is (only it may change REG_MANAGER)."""
+        value = W.ip_to_int(ip or self.transport.local.ip)
+        [back] = self.write([(W.REG_MANAGER, value)])
+        if back != value:
+            raise NetaggError(f"the switch's manager is {ip_str(back)}: only it may change "
+                              f"REG_MANAGER")
+
+    def owners(self) -> dict[int, str | None]:
+        """Each job's owner's address (JOB_OWNER: whose request enabled it), None while it is
+        disabled."""
+        values = self.read(*(W.job_reg(j, W.JOB_OWNER) for j in range(self.params["jobs"])))
+        return {j: ip_str(v) if v else None for j, v in enumerate(values)}
+
+    def release(self, job: int):
+        """Disable `job` (from its owner or the switch's manager): another address may then
+        set it up. NetaggError if the switch refuses (naming the owner)."""
+        config, owner = (v for _, v in self.control.request(
+            [(W.job_reg(job, W.JOB_CONFIG) | W.WRITE, 0), (W.job_reg(job, W.JOB_OWNER), 0)]))
+        if config >> 31:
+            raise NetaggError(f"job {job} is enabled by {ip_str(owner)}: the switch refused "
+                              f"this host's ({self.transport.local.ip}) write of its CONFIG; "
+                              f"only its owner or the switch's manager may disable it")
 
     def counters(self, ports=None, jobs=None) -> dict:
         """Port and job counters, by name."""

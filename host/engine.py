@@ -22,7 +22,8 @@ round-trip estimate (`host.control`).
   beyond it (`drop_credit`); the engine never sends it.
 - **Joining.** A rank other than 0 sends nothing until rank 0 has configured the job for
   this session: with works pending, it reads the job's configuration by control requests
-  (`JoinCheck`) until it is; works submitted before are dealt then. The configuration
+  and writes its entry (`host.job_setup.JoinCheck`) until it is; works submitted before are
+  dealt then. The configuration
   gives the engine its `JobKeys` (`host.session`): the key its contributions carry and the
   tag its results must.
 - **Retransmission.** A message without its result after the retransmission timeout is
@@ -55,9 +56,7 @@ block and its quantised lanes while it is in flight. `step` is non-blocking beyo
 from __future__ import annotations
 
 import collections
-import dataclasses
 import time
-from typing import Callable
 
 import numpy as np
 from netagg.host import numerics as N
@@ -65,6 +64,7 @@ from netagg.host import transport as T
 from netagg.host.checklane import MEMBERSHIP_MAX_WORKERS, CheckLane, poke_delay
 from netagg.host.control import ControlChannel, PsnCounter
 from netagg.host.errors import NetaggError, NetaggTimeout
+from netagg.host.job_setup import JoinCheck
 from netagg.host.liveness import Liveness
 from netagg.host.messages import (
     DEFAULT_PRIORITY,
@@ -89,16 +89,6 @@ __all__ = ["Engine", "JoinCheck", "Work", "NetaggError", "NetaggTimeout", "DEFAU
            "plan_droppable"]
 
 _DSCP = [W.priority_dscp(c) for c in range(W.PRIORITY_CLASSES)]   # by priority class
-
-
-@dataclasses.dataclass
-class JoinCheck:
-    """How a rank other than 0 learns that rank 0 configured the job: the control `records`
-    to read, and `accept(values)`, None while the job is not configured for this session,
-    then the `Engine.set_job` arguments (or it raises `NetaggError`)."""
-
-    records: list[tuple[int, int]]
-    accept: Callable[[list[int]], dict | None]
 
 
 def _shared(part: str, name: str) -> property:
@@ -448,7 +438,9 @@ class Engine(Taking):
             self._join_pending = False
             self._join_next = time.monotonic() + 0.01
             job = self.join_check.accept([v for _, v in values])
-            if job:
+            if isinstance(job, JoinCheck):        # the next step (a write): at once
+                self.join_check, self._join_next = job, time.monotonic()
+            elif job:
                 self.joined = True
                 self.last_progress = time.monotonic()
                 self.set_job(**job)
@@ -464,8 +456,8 @@ class Engine(Taking):
             return
         if not self.joined:
             raise NetaggTimeout(
-                f"job {self.job} was not configured for this run by its rank 0 within "
-                f"{self.timeout:.1f} s (rank {self.rank} of {self.workers} waits for it)")
+                f"job {self.job} was not set up for this run within {self.timeout:.1f} s "
+                f"(rank {self.rank} of {self.workers}): {self.join_check.waiting}")
         raise NetaggTimeout(
             f"no answer for {idle:.1f} s (timeout {self.timeout:.1f} s) in job {self.job} "
             f"(rank {self.rank} of {self.workers}): {self.stuck()}; "

@@ -23,6 +23,10 @@ and every rank's R_Key from the session and the epoch (`host.session`); the othe
 wait until they read an epoch whose R_Key is their session's before they send anything,
 then derive the key. Contributions carry the key, so nothing an earlier run left in the
 switch or still sends can mix into this one.
+The job is then rank 0's address's (`host.job_setup`): the switch refuses writes to it from
+any other (but the switch's manager, and each rank for its own entry, which it writes once
+rank 0 has configured the job). A job another address owns, or a slot range that overlaps
+another enabled job's, is a `NetaggError` at once, naming it.
 
 Flat (`local_size=1`): switch job `job`, switch rank `rank`, `world_size` workers.
 
@@ -77,12 +81,12 @@ from netagg.host import netif
 from netagg.host import numerics as N
 from netagg.host import transport as T
 from netagg.host.control import SwitchControl, make_transport, read_params
-from netagg.host.engine import Engine, JoinCheck
+from netagg.host.engine import Engine
 from netagg.host.errors import NetaggError, NetaggTimeout
+from netagg.host.job_setup import JobSetup
 from netagg.host.lossy import LossyTransport
 from netagg.host.messages import DEFAULT_PRIORITY, Work
 from netagg.host.progress import Progress
-from netagg.host.session import JobKeys, fresh_epoch
 from netagg.sim import wire as W
 
 __all__ = ["Worker", "Handle", "SwitchControl", "NetaggError", "NetaggTimeout"]
@@ -241,61 +245,29 @@ class Worker:
         per_job = total_slots // p["jobs"]
         count = per_job if slots is None else slots
         base = self.switch_job * per_job if slot_base is None else slot_base
-        if count < 1 or base + count > total_slots:
-            raise NetaggError(f"slots {base}..{base + count - 1} are not inside the switch's "
-                              f"{total_slots}")
-        r = self.switch_rank
-        j = self.switch_job
-        row = [(W.worker_reg(j, r, W.WORKER_PORT),
-                W.WORKER_ENDPOINT.pack(switch_port=t.switch_port, udp_port=t.local.port)),
-               (W.worker_reg(j, r, W.WORKER_MAC_HI), t.local.mac >> 32),
-               (W.worker_reg(j, r, W.WORKER_MAC_LO), t.local.mac & 0xFFFFFFFF),
-               (W.worker_reg(j, r, W.WORKER_IP), W.ip_to_int(t.local.ip)),
-               (W.worker_reg(j, r, W.WORKER_QPN), e.qpn),
-               (W.worker_reg(j, r, W.WORKER_VA_HI), 0),
-               (W.worker_reg(j, r, W.WORKER_VA_LO), 0)]
-        self._write(row)
-        config = W.CONFIG.pack(enable=1, workers=self.switch_workers)
+        r, j = self.switch_rank, self.switch_job
+        entry = [(W.worker_reg(j, r, W.WORKER_PORT),
+                  W.WORKER_ENDPOINT.pack(switch_port=t.switch_port, udp_port=t.local.port)),
+                 (W.worker_reg(j, r, W.WORKER_MAC_HI), t.local.mac >> 32),
+                 (W.worker_reg(j, r, W.WORKER_MAC_LO), t.local.mac & 0xFFFFFFFF),
+                 (W.worker_reg(j, r, W.WORKER_IP), W.ip_to_int(t.local.ip)),
+                 (W.worker_reg(j, r, W.WORKER_QPN), e.qpn),
+                 (W.worker_reg(j, r, W.WORKER_VA_HI), 0),
+                 (W.worker_reg(j, r, W.WORKER_VA_LO), 0)]
+        setup = JobSetup(e.control, j, r, self.switch_workers, self.session, entry, p["jobs"],
+                         total_slots)
         if r == 0:
-            credits = count if credits is None else credits
-            if credits > 0xFFFF:
-                raise NetaggError(f"{credits} credits do not fit in JOB_CREDITS (16 bits): "
-                                  f"pass credits=")
-            keys = JobKeys.derive(self.session, j, fresh_epoch())
-            self._write([(W.job_reg(j, W.JOB_SLOT_BASE), base),
-                         (W.job_reg(j, W.JOB_SLOT_COUNT), count),
-                         (W.job_reg(j, W.JOB_CREDITS), credits),
-                         (W.job_reg(j, W.JOB_QUORUM), quorum),
-                         (W.job_reg(j, W.JOB_DEADLINE), self.deadline_ticks),
-                         (W.job_reg(j, W.JOB_CONFIG), config),   # clears slots, COMPLETED
-                         (W.job_reg(j, W.JOB_EPOCH), keys.epoch),
-                         (W.job_reg(j, W.JOB_KEY), keys.key)]
-                        + [(W.worker_reg(j, rank, W.WORKER_RKEY), keys.tag)
-                           for rank in range(self.switch_workers)])
-            e.set_job(count, credits, quorum, keys=keys)
+            setup.base, setup.count = base, count
+            setup.credits = count if credits is None else credits
+            if setup.credits > 0xFFFF:
+                raise NetaggError(f"{setup.credits} credits do not fit in JOB_CREDITS (16 "
+                                  f"bits): pass credits=")
+            setup.quorum, setup.deadline = quorum, self.deadline_ticks
+            keys = setup.claim()
+            e.set_job(count, setup.credits, quorum, keys=keys)
             return True
         e.joined = False
-
-        def accept(values):
-            cfg, n, cred, quo, completed, epoch, rkey = values
-            keys = JobKeys.derive(self.session, j, epoch)
-            if rkey != keys.tag:                # not (yet) configured by this session
-                return None
-            if cfg != config:
-                raise NetaggError(f"job {j} was configured as {cfg:#x} by rank 0 of this "
-                                  f"session, this worker expects {config:#x}")
-            if (credits is not None and cred != credits) or (quorum and quo != quorum):
-                raise NetaggError(f"job {j} was configured with credits={cred}, "
-                                  f"quorum={quo} by rank 0 of this session, this worker "
-                                  f"expects credits={credits}, quorum={quorum}")
-            return {"slots": n, "credits": cred, "quorum": quo, "completed": completed,
-                    "keys": keys}
-        e.join_check = JoinCheck(
-            [(W.job_reg(j, W.JOB_CONFIG), 0), (W.job_reg(j, W.JOB_SLOT_COUNT), 0),
-             (W.job_reg(j, W.JOB_CREDITS), 0), (W.job_reg(j, W.JOB_QUORUM), 0),
-             (W.job_reg(j, W.JOB_COMPLETED), 0), (W.job_reg(j, W.JOB_EPOCH), 0),
-             (W.worker_reg(j, r, W.WORKER_RKEY), 0)],
-            accept)
+        e.join_check = setup.rank_check(credits, quorum)
         return True
 
     def _write(self, pairs):

@@ -2,10 +2,11 @@
 
 Notes each job whose CONFIG a record wrote (`table.cleared`); when the control request that
 wrote it has been served (`served`), writes zeros (`write`, at `slot`) to the state of each
-such job's slots, one slot per cycle, a job at a time, lowest first, within the slots that
-exist. While it clears (`busy`), no other request starts. `release` pulses when the request
-is over (served with nothing to clear, or the last slot cleared): packets behind it may be
-looked up.
+such job's slots that is enabled then, one slot per cycle, a job at a time, lowest first,
+within the slots that exist. A disabled job's range is no one's (an enabled job's may
+overlap it): its slots are cleared when it is enabled. While it clears (`busy`), no other
+request starts. `release` pulses when the request is over (served with nothing to clear, or
+the last slot cleared): packets behind it may be looked up.
 
 Latency: one cycle per job, plus one per slot. Drops nothing.
 """
@@ -54,8 +55,9 @@ class Clearing(wiring.Component):
                     job = Array(table.job)[pending_job]
                     m.d.sync += [
                         clear_slot.eq(job.slot_base),
-                        clear_end.eq(Mux(job.slot_base + job.slot_count > self.slots,
-                                         self.slots, job.slot_base + job.slot_count)),
+                        clear_end.eq(Mux(~job.enable, job.slot_base,
+                                         Mux(job.slot_base + job.slot_count > self.slots,
+                                             self.slots, job.slot_base + job.slot_count))),
                         clear_pending.eq(clear_pending & ~(Const(1, J) << pending_job)),
                     ]
                 with m.Else():

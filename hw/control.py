@@ -26,9 +26,19 @@ a counter's value comes in the cycle after its record is applied, with every eve
 that cycle: the aggregator holds a record's address for two cycles (apply, then read back).
 A heartbeat's value also comes in the cycle after (the memory's read is synchronous and sees
 the record's write).
+
+Who may write (`hw.regmap`'s rules): the request's source IPv4 address (`request_sources`,
+each port's ingress holds it for the request it has in flight, taken by `request_port`) is
+compared with the manager (REG_MANAGER), each job's owner (JOB_OWNER) and each worker
+entry's IPv4 address, and each job's slot range with the switch's slots and every other
+enabled job's (`jobs` * (`jobs` - 1) / 2 pairs of comparators), in the cycle before a record
+is applied: records come at most every other cycle, so each is judged on what the ones
+before it wrote, and the judgement is a register that only selects which writes take effect.
+A refused write leaves the register as it was and counts `control_denied` (the request's
+port) or `config_refused` (the job).
 """
 
-from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -52,7 +62,9 @@ VERDICT_COUNTERS = {f"drop_{v.name.lower()}": v for v in Verdict if v != Verdict
 # The parser's drops are the packet queues' own counters.
 PORT_EVENTS = ("rx", "tx", "drop_priority", "drop_unhandled", "drop_bad_job",
                "drop_bad_payload", "control")
-JOB_EVENTS = tuple(c for c in R.JOB_COUNTERS if c != "results")
+# Counters Control counts itself, from the records it refuses.
+REFUSALS = ("control_denied", "config_refused")
+JOB_EVENTS = tuple(c for c in R.JOB_COUNTERS if c not in ("results", *REFUSALS))
 # The switch's own addresses, the source of its results.
 ADDRESSES = data.StructLayout({"mac": 48, "ip": 32, "udp_sport": 16})
 
@@ -113,12 +125,16 @@ class Control(wiring.Component):
             "job_events": In(len(JOB_EVENTS)).array(jobs),
             "results": In(range(ports + 1)).array(jobs),
             "queue_dropped": In(len(Verdict)).array(ports),   # by verdict
+            # the source IPv4 address of the control request each port's ingress holds
+            "request_sources": In(32).array(ports),
         })
 
     def elaborate(self, platform):
         m = Module()
         rec = self.records.record
         write = rec.en & rec.write
+        manager = Signal(32)
+        owners = [Signal(32, name=f"job{j}_owner") for j in range(self.jobs)]
 
         # Registers and their addresses: (address, value, writable field or None).
         udp_sport = Signal(16, init=0xC000)
@@ -137,28 +153,57 @@ class Control(wiring.Component):
             (R.REG_IP, ip, ip),
             (R.REG_UDP_SPORT, udp_sport, udp_sport),
             (R.REG_PORT, self.records.request_port, None),
+            (R.REG_MANAGER, manager, manager),
         ]
         for c in range(R.PRIORITY_CLASSES):
             threshold = Signal(16, init=R.NEVER_DROP, name=f"threshold{c}")
             m.d.comb += self.thresholds[c].eq(threshold)
             regs.append((R.drop_threshold(c), threshold, threshold))
         jobs = [Signal(JOB, name=f"job{j}") for j in range(self.jobs)]
+        # Who may write what, judged in the cycle before a record is applied (`_judge`).
+        source = Signal(32)             # the request's source IPv4 address
+        m.d.comb += source.eq(Array(self.request_sources)[self.records.request_port])
+        switch_ok, job_ok, entry_ok, range_ok = self._judge(m, source, manager, owners, jobs)
+        # (address, value, writable field or None, who may write it, whether it is fixed)
+        regs = [(addr, value, field, switch_ok, Const(0)) for addr, value, field in regs]
+        refused = Signal(self.jobs)         # config_refused, by job
         for j, job in enumerate(jobs):
             m.d.comb += self.table.job[j].eq(job)
             regs += [
-                (R.job_reg(j, R.JOB_SLOT_BASE), job.slot_base, job.slot_base),
-                (R.job_reg(j, R.JOB_SLOT_COUNT), job.slot_count, job.slot_count),
-                (R.job_reg(j, R.JOB_CREDITS), job.credits, job.credits),
-                (R.job_reg(j, R.JOB_QUORUM), job.quorum, job.quorum),
-                (R.job_reg(j, R.JOB_COMPLETED), job.completed, None),
-                (R.job_reg(j, R.JOB_EPOCH), job.epoch, job.epoch),
-                (R.job_reg(j, R.JOB_KEY), Const(0, 32), job.key),      # no read learns it
-                (R.job_reg(j, R.JOB_DEADLINE), job.deadline, job.deadline),
+                (R.job_reg(j, R.JOB_SLOT_BASE), job.slot_base, job.slot_base, job_ok[j],
+                 job.enable),
+                (R.job_reg(j, R.JOB_SLOT_COUNT), job.slot_count, job.slot_count, job_ok[j],
+                 job.enable),
+                (R.job_reg(j, R.JOB_CREDITS), job.credits, job.credits, job_ok[j], Const(0)),
+                (R.job_reg(j, R.JOB_QUORUM), job.quorum, job.quorum, job_ok[j], Const(0)),
+                (R.job_reg(j, R.JOB_COMPLETED), job.completed, None, job_ok[j], Const(0)),
+                (R.job_reg(j, R.JOB_EPOCH), job.epoch, job.epoch, job_ok[j], Const(0)),
+                (R.job_reg(j, R.JOB_KEY), Const(0, 32), job.key, job_ok[j],   # no read learns it
+                 Const(0)),
+                (R.job_reg(j, R.JOB_OWNER), owners[j], None, job_ok[j], Const(0)),
+                (R.job_reg(j, R.JOB_DEADLINE), job.deadline, job.deadline, job_ok[j], Const(0)),
             ]
             with m.If(self.job_events[j][JOB_EVENTS.index("completed")]):
                 m.d.sync += job.completed.eq(job.completed + 1)
 
-        self._workers(m, write)
+        # A write to a job's block (its registers and its workers' entries) from neither its
+        # owner nor the manager (nor, to a worker's entry, the address it holds or anyone
+        # while it holds none), or to a writable register of the switch's own while a
+        # manager other than the requester is set, is denied.
+        in_job, job_number, rank = self._job_address(m, rec.addr)
+        in_block = ((rec.addr >= R.JOB_BASE) & (in_job[13:] == 0) & (job_number < self.jobs)
+                    & ((in_job[:9] < R.WORKER_BASE) | (rank < self.max_workers)))
+        in_entries = in_block & (in_job[:9] >= R.WORKER_BASE)
+        entries = self.jobs * self.max_workers
+        entry = (job_number * self.max_workers + rank)[:max(1, (entries - 1).bit_length())]
+        block_ok = (Array(job_ok)[job_number[:max(1, (self.jobs - 1).bit_length())]]
+                    | (in_entries & Array(entry_ok)[entry]))
+        switch_writable = Cat(*(rec.addr == addr for addr, _, field, _, _ in regs
+                                if field is not None and addr < R.JOB_BASE)).any()
+        denied = Signal()
+        m.d.comb += denied.eq(write & ((in_block & ~block_ok) | (switch_writable & ~switch_ok)))
+
+        self._workers(m, write, block_ok, in_job, job_number, rank)
 
         # Counters, in a bank of 16 per port and 16 per job: the counter `name` of port p is
         # at p * 16 + PORT_COUNTERS.index(name), that of job j at (ports + j) * 16 + ...
@@ -171,13 +216,16 @@ class Control(wiring.Component):
             for k, name in enumerate(R.PORT_COUNTERS):
                 if name in VERDICT_COUNTERS:
                     event = self.queue_dropped[p][VERDICT_COUNTERS[name]]
+                elif name == "control_denied":
+                    event = denied & (self.records.request_port == p)
                 else:
                     event = self.port_events[p][PORT_EVENTS.index(name)]
                 m.d.comb += counters.step[16 * p + k].eq(event)
         for j in range(self.jobs):
             for k, name in enumerate(R.JOB_COUNTERS):
-                step = (self.results[j] if name == "results"
-                        else self.job_events[j][JOB_EVENTS.index(name)])
+                step = (self.results[j] if name == "results" else refused[j]
+                        if name == "config_refused" else
+                        self.job_events[j][JOB_EVENTS.index(name)])
                 m.d.comb += counters.step[16 * (self.ports + j) + k].eq(step)
         assert R.PORT_COUNTERS_STRIDE == R.JOB_COUNTERS_STRIDE == 0x20
         assert R.PORT_COUNTERS_BASE % 0x2000 == 0 and R.JOB_COUNTERS_BASE % 0x2000 == 0
@@ -196,29 +244,79 @@ class Control(wiring.Component):
         with m.If(port_counter | job_counter):
             m.d.comb += self.records.rdata.eq(counters.data)
         with m.Switch(rec.addr):
-            for addr, value, field in regs:
+            for addr, value, field, allowed, fixed in regs:
                 with m.Case(addr):
                     m.d.comb += self.records.rdata.eq(value)
                     if field is not None:
-                        with m.If(write):
+                        with m.If(write & allowed & ~fixed):
                             m.d.sync += field.eq(rec.wdata)
+                        if addr >= R.JOB_BASE:
+                            j = (addr - R.JOB_BASE) // R.JOB_STRIDE
+                            m.d.comb += refused[j].eq(write & allowed & fixed)
             for j, job in enumerate(jobs):
                 with m.Case(R.job_reg(j, R.JOB_CONFIG)):
                     m.d.comb += self.records.rdata.eq(Cat(job.workers, Const(0, 25), job.enable))
-                    with m.If(write):
+                    enabling = rec.wdata[31]
+                    with m.If(write & job_ok[j] & enabling & ~range_ok[j]):
+                        m.d.comb += refused[j].eq(1)
+                    with m.Elif(write & job_ok[j]):
                         asked = rec.wdata[:6]
                         m.d.sync += [
-                            job.enable.eq(rec.wdata[31]),
+                            job.enable.eq(enabling),
                             job.workers.eq(Mux(asked > self.max_workers, self.max_workers, asked)),
                             job.completed.eq(0),
+                            owners[j].eq(Mux(enabling, Mux(job.enable, owners[j], source), 0)),
                         ]
                         m.d.comb += [self.table.cleared.eq(1), self.table.cleared_job.eq(j)]
         return m
 
-    def _workers(self, m, write):
+    def _judge(self, m, source, manager, owners, jobs):
+        """Registered each cycle from the request's source, the manager, the owners, the
+        workers' addresses and the slot ranges: whether the request may write the switch's
+        own registers (no manager, or it is the manager), each job's block (the job is
+        disabled, or the request is its owner's or the manager's), each worker entry (it
+        holds no address, or the request's), and whether each job's slot range may be
+        enabled (inside the switch's slots, sharing none with another enabled job; an empty
+        range shares none)."""
+        J, entries = self.jobs, self.jobs * self.max_workers
+        switch_ok, job_ok, range_ok = Signal(), Signal(J), Signal(J)
+        entry_ok = Signal(max(entries, 2))
+        by_manager = (manager != 0) & (source == manager)
+        m.d.sync += switch_ok.eq((manager == 0) | by_manager)
+        for i in range(entries):
+            ip = self.table.worker_ip[i]
+            m.d.sync += entry_ok[i].eq((ip == 0) | (ip == source))
+        ends = [Signal(17, name=f"job{j}_slot_end") for j in range(J)]
+        for j, job in enumerate(jobs):
+            m.d.comb += ends[j].eq(job.slot_base + job.slot_count)
+        shares = {}             # (j, k), j < k: the two jobs' ranges share a slot
+        for j in range(J):
+            for k in range(j + 1, J):
+                a, b = jobs[j], jobs[k]
+                shares[j, k] = ((a.slot_count != 0) & (b.slot_count != 0)
+                                & (a.slot_base < ends[k]) & (b.slot_base < ends[j]))
+        for j, job in enumerate(jobs):
+            m.d.sync += job_ok[j].eq(~job.enable | (source == owners[j]) | by_manager)
+            taken = [jobs[k].enable & shares[min(j, k), max(j, k)] for k in range(J) if k != j]
+            m.d.sync += range_ok[j].eq((ends[j] <= self.slots) & ~Cat(Const(0), *taken).any())
+        return switch_ok, job_ok, entry_ok, range_ok
+
+    @staticmethod
+    def _job_address(m, addr):
+        """An address's offset from JOB_BASE, and the job and the worker rank it names when
+        it is in the jobs' part of the map: JOB_BASE + job * JOB_STRIDE + WORKER_BASE
+        + rank * WORKER_STRIDE + field."""
+        assert R.JOB_STRIDE == 0x200 and R.WORKER_STRIDE == 8 and R.WORKER_BASE % 8 == 0
+        in_job = Signal(16)
+        m.d.comb += in_job.eq(addr - R.JOB_BASE)
+        return in_job, in_job[9:13], in_job[3:9] - (R.WORKER_BASE >> 3)
+
+    def _workers(self, m, write, allowed, in_job, job, rank):
         """The workers' entries: a LUT RAM with an asynchronous read port for each reader and
         one for records (a record rewrites the field it addresses in the whole entry), and
-        each worker's port and IP in flip-flops beside it."""
+        each worker's port and IP in flip-flops beside it; and the heartbeats. `write`: a
+        record writes; `allowed`: it may write the entry it addresses (heartbeats take every
+        write); `in_job`, `job`, `rank`: its address decoded."""
         MW, entries = self.max_workers, self.jobs * self.max_workers
         m.submodules.workers = table = Memory(shape=WORKER, depth=max(entries, 2), init=[])
         table_wr = table.write_port()
@@ -228,16 +326,10 @@ class Control(wiring.Component):
             m.d.comb += [reader.addr.eq(self.readers[i].at),
                          self.readers[i].worker.eq(reader.data)]
 
-        # The address of a worker register: JOB_BASE + job * JOB_STRIDE + WORKER_BASE
-        # + rank * WORKER_STRIDE + offset.
         addr, wdata = self.records.record.addr, self.records.record.wdata
-        in_job = Signal(16)
-        m.d.comb += in_job.eq(addr - R.JOB_BASE)
-        job = in_job[9:13]
-        rank, offset = in_job[3:9] - (R.WORKER_BASE >> 3), in_job[:3]
+        offset = in_job[:3]
         hit = ((addr >= R.JOB_BASE) & (in_job[13:] == 0) & (job < self.jobs)
                & (in_job[:9] >= R.WORKER_BASE) & (rank < MW))
-        assert R.JOB_STRIDE == 0x200 and R.WORKER_STRIDE == 8 and R.WORKER_BASE % 8 == 0
         index = Signal(range(max(entries, 2)))
         m.d.comb += [index.eq(job * MW + rank), table_rd.addr.eq(index)]
 
@@ -276,7 +368,7 @@ class Control(wiring.Component):
                 m.d.sync += wiping.eq(0)
         with m.Else():
             m.d.comb += [table_wr.addr.eq(index), table_wr.data.eq(new),
-                         table_wr.en.eq(write & hit),
+                         table_wr.en.eq(write & allowed & hit),
                          beat_wr.addr.eq(beat_rd.addr), beat_wr.data.eq(wdata),
                          beat_wr.en.eq(write & beat_hit)]
         with m.If(hit):
@@ -288,7 +380,7 @@ class Control(wiring.Component):
         for i in range(entries):
             port, ip = Signal(4, name=f"worker{i}_port"), Signal(32, name=f"worker{i}_ip")
             m.d.comb += [self.table.worker_port[i].eq(port), self.table.worker_ip[i].eq(ip)]
-            with m.If(write & hit & (index == i)):
+            with m.If(write & allowed & hit & (index == i)):
                 with m.If(offset == R.WORKER_PORT):
                     m.d.sync += port.eq(wdata[16:20])
                 with m.If(offset == R.WORKER_IP):

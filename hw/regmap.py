@@ -4,6 +4,20 @@ software addresses it through `sim.wire`. Plain Python, no Amaranth.
 Registers are 32 bits at word addresses, reached through control requests (see sim.wire):
 a record (address, value) with WRITE set in the address writes, and every record returns the
 register's value after it was applied. Unknown addresses read 0 and ignore writes.
+
+Who may write (reads are open to anyone): the switch's manager (REG_MANAGER, an IPv4
+address; 0, the reset value, means none, and then the first request that writes it sets it)
+alone writes the switch's own writable registers once it is set, REG_MANAGER included. An
+enabled job belongs to its owner (JOB_OWNER, the source address of the request whose CONFIG
+write enabled it): a write to any address of its block (JOB_BASE + JOB_STRIDE j ..., its
+worker entries included) from neither its owner nor the manager is refused and counted
+(`control_denied`, on the request's port), but for a worker entry's own: the address the
+entry holds (WORKER_IP) may write it, and anyone may while it holds none (0), so that each
+rank writes its own entry into the job its rank 0 enabled. A refused record's answer carries
+the register's value, unchanged. A CONFIG write that enables a job whose slot range runs
+past the switch's slots or overlaps another enabled job's, and a write of an enabled job's
+slot range, are refused and counted (`config_refused`, the job's): an enabled job's range is
+fixed, and no two enabled jobs share a slot.
 """
 
 import dataclasses
@@ -54,6 +68,7 @@ REG_MAC_LO = 0x0005         # rw: switch MAC bits 31:0
 REG_IP = 0x0006             # rw: switch IPv4 address (source of results)
 REG_UDP_SPORT = 0x0007      # rw: UDP source port of results (reset 0xC000)
 REG_PORT = 0x0008           # ro: the switch port this control request came in by
+REG_MANAGER = 0x0009        # rw: the manager's IPv4 address (0: none; then anyone sets it)
 # Priority drop: a droppable contribution of priority class c (IPv4 DSCP >> 3) is dropped to a
 # null contribution (header kept, payload discarded) when the bytes its ingress queue holds
 # ahead of it are at least REG_DROP_THRESHOLD + c. 16 bits, reset NEVER_DROP.
@@ -62,7 +77,7 @@ PRIORITY_CLASSES = 8
 NEVER_DROP = 0xFFFF
 
 JOB_BASE, JOB_STRIDE = 0x1000, 0x200
-JOB_CONFIG = 0x00           # rw: CONFIG; a write clears the job's slots and COMPLETED
+JOB_CONFIG = 0x00           # rw: CONFIG; a write clears COMPLETED, and the slots if enabled
 CONFIG = Fields((("enable", 31, 1), ("workers", 0, 6)))
 JOB_SLOT_BASE = 0x01        # rw: first slot of the job
 JOB_SLOT_COUNT = 0x02       # rw: slots of the job (slot numbers 0..count-1 in packets)
@@ -71,6 +86,7 @@ JOB_QUORUM = 0x04           # rw: [5:0] contributions that complete a use; 0 or 
 JOB_COMPLETED = 0x05        # ro: uses completed since CONFIG was last written (32 bits, wraps)
 JOB_EPOCH = 0x06            # rw: the configuration's epoch, fresh each time rank 0 configures
 JOB_KEY = 0x07              # wo (reads 0): the R_Key every contribution of the job carries
+JOB_OWNER = 0x08            # ro: IPv4 source of the request that enabled the job; 0: disabled
 JOB_DEADLINE = 0x09         # rw: [7:0] ticks a use may wait for its missing contributions; 0: none
 WORKER_BASE, WORKER_STRIDE = 0x20, 8
 WORKER_PORT = 0             # rw: WORKER_ENDPOINT
@@ -116,6 +132,7 @@ PORT_COUNTERS = (
     "drop_bad_job",        # a contribution for a job that does not exist or is disabled
     "drop_bad_payload",    # contribution/control payload length not allowed
     "control",             # control requests served
+    "control_denied",      # write records refused: from neither the owner nor the manager
 )
 JOB_COUNTERS = (
     "contributions",       # contributions added to a slot
@@ -131,6 +148,8 @@ JOB_COUNTERS = (
     "results",             # result packets sent
     "drop_bad_key",        # a contribution whose RETH.rkey is not the job's KEY
     "closed_late",         # uses closed short at their deadline (also counted `completed`)
+    "config_refused",      # CONFIG enabling an overlapping or too long slot range, or a
+                           # slot range written while enabled: refused
 )
 
 WRITE = 1 << 31             # in a control record's address: write the value
@@ -174,11 +193,14 @@ def rows() -> list[tuple[str, str]]:
         (f"{REG_IP:#06x} / {REG_UDP_SPORT:#06x}",
          "switch IPv4 address / UDP source port of results (reset 0xC000)"),
         (f"{REG_PORT:#06x}", "the switch port this control request came in by (read only)"),
+        (f"{REG_MANAGER:#06x}", "the manager's IPv4 address (0: none, the first write sets "
+         "it; then only the manager writes it and the switch's other writable registers)"),
         (f"{REG_DROP_THRESHOLD:#06x} + c",
          f"priority-drop threshold of class c (0..{PRIORITY_CLASSES - 1}): bytes queued "
          f"ahead ({NEVER_DROP:#x}: never)"),
         (f"{JOB_BASE + JOB_CONFIG:#06x} + {job}",
-         f"job j CONFIG: {CONFIG.text()}; a write clears the job's slots and COMPLETED"),
+         f"job j CONFIG: {CONFIG.text()}; a write clears COMPLETED and, when it leaves the "
+         "job enabled, the job's slots"),
         (f"{JOB_BASE + JOB_SLOT_BASE:#06x} / {JOB_BASE + JOB_SLOT_COUNT:#06x} + {job}",
          "job j first slot / number of slots"),
         (f"{JOB_BASE + JOB_CREDITS:#06x} / {JOB_BASE + JOB_QUORUM:#06x} / "
@@ -188,6 +210,10 @@ def rows() -> list[tuple[str, str]]:
         (f"{JOB_BASE + JOB_EPOCH:#06x} / {JOB_BASE + JOB_KEY:#06x} + {job}",
          "job j EPOCH (the configuration's, written with CONFIG) / KEY (write only, reads 0: "
          "the R_Key of the job's contributions)"),
+        (f"{JOB_BASE + JOB_OWNER:#06x} + {job}",
+         "job j OWNER (read only): IPv4 source of the request whose CONFIG write enabled it "
+         "(0: disabled); only it and the manager write the job's block while it is enabled "
+         "(and a worker entry, the address it holds, or anyone while it holds 0)"),
         (f"{JOB_BASE + JOB_DEADLINE:#06x} + {job}",
          f"job j DEADLINE ({DEADLINE_BITS - 1}-0; 0: none): ticks of {TICK_SECONDS * 1e3:g} ms "
          "after which a retransmission closes a use with the contributions it has"),

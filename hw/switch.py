@@ -125,7 +125,8 @@ class Switch(wiring.Component):
             ]
             for c, threshold in enumerate(control.thresholds):
                 m.d.comb += port.thresholds[c].eq(threshold)
-            m.d.comb += control.queue_dropped[p].eq(port.dropped)
+            m.d.comb += [control.queue_dropped[p].eq(port.dropped),
+                         control.request_sources[p].eq(port.reply_to.ip_src)]
             ingress.append(port)
 
         m.submodules.arbiter = arbiter = Arbiter(ingress[0].header.payload.shape(), P)

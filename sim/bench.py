@@ -121,6 +121,8 @@ def _configure(senders: list[_Sender], job: int, slots: int):
                          f"{len(first.payload)}")
     if switch_ip == 0:
         first.control([(W.WRITE | W.REG_IP, W.ip_to_int(first.switch[0]))])
+    # disabled while its rows are written (an enabled job's block is its owner's alone)
+    first.control([(W.WRITE | W.job_reg(job, W.JOB_CONFIG), 0)])
     for s in senders:
         [port] = s.control([(W.REG_PORT, 0)])
         if port >= ports:

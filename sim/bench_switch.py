@@ -155,6 +155,7 @@ def config_frames(ws: list[W.Endpoint], slots: int) -> list[bytes]:
     records = [(W.WRITE | W.REG_MAC_HI, SWITCH.mac >> 32),
                (W.WRITE | W.REG_MAC_LO, SWITCH.mac & 0xFFFFFFFF),
                (W.WRITE | W.REG_IP, W.ip_to_int(SWITCH.ip)),
+               (W.WRITE | W.job_reg(0, W.JOB_CONFIG), 0),   # its range is fixed while enabled
                (W.WRITE | W.job_reg(0, W.JOB_SLOT_BASE), 0),
                (W.WRITE | W.job_reg(0, W.JOB_SLOT_COUNT), slots)]
     for r, w in enumerate(ws):

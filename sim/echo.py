@@ -239,7 +239,7 @@ class EchoSwitch(GoldenSwitch):
     def _clear(self, job: Job):
         deferred = self._cleared is not None        # to the end of the control request
         super()._clear(job)
-        if not deferred:
+        if not deferred and job.enable:             # a disabled job's range is no one's
             self.copies.clear(job.slot_base, min(job.slot_base + job.slot_count, self.slots))
 
     # --- the lean path ----------------------------------------------------------------------

@@ -231,7 +231,7 @@ class Mutator:
         rng, jobs, workers = self.rng, self.jobs, self.max_workers
         return rng.choice((
             rng.randrange(0x20),
-            W.job_reg(rng.randrange(jobs + 1), rng.randrange(8)),
+            W.job_reg(rng.randrange(jobs + 1), rng.randrange(W.JOB_OWNER + 2)),
             W.worker_reg(rng.randrange(jobs + 1), rng.randrange(workers + 1), rng.randrange(8)),
             W.BEAT_BASE + W.BEAT_STRIDE * rng.randrange(jobs + 1) + rng.randrange(workers + 2),
             W.PORT_COUNTERS_BASE + W.PORT_COUNTERS_STRIDE * rng.randrange(self.ports + 1)

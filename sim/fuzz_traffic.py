@@ -1,14 +1,19 @@
 """The good traffic of the switch's fuzzer (`sim.fuzz`): frames as the host sends them.
 
-`Traffic.epoch` configures one or two jobs through the control path as the host does (each
-worker writes its job-table row, rank 0 the job's slot range, credits, quorum, CONFIG, EPOCH
-and KEY and every rank's R_Key; the first epoch also the switch's own addresses), then
+`Traffic.epoch` releases the jobs of the epochs before (those that configured one disable
+it, or the operator, which makes itself the manager in the first epoch or a later one; or
+no one, for an epoch), configures one or two jobs through the control path as the host does
+(`host.job_setup`: rank 0 disables the job, writes its slot range, credits and quorum,
+clears the other ranks' addresses, writes its own row, enables the job and writes its
+EPOCH, KEY and every rank's R_Key, then each other rank writes its row; the first epoch also
+the switch's own addresses; a second job's range sometimes overlaps the first's), then
 sends several uses of each of their slots by every worker, with the job's key (versions
-alternating, MSN use * slots + slot, random int32 lanes
-below 2**24 so that sums do not saturate, workers in random order, some droppable with a
-random priority, some on another port than their own, a few sent again: duplicates, replays,
-stale messages), with now and then a worker's heartbeat (a running count written to its
-BEAT register) and a worker's read of its job's heartbeats among them, and ends with
+alternating, MSN use * slots + slot, random int32 lanes below 2**24 so that sums do not
+saturate, workers in random order, some droppable with a random priority, some on another
+port than their own, a few sent again: duplicates, replays, stale messages), with now and
+then a worker's heartbeat (a running count written to its BEAT register), a worker's read
+of its job's heartbeats, and writes to the jobs' registers and rows from addresses that own
+neither them nor the switch (`FOREIGN`, or another job's worker) among them, and ends with
 `reads`: control requests that read every register and counter of `register_names`. Every
 frame is a `Frame`, tagged with the `Kind` that made it. A frame sent again may be one of an
 earlier epoch of its job, whose key is no longer the job's. `Traffic.keys` holds each job's
@@ -27,6 +32,8 @@ from netagg.sim import wire as W
 
 SWITCH = W.Endpoint("10.0.0.1", W.ROCEV2_PORT, 0x02AA00000001)
 HOST = W.Endpoint("10.0.255.254", 0xD000, 0x02BB000000FE)     # where register reads come from
+FOREIGN = W.Endpoint("10.66.0.9", 0xD100, 0x02CC00000009)      # a host that owns no job
+OPERATOR = W.Endpoint("10.0.255.250", 0xD200, 0x02BB000000FA)  # the manager, once it is one
 
 
 class Kind(enum.Enum):
@@ -37,6 +44,7 @@ class Kind(enum.Enum):
     RESEND = "resend"                # good, sent again: a duplicate, a replay or stale
     READ = "read"                    # good: a read of the registers and counters
     TICK = "tick"                    # a tick of the deadlines' clock (no frame: `data` empty)
+    FOREIGN = "foreign"              # good: writes to a job from neither its owner nor manager
     BYTES = "bytes"                  # the mutations (`sim.fuzz_mutations`)
     BITS = "bits"
     FIELD = "field"
@@ -47,7 +55,8 @@ class Kind(enum.Enum):
 
     @property
     def mutated(self) -> bool:
-        return self not in (Kind.CONTROL, Kind.CONTRIBUTION, Kind.RESEND, Kind.READ, Kind.TICK)
+        return self not in (Kind.CONTROL, Kind.CONTRIBUTION, Kind.RESEND, Kind.READ,
+                            Kind.TICK, Kind.FOREIGN)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,11 +109,11 @@ class Member:
 def register_names(ports: int, jobs: int, max_workers: int) -> dict[int, str]:
     """Every register a checkpoint reads, by address: the global ones, each job's and its
     ranks' heartbeats, and the port and job counters."""
-    names = {a: f"global {a:#06x}" for a in range(W.REG_PORT + 1)}
+    names = {a: f"global {a:#06x}" for a in range(W.REG_MANAGER + 1)}
     names |= {W.drop_threshold(c): f"drop threshold {c}" for c in range(W.PRIORITY_CLASSES)}
     for j in range(jobs):
         for field in ("CONFIG", "SLOT_BASE", "SLOT_COUNT", "CREDITS", "QUORUM", "COMPLETED",
-                      "EPOCH", "KEY"):
+                      "EPOCH", "KEY", "OWNER"):
             names[W.job_reg(j, getattr(W, f"JOB_{field}"))] = f"job {j} {field}"
         names |= {W.job_counter(j, n): f"job {j} {n}" for n in W.JOB_COUNTERS}
         names |= {W.beat_reg(j, r): f"job {j} beat {r}" for r in range(max_workers)}
@@ -134,6 +143,9 @@ class Traffic:
         self.lanes = max_payload // 4
         self.epochs = 0
         self.keys: dict[int, tuple[int, int]] = {}      # job -> (key, tag) of the epoch
+        self.owned: dict[int, list[W.Endpoint]] = {}  # job: who wrote its CONFIG
+        # the epoch from which the operator makes itself the manager (if no one is)
+        self.manager_epoch = 0 if rng.random() < 0.75 else rng.randint(1, 3)
 
     def _member(self, job: int, rank: int, key: int, tag: int) -> Member:
         rng = self.rng
@@ -147,28 +159,91 @@ class Traffic:
         return Frame(m.port, W.control_request(records, m.next_psn(), m.endpoint,
                                                SWITCH).frame(), Kind.CONTROL)
 
-    def _configure(self, job: int, members: list[Member], base: int, count: int, credits: int,
-                   quorum: int) -> Iterator[Frame]:
-        """The control requests the host sends to set up a job (`host.worker`)."""
-        for m in members:
-            e = m.endpoint
-            yield self._control(m, [
-                (W.worker_reg(job, m.rank, W.WORKER_PORT),
+    @staticmethod
+    def _row(job: int, m: Member) -> list[tuple[int, int]]:
+        """A worker's job-table row (its R_Key is rank 0's to write)."""
+        e = m.endpoint
+        return [(W.worker_reg(job, m.rank, W.WORKER_PORT),
                  W.WORKER_ENDPOINT.pack(switch_port=m.port, udp_port=e.port)),
                 (W.worker_reg(job, m.rank, W.WORKER_MAC_HI), e.mac >> 32),
                 (W.worker_reg(job, m.rank, W.WORKER_MAC_LO), e.mac & 0xFFFFFFFF),
                 (W.worker_reg(job, m.rank, W.WORKER_IP), W.ip_to_int(e.ip)),
                 (W.worker_reg(job, m.rank, W.WORKER_QPN), m.qpn),
                 (W.worker_reg(job, m.rank, W.WORKER_VA_HI), m.va >> 32),
-                (W.worker_reg(job, m.rank, W.WORKER_VA_LO), m.va & 0xFFFFFFFF)])
+                (W.worker_reg(job, m.rank, W.WORKER_VA_LO), m.va & 0xFFFFFFFF)]
+
+    def _configure(self, job: int, members: list[Member], base: int, count: int, credits: int,
+                   quorum: int) -> Iterator[Frame]:
+        """The control requests the host sends to set up a job (`host.job_setup`): rank 0
+        disables it, writes its range, credits, quorum and deadline, clears the other ranks'
+        addresses, writes its own row, enables it and writes its EPOCH, KEY and every rank's
+        R_Key; then each other rank writes its row."""
+        n = len(members)
         yield self._control(members[0], [
+            (W.job_reg(job, W.JOB_CONFIG), W.CONFIG.pack(enable=0, workers=n)),
             (W.job_reg(job, W.JOB_SLOT_BASE), base), (W.job_reg(job, W.JOB_SLOT_COUNT), count),
             (W.job_reg(job, W.JOB_CREDITS), credits), (W.job_reg(job, W.JOB_QUORUM), quorum),
-            (W.job_reg(job, W.JOB_DEADLINE), self.rng.choice((0, 0, 1, 2, 3))),
-            (W.job_reg(job, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=len(members))),
-            (W.job_reg(job, W.JOB_EPOCH), self.rng.getrandbits(32)),
-            (W.job_reg(job, W.JOB_KEY), members[0].key)]
+            (W.job_reg(job, W.JOB_DEADLINE), self.rng.choice((0, 0, 1, 2, 3)))]
+            + [(W.worker_reg(job, m.rank, W.WORKER_IP), 0) for m in members[1:]]
+            + self._row(job, members[0])
+            + [(W.job_reg(job, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=n)),
+               (W.job_reg(job, W.JOB_EPOCH), self.rng.getrandbits(32)),
+               (W.job_reg(job, W.JOB_KEY), members[0].key)]
             + [(W.worker_reg(job, m.rank, W.WORKER_RKEY), m.rkey) for m in members])
+        for m in members[1:]:
+            yield self._control(m, self._row(job, m))
+
+    def _release(self) -> Iterator[Frame]:
+        """The jobs of the epochs before: disabled by those that wrote their CONFIG since
+        they were last disabled (rank 0s, workers of other jobs that wrote it as foreigners:
+        one is the owner, unless a mutated request enabled the job) or by the operator (the
+        manager, once it made itself one), or left enabled for an epoch (then a new rank 0's
+        writes are denied); and the operator disables a job at random now and then (one a
+        mutation's replay of an old request enabled, say)."""
+        rng = self.rng
+        if self.epochs == self.manager_epoch:       # once: its frame may be mutated later
+            yield self._from(OPERATOR, [(W.REG_MANAGER, W.ip_to_int(OPERATOR.ip))])
+        for job, writers in list(self.owned.items()):
+            if rng.random() < 0.1:
+                continue
+            for source in writers if rng.random() < 0.6 else [OPERATOR]:
+                yield self._from(source, [(W.job_reg(job, W.JOB_CONFIG), 0)])
+            del self.owned[job]
+        if rng.random() < 0.5:
+            yield self._from(OPERATOR, [(W.job_reg(rng.randrange(self.jobs), W.JOB_CONFIG), 0)])
+
+    def _from(self, source: W.Endpoint, records) -> Frame:
+        """Writes from `source` (a worker of an epoch before, or the operator), on a random
+        port."""
+        return Frame(self.rng.randrange(self.ports), W.control_request(
+            [(a | W.WRITE, v) for a, v in records], 0, source, SWITCH).frame(), Kind.CONTROL)
+
+    def _foreign(self, jobs: dict) -> Frame:
+        """Writes to a job's registers and rows from an address that is neither its owner's
+        nor the manager's: `FOREIGN`, or a worker of another job."""
+        rng = self.rng
+        job = rng.choice(list(jobs))
+        members, count = jobs[job]
+        others = [m for j, (ms, _) in jobs.items() if j != job for m in ms]
+        source = rng.choice(others) if others and rng.random() < 0.3 else None
+        records = []
+        for _ in range(rng.randint(1, 4)):
+            offset = rng.choice((W.JOB_CONFIG, W.JOB_SLOT_BASE, W.JOB_SLOT_COUNT,
+                                 W.JOB_CREDITS, W.JOB_QUORUM, W.JOB_EPOCH, W.JOB_KEY,
+                                  W.JOB_DEADLINE, None))
+            address = (W.job_reg(job, offset) if offset is not None else
+                       W.worker_reg(job, rng.randrange(len(members)), rng.randrange(8)))
+            value = rng.choice((0, 1, count, rng.getrandbits(32),
+                                W.CONFIG.pack(enable=1, workers=len(members))))
+            records.append((W.WRITE | address, value))
+        if source is not None and any(a == W.WRITE | W.job_reg(job, W.JOB_CONFIG)
+                                      for a, _ in records):
+            self.owned.setdefault(job, []).append(source.endpoint)
+        if source is None:
+            frame = W.control_request(records, rng.getrandbits(24), FOREIGN, SWITCH).frame()
+            return Frame(rng.randrange(self.ports), frame, Kind.FOREIGN)
+        frame = W.control_request(records, source.next_psn(), source.endpoint, SWITCH).frame()
+        return Frame(source.port, frame, Kind.FOREIGN)
 
     def _liveness(self, members: list[Member]) -> list[Frame]:
         """What the host's liveness sends meanwhile: a worker's heartbeat, or (less often) a
@@ -206,6 +281,7 @@ class Traffic:
                  (W.WRITE | W.REG_MAC_HI, SWITCH.mac >> 32),
                  (W.WRITE | W.REG_MAC_LO, SWITCH.mac & 0xFFFFFFFF)], 0, HOST,
                 SWITCH).frame(), Kind.CONTROL)
+        yield from self._release()
         self.epochs += 1
         jobs, base = {}, rng.randrange(max(1, self.slots - 8))
         for j in rng.sample(range(self.jobs), min(self.jobs, rng.choice((1, 2)))):
@@ -214,6 +290,8 @@ class Traffic:
             self.keys[j] = key, tag
             members = [self._member(j, r, key, tag)
                        for r in range(rng.randint(1, min(4, self.max_workers)))]
+            if jobs and rng.random() < 0.1:     # overlapping the job before: refused
+                base = max(0, base - rng.randint(1, 2))
             count = min(rng.randint(1, 4), self.slots - base)
             if count < 1:
                 break
@@ -222,6 +300,7 @@ class Traffic:
             yield from self._configure(j, members, base, count, credits,
                                        rng.choice((0, 0, 0, rng.randint(1, n))))
             jobs[j], base = (members, count), base + count
+            self.owned.setdefault(j, []).append(members[0].endpoint)
         sent = []
         for use in range(rng.randint(1, 6)):
             batch = []
@@ -235,6 +314,8 @@ class Traffic:
                 batch += self._liveness(members)
             rng.shuffle(batch)
             for frame in batch:
+                if jobs and rng.random() < 0.03:
+                    yield self._foreign(jobs)
                 yield frame
                 if rng.random() < 0.04:
                     yield TICK

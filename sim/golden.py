@@ -63,10 +63,18 @@ What the switch does, frame by frame:
    COMPLETED read after the use's completion was counted (for a replay, its current
    value). Its ImmDt count is the number of contributions with data (nulls excluded); a use
    of nulls only sums to zeros.
-8. A write of a job's CONFIG clears the slot state of the job's slot range and its
-   COMPLETED register (not its EPOCH and KEY). In a control request, the slots are cleared
-   once its last record has been applied, those of the job's slot range then (the gateware
-   clears them after the request, one slot per cycle).
+8. A write of a job's CONFIG clears its COMPLETED register (not its EPOCH and KEY) and, if
+   the job is enabled when the control request's last record has been applied, the slot
+   state of its slot range then (the gateware clears them after the request, one slot per
+   cycle; a disabled job's range may overlap an enabled job's, and its slots are cleared
+   when it is enabled).
+9. Who may write (`sim.golden_registers.Registers.apply`, `hw.regmap`'s rules): an enabled
+   job's block only its owner (the source of the request that enabled it) and the manager,
+   and a worker's entry also the address it holds (anyone while it holds none); the switch's
+   own writable registers, once a manager is set, only the manager; a job's slot range is
+   fixed while it is enabled, and a CONFIG write enables it only inside the switch's slots
+   and apart from every other enabled job's range. A refused record changes nothing and
+   answers the register's value.
 """
 
 from __future__ import annotations
@@ -125,6 +133,7 @@ class Job:
     epoch: int = 0                    # the EPOCH register
     key: int = 0                      # the KEY register: every contribution's RETH.rkey
     deadline: int = 0                 # the DEADLINE register: ticks; 0: none
+    owner: int = 0                    # IPv4 source of the request that enabled it (0: none)
     table: list = dataclasses.field(default_factory=list)
     beats: list = dataclasses.field(default_factory=list)     # by rank: BEAT registers
 
@@ -211,6 +220,7 @@ class GoldenSwitch(Registers):
         self.ports, self.jobs, self.max_workers, self.slots = ports, jobs, max_workers, slots
         self.width, self.max_payload, self.queue_capacity = width, max_payload, queue_capacity
         self.mac, self.ip, self.udp_sport = mac, ip, 0xC000
+        self.manager = 0                # REG_MANAGER: its IPv4 address, 0 for none
         self.drop_thresholds = [W.NEVER_DROP] * W.PRIORITY_CLASSES
         self.job = [Job(table=[Worker() for _ in range(max_workers)], beats=[0] * max_workers)
                     for _ in range(jobs)]
@@ -378,12 +388,14 @@ class GoldenSwitch(Registers):
         return self.state[index][version], job.needed, range(job.workers)
 
     def _clear(self, job: Job):
-        """The slot state of the job's slot range, and its COMPLETED, back to reset. Inside a
-        control request the slots wait for its last record (`_control`)."""
+        """The slot state of the job's slot range, if it is enabled, and its COMPLETED, back
+        to reset. Inside a control request the slots wait for its last record (`_control`)."""
         job.completed = 0
         if self._cleared is not None:
             if not any(j is job for j in self._cleared):
                 self._cleared.append(job)
+            return
+        if not job.enable:
             return
         for s in range(job.slot_base, min(job.slot_base + job.slot_count, self.slots)):
             self.state[s] = [SlotCopy(), SlotCopy()]
@@ -425,10 +437,11 @@ class GoldenSwitch(Registers):
             return []
         self.port_counters[port]["control"] += 1
         pkt = W.parse_frame(frame[:W.IP_OFFSET + struct.unpack_from("!H", frame, 16)[0]])
+        source = W.ip_to_int(pkt.src.ip)
         replies, self._cleared = [], []
         for addr, value in W.unpack_records(payload):
             if addr & W.WRITE:
-                self.write(addr & ~W.WRITE, value)
+                self.apply(addr & ~W.WRITE, value, source, port)
             replies.append((addr, self.read(addr & ~W.WRITE, port)))
         cleared, self._cleared = self._cleared, None
         for job in cleared:

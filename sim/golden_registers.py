@@ -1,8 +1,12 @@
-"""The golden switch's registers (`hw.regmap`), as the gateware's control path decodes them:
-an address is a global register, one of a job's, a field of a worker's job-table entry, a
+"""The golden switch's registers (`hw.regmap`), as the gateware's control path decodes them: an
+address is a global register, one of a job's, a field of a worker's job-table entry, a
 rank's heartbeat, or a port's or a job's counter (`Space`); `read` gives a register's value,
 `write` applies a record's. Unknown addresses read 0 and ignore writes; read-only registers
-ignore writes. `sim.golden.GoldenSwitch` is a `Registers`: these read and write its state."""
+ignore writes. `apply` is a control request's write record: it judges who may write
+(`hw.regmap`'s rules: the manager, a job's owner, a worker entry's own address, the slot
+ranges of enabled jobs), counts what it refuses (`control_denied` on the request's port,
+`config_refused` on the job) and writes the rest. `sim.golden.GoldenSwitch` is a
+`Registers`: these read and write its state."""
 
 from __future__ import annotations
 
@@ -21,6 +25,19 @@ class Space(enum.Enum):
     PORT_COUNTER = "port counter"
     JOB_COUNTER = "job counter"
     NONE = "none"               # outside every part: reads 0, writes nothing
+
+
+class Refusal(enum.Enum):
+    """Why a write record is refused, by the counter that counts it."""
+
+    DENIED = "control_denied"       # neither the job's owner nor the manager (port counter)
+    REFUSED = "config_refused"      # a slot range that cannot be enabled (job counter)
+
+
+# The switch's own registers a request may write (while there is no manager, or from it).
+SWITCH_WRITABLE = frozenset((W.REG_MAC_HI, W.REG_MAC_LO, W.REG_IP, W.REG_UDP_SPORT,
+                             W.REG_MANAGER, *(W.drop_threshold(c)
+                                              for c in range(W.PRIORITY_CLASSES))))
 
 
 class Registers:
@@ -64,6 +81,7 @@ class Registers:
                 W.REG_SLOTS: self.slots, W.REG_MAX_PAYLOAD: self.max_payload,
                 W.REG_MAC_HI: self.mac >> 32, W.REG_MAC_LO: self.mac & 0xFFFFFFFF,
                 W.REG_IP: self.ip, W.REG_UDP_SPORT: self.udp_sport, W.REG_PORT: port,
+                W.REG_MANAGER: self.manager,
                 **{W.drop_threshold(c): t for c, t in enumerate(self.drop_thresholds)},
             }.get(off, 0)
         if kind is Space.JOB:
@@ -72,7 +90,7 @@ class Registers:
                     W.JOB_SLOT_COUNT: job.slot_count, W.JOB_CREDITS: job.credits,
                     W.JOB_QUORUM: job.quorum, W.JOB_COMPLETED: job.completed,
                     W.JOB_EPOCH: job.epoch, W.JOB_DEADLINE: job.deadline,
-                    }.get(off, 0)       # KEY reads 0
+                    W.JOB_OWNER: job.owner}.get(off, 0)       # KEY reads 0
         if kind is Space.WORKER:
             j, rank = index
             w = self.job[j].table[rank]
@@ -89,7 +107,58 @@ class Registers:
             return self.job_counters[index][W.JOB_COUNTERS[off]] & 0xFFFFFFFF
         return 0
 
+    def apply(self, addr: int, value: int, source: int, port: int):
+        """A control request's write of `value` at `addr`, from IPv4 address `source` on
+        `port`: written, or refused and counted."""
+        refusal = self._write_refusal(addr, value, source)
+        kind, index, off = self._decode(addr)
+        if refusal is Refusal.DENIED:
+            self.port_counters[port][refusal.value] += 1
+        elif refusal is Refusal.REFUSED:
+            self.job_counters[index][refusal.value] += 1
+        elif kind is Space.JOB and off == W.JOB_CONFIG:
+            job = self.job[index]
+            enabling, was = bool(W.CONFIG.unpack(value)["enable"]), job.enable
+            self.write(addr, value)
+            job.owner = (job.owner if was else source) if enabling else 0
+        else:
+            self.write(addr, value)
+
+    def _write_refusal(self, addr: int, value: int, source: int) -> Refusal | None:
+        """Why a write of `value` at `addr` from `source` is refused, or None."""
+        kind, index, off = self._decode(addr)
+        by_manager = self.manager != 0 and source == self.manager
+        if kind is Space.GLOBAL:
+            ok = off not in SWITCH_WRITABLE or self.manager == 0 or by_manager
+            return None if ok else Refusal.DENIED
+        if kind not in (Space.JOB, Space.WORKER):
+            return None
+        j = index if kind is Space.JOB else index[0]
+        job = self.job[j]
+        own_entry = kind is Space.WORKER and job.table[index[1]].ip in (0, source)
+        if job.enable and source != job.owner and not by_manager and not own_entry:
+            return Refusal.DENIED
+        if kind is Space.JOB and off in (W.JOB_SLOT_BASE, W.JOB_SLOT_COUNT) and job.enable:
+            return Refusal.REFUSED
+        if (kind is Space.JOB and off == W.JOB_CONFIG and W.CONFIG.unpack(value)["enable"]
+                and not self._range_free(j)):
+            return Refusal.REFUSED
+        return None
+
+    def _range_free(self, j: int) -> bool:
+        """Whether job j's slot range is inside the switch's slots and shares no slot with
+        another enabled job's (an empty range shares none)."""
+        job = self.job[j]
+        end = job.slot_base + job.slot_count
+        if end > self.slots:
+            return False
+        return not any(
+            k != j and other.enable and job.slot_count and other.slot_count
+            and job.slot_base < other.slot_base + other.slot_count and other.slot_base < end
+            for k, other in enumerate(self.job))
+
     def write(self, addr: int, value: int):
+        """Write a register, whoever asks (`apply` judges a control request's records)."""
         kind, index, off = self._decode(addr)
         if kind is Space.GLOBAL:
             if off in (W.REG_MAC_HI, W.REG_MAC_LO):
@@ -98,6 +167,8 @@ class Registers:
                 self.ip = value
             elif off == W.REG_UDP_SPORT:
                 self.udp_sport = value & 0xFFFF
+            elif off == W.REG_MANAGER:
+                self.manager = value
             elif 0 <= off - W.REG_DROP_THRESHOLD < W.PRIORITY_CLASSES:
                 self.drop_thresholds[off - W.REG_DROP_THRESHOLD] = value & 0xFFFF
         elif kind is Space.JOB:

@@ -464,7 +464,8 @@ def switch_traffic(ports: int = 4, slots: int = 16, lanes: int = 256) -> list[tu
     switch = W.Endpoint("10.0.0.1", W.ROCEV2_PORT, 0x02AA00000001)
     workers = [W.Endpoint(f"10.1.0.{10 + r}", 0xC100 + r, 0x020000000100 | r)
                for r in range(ports)]
-    records = [(W.WRITE | W.job_reg(0, W.JOB_SLOT_BASE), 0),
+    records = [(W.WRITE | W.job_reg(0, W.JOB_CONFIG), 0),      # its range is fixed while enabled
+               (W.WRITE | W.job_reg(0, W.JOB_SLOT_BASE), 0),
                (W.WRITE | W.job_reg(0, W.JOB_SLOT_COUNT), slots)]
     for r, w in enumerate(workers):
         records += [

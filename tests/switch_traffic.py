@@ -111,9 +111,11 @@ class Worker:
 
 def job_config_records(job: int, workers: list[Worker], slot_base: int, slot_count: int,
                        credits: int = 0, quorum: int = 0):
-    """Control records that set up `job` (CONFIG last, which clears its slots and
-    COMPLETED; its KEY the workers')."""
-    recs = [(W.WRITE | W.job_reg(job, W.JOB_SLOT_BASE), slot_base),
+    """Control records that set up `job`: disabled first (an enabled job's slot range is
+    fixed), CONFIG last (which enables it and clears its slots and COMPLETED); its KEY the
+    workers'."""
+    recs = [(W.WRITE | W.job_reg(job, W.JOB_CONFIG), 0),
+            (W.WRITE | W.job_reg(job, W.JOB_SLOT_BASE), slot_base),
             (W.WRITE | W.job_reg(job, W.JOB_SLOT_COUNT), slot_count),
             (W.WRITE | W.job_reg(job, W.JOB_CREDITS), credits),
             (W.WRITE | W.job_reg(job, W.JOB_QUORUM), quorum),
