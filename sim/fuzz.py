@@ -64,13 +64,12 @@ def stream(seed: int, frames: int, *, ports: int = 4, jobs: int = 4, max_workers
 
     while sent < frames:
         for good in traffic.epoch():
-            if good.kind not in (Kind.READ, Kind.TICK) and rng.random() < mutation_rate / 5 \
-                    and sent < frames - 1:
+            if good.kind.mutable and rng.random() < mutation_rate / 5 and sent < frames - 1:
                 yield mutated(good)       # ahead of its good frame: it may take its place
                 sent += 1
             yield good
             sent += 1
-            if good.kind not in (Kind.READ, Kind.TICK):
+            if good.kind.mutable:
                 recent = recent[-63:] + [good]
             while recent and sent < frames and rng.random() < mutation_rate / (1 + mutation_rate):
                 yield mutated(rng.choice(recent))

@@ -45,6 +45,8 @@ class Kind(enum.Enum):
     READ = "read"                    # good: a read of the registers and counters
     TICK = "tick"                    # a tick of the deadlines' clock (no frame: `data` empty)
     FOREIGN = "foreign"              # good: writes to a job from neither its owner nor manager
+    MANAGE = "manage"                # good: the operator makes itself the manager (not mutated:
+                                     # a changed address would lock it out for the whole stream)
     BYTES = "bytes"                  # the mutations (`sim.fuzz_mutations`)
     BITS = "bits"
     FIELD = "field"
@@ -56,7 +58,13 @@ class Kind(enum.Enum):
     @property
     def mutated(self) -> bool:
         return self not in (Kind.CONTROL, Kind.CONTRIBUTION, Kind.RESEND, Kind.READ,
-                            Kind.TICK, Kind.FOREIGN)
+                            Kind.TICK, Kind.FOREIGN, Kind.MANAGE)
+
+    @property
+    def mutable(self) -> bool:
+        """Whether the stream mutates frames of this kind (reads, ticks and the manager's are
+        left alone)."""
+        return self not in (Kind.READ, Kind.TICK, Kind.MANAGE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,8 +209,10 @@ class Traffic:
         writes are denied); and the operator disables a job at random now and then (one a
         mutation's replay of an old request enabled, say)."""
         rng = self.rng
-        if self.epochs == self.manager_epoch:       # once: its frame may be mutated later
-            yield self._from(OPERATOR, [(W.REG_MANAGER, W.ip_to_int(OPERATOR.ip))])
+        if self.epochs == self.manager_epoch:
+            yield dataclasses.replace(self._from(OPERATOR, [(W.REG_MANAGER,
+                                                             W.ip_to_int(OPERATOR.ip))]),
+                                      kind=Kind.MANAGE)
         for job, writers in list(self.owned.items()):
             if rng.random() < 0.1:
                 continue
