@@ -168,7 +168,7 @@ def test_a_missing_frame_and_a_counter_are_differences():
                     return []
             return super().receive(port, frame, fill, null)
 
-    s = Comparer(Deaf(), GoldenSwitch()).run(stream(8, 600))   # job 0 completes uses
+    s = Comparer(Deaf(), GoldenSwitch()).run(stream(11, 600))
     kinds = {d.kind.value for d in s.details}
     assert s.differences > 0 and {"output", "register"} <= kinds
 
