@@ -193,9 +193,9 @@ class JobSetup:
                                  + (f" (it is enabled by {ip_str(owner)})" if enabled else ""))
                 return None
             if not (written and held == ip):
-                if held == 0:
-                    return JoinCheck([(a | W.WRITE, v) for a, v in self.entry]
-                                     + [(self._reg(W.JOB_OWNER), 0)], wrote, check.waiting)
+                if held == 0:           # the entry, then the reads again: one round trip
+                    return JoinCheck([(a | W.WRITE, v) for a, v in self.entry] + reads, wrote,
+                                     check.waiting)
                 check.waiting = (f"job {j} was not configured for this run by its rank 0 "
                                  f"(rank {r}'s entry holds {ip_str(held)}, an earlier run's)")
                 return None
@@ -216,7 +216,7 @@ class JobSetup:
                 raise NetaggError(f"job {j} is enabled by {ip_str(answers[-1])}: the switch "
                                   f"refused rank {r}'s worker entry")
             written.append(True)
-            return check
+            return look(answers[len(self.entry):]) or check
         check.accept = look
         return check
 
