@@ -38,10 +38,13 @@ A refused write leaves the register as it was and counts `control_denied` (the r
 port) or `config_refused` (the job).
 """
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal
+import dataclasses
+
+from amaranth import Array, Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import bits_for, ceil_log2, exact_log2
 
 from . import regmap as R
 from .counters import CounterBank
@@ -163,7 +166,7 @@ class Control(wiring.Component):
         # Who may write what, judged in the cycle before a record is applied (`_judge`).
         source = Signal(32)             # the request's source IPv4 address
         m.d.comb += source.eq(Array(self.request_sources)[self.records.request_port])
-        switch_ok, job_ok, entry_ok, range_ok = self._judge(m, source, manager, owners, jobs)
+        switch_ok, job_ok, range_ok = self._judge(m, source, manager, owners, jobs)
         # (address, value, writable field or None, who may write it, whether it is fixed)
         regs = [(addr, value, field, switch_ok, Const(0)) for addr, value, field in regs]
         refused = Signal(self.jobs)         # config_refused, by job
@@ -190,25 +193,19 @@ class Control(wiring.Component):
         # owner nor the manager (nor, to a worker's entry, the address it holds or anyone
         # while it holds none), or to a writable register of the switch's own while a
         # manager other than the requester is set, is denied.
-        in_job, job_number, rank = self._job_address(m, rec.addr)
-        in_block = ((rec.addr >= R.JOB_BASE) & (in_job[13:] == 0) & (job_number < self.jobs)
-                    & ((in_job[:9] < R.WORKER_BASE) | (rank < self.max_workers)))
-        in_entries = in_block & (in_job[:9] >= R.WORKER_BASE)
-        entries = self.jobs * self.max_workers
-        entry = (job_number * self.max_workers + rank)[:max(1, (entries - 1).bit_length())]
-        block_ok = (Array(job_ok)[job_number[:max(1, (self.jobs - 1).bit_length())]]
-                    | (in_entries & Array(entry_ok)[entry]))
-        switch_writable = Cat(*(rec.addr == addr for addr, _, field, _, _ in regs
-                                if field is not None and addr < R.JOB_BASE)).any()
-        denied = Signal()
-        m.d.comb += denied.eq(write & ((in_block & ~block_ok) | (switch_writable & ~switch_ok)))
-
-        self._workers(m, write, block_ok, in_job, job_number, rank)
+        at = self._decode(rec.addr)
+        job_allowed = Array(job_ok)[at.job] if self.jobs > 1 else job_ok[0]
+        entry_ok = self._workers(m, write, source, job_allowed, at)
+        block_ok = job_allowed | (at.in_entry & entry_ok)
+        denied, switch_denied = Signal(), Signal()      # the latter set by the records below
+        m.d.comb += denied.eq((write & at.in_block & ~block_ok) | switch_denied)
 
         # Counters, in a bank of 16 per port and 16 per job: the counter `name` of port p is
         # at p * 16 + PORT_COUNTERS.index(name), that of job j at (ports + j) * 16 + ...
-        port_steps = [1] * len(R.PORT_COUNTERS)
-        job_steps = [self.ports if name == "results" else 1 for name in R.JOB_COUNTERS]
+        # A refusal bumps its counter (`CounterBank`'s bump: no pending register for it).
+        port_steps = [0 if name in REFUSALS else 1 for name in R.PORT_COUNTERS]
+        job_steps = [self.ports if name == "results" else 0 if name in REFUSALS else 1
+                     for name in R.JOB_COUNTERS]
         pad = ([0] * (16 - len(port_steps)), [0] * (16 - len(job_steps)))
         steps = (port_steps + pad[0]) * self.ports + (job_steps + pad[1]) * self.jobs
         m.submodules.counters = counters = CounterBank(steps)
@@ -216,17 +213,17 @@ class Control(wiring.Component):
             for k, name in enumerate(R.PORT_COUNTERS):
                 if name in VERDICT_COUNTERS:
                     event = self.queue_dropped[p][VERDICT_COUNTERS[name]]
-                elif name == "control_denied":
-                    event = denied & (self.records.request_port == p)
-                else:
+                elif name not in REFUSALS:
                     event = self.port_events[p][PORT_EVENTS.index(name)]
+                else:
+                    continue
                 m.d.comb += counters.step[16 * p + k].eq(event)
         for j in range(self.jobs):
             for k, name in enumerate(R.JOB_COUNTERS):
-                step = (self.results[j] if name == "results" else refused[j]
-                        if name == "config_refused" else
-                        self.job_events[j][JOB_EVENTS.index(name)])
-                m.d.comb += counters.step[16 * (self.ports + j) + k].eq(step)
+                if name not in REFUSALS:
+                    step = (self.results[j] if name == "results"
+                            else self.job_events[j][JOB_EVENTS.index(name)])
+                    m.d.comb += counters.step[16 * (self.ports + j) + k].eq(step)
         assert R.PORT_COUNTERS_STRIDE == R.JOB_COUNTERS_STRIDE == 0x20
         assert R.PORT_COUNTERS_BASE % 0x2000 == 0 and R.JOB_COUNTERS_BASE % 0x2000 == 0
         addr = rec.addr
@@ -235,9 +232,16 @@ class Control(wiring.Component):
                         & (number < len(R.PORT_COUNTERS)))
         job_counter = ((addr[13:16] == R.JOB_COUNTERS_BASE >> 13) & (group < self.jobs)
                        & (number < len(R.JOB_COUNTERS)))
+        refusing = refused.any()        # a record refused: denied (by port) or refused (by job)
         m.d.comb += [
-            counters.read.eq(rec.en & (port_counter | job_counter)),
-            counters.addr.eq(Cat(number[:4], Mux(port_counter, group, group + self.ports))),
+            counters.read.eq((rec.en & (port_counter | job_counter)) | denied | refusing),
+            counters.bump.eq(denied | refusing),
+            counters.addr.eq(Mux(
+                denied, Cat(Const(R.PORT_COUNTERS.index("control_denied"), 4),
+                            self.records.request_port),
+                Mux(refusing, Cat(Const(R.JOB_COUNTERS.index("config_refused"), 4),
+                                  at.job + self.ports),
+                    Cat(number[:4], Mux(port_counter, group, group + self.ports))))),
         ]
 
         # Records: read any register; write the writable ones.
@@ -253,6 +257,8 @@ class Control(wiring.Component):
                         if addr >= R.JOB_BASE:
                             j = (addr - R.JOB_BASE) // R.JOB_STRIDE
                             m.d.comb += refused[j].eq(write & allowed & fixed)
+                        else:
+                            m.d.comb += switch_denied.eq(write & ~allowed)
             for j, job in enumerate(jobs):
                 with m.Case(R.job_reg(j, R.JOB_CONFIG)):
                     m.d.comb += self.records.rdata.eq(Cat(job.workers, Const(0, 25), job.enable))
@@ -271,52 +277,62 @@ class Control(wiring.Component):
         return m
 
     def _judge(self, m, source, manager, owners, jobs):
-        """Registered each cycle from the request's source, the manager, the owners, the
-        workers' addresses and the slot ranges: whether the request may write the switch's
-        own registers (no manager, or it is the manager), each job's block (the job is
-        disabled, or the request is its owner's or the manager's), each worker entry (it
-        holds no address, or the request's), and whether each job's slot range may be
-        enabled (inside the switch's slots, sharing none with another enabled job; an empty
-        range shares none)."""
-        J, entries = self.jobs, self.jobs * self.max_workers
+        """Registered each cycle from the request's source, the manager, the owners and the
+        slot ranges: whether the request may write the switch's own registers (no manager,
+        or it is the manager), each job's block (the job is disabled, or the request is its
+        owner's or the manager's), and whether each job's slot range may be enabled (inside
+        the switch's slots, sharing none with another enabled job; an empty range shares
+        none)."""
+        J = self.jobs
         switch_ok, job_ok, range_ok = Signal(), Signal(J), Signal(J)
-        entry_ok = Signal(max(entries, 2))
         by_manager = (manager != 0) & (source == manager)
         m.d.sync += switch_ok.eq((manager == 0) | by_manager)
-        for i in range(entries):
-            ip = self.table.worker_ip[i]
-            m.d.sync += entry_ok[i].eq((ip == 0) | (ip == source))
-        ends = [Signal(17, name=f"job{j}_slot_end") for j in range(J)]
+        # Slot ranges in the bits of a slot number up to `slots`: a range that fits has no
+        # higher bits, and an enabled job's range fits (it was checked when the job was
+        # enabled and is fixed while it is).
+        w = bits_for(self.slots)
+        ends = [Signal(w + 1, name=f"job{j}_slot_end") for j in range(J)]
+        fits = []
         for j, job in enumerate(jobs):
-            m.d.comb += ends[j].eq(job.slot_base + job.slot_count)
+            m.d.comb += ends[j].eq(job.slot_base[:w] + job.slot_count[:w])
+            fits.append((job.slot_base[w:] == 0) & (job.slot_count[w:] == 0)
+                        & (ends[j] <= self.slots))
         shares = {}             # (j, k), j < k: the two jobs' ranges share a slot
         for j in range(J):
             for k in range(j + 1, J):
                 a, b = jobs[j], jobs[k]
-                shares[j, k] = ((a.slot_count != 0) & (b.slot_count != 0)
-                                & (a.slot_base < ends[k]) & (b.slot_base < ends[j]))
+                shares[j, k] = ((a.slot_count[:w] != 0) & (b.slot_count[:w] != 0)
+                                & (a.slot_base[:w] < ends[k]) & (b.slot_base[:w] < ends[j]))
         for j, job in enumerate(jobs):
             m.d.sync += job_ok[j].eq(~job.enable | (source == owners[j]) | by_manager)
             taken = [jobs[k].enable & shares[min(j, k), max(j, k)] for k in range(J) if k != j]
-            m.d.sync += range_ok[j].eq((ends[j] <= self.slots) & ~Cat(Const(0), *taken).any())
-        return switch_ok, job_ok, entry_ok, range_ok
+            m.d.sync += range_ok[j].eq(fits[j] & ~Cat(Const(0), *taken).any())
+        return switch_ok, job_ok, range_ok
 
-    @staticmethod
-    def _job_address(m, addr):
-        """An address's offset from JOB_BASE, and the job and the worker rank it names when
-        it is in the jobs' part of the map: JOB_BASE + job * JOB_STRIDE + WORKER_BASE
-        + rank * WORKER_STRIDE + field."""
-        assert R.JOB_STRIDE == 0x200 and R.WORKER_STRIDE == 8 and R.WORKER_BASE % 8 == 0
-        in_job = Signal(16)
-        m.d.comb += in_job.eq(addr - R.JOB_BASE)
-        return in_job, in_job[9:13], in_job[3:9] - (R.WORKER_BASE >> 3)
+    def _decode(self, addr) -> "RecordAddress":
+        """Where a record's address falls in the jobs' blocks, the workers' entries and the
+        heartbeats, from `hw.regmap`'s bases and strides."""
+        job_inside, job, offset = _region(addr, R.JOB_BASE, R.JOB_STRIDE, self.jobs)
+        below_entries = offset < R.WORKER_BASE
+        entry_inside, rank, field = _region(offset, R.WORKER_BASE, R.WORKER_STRIDE,
+                                            self.max_workers)
+        beat_inside, beat_job, beat_rank = _region(addr, R.BEAT_BASE, R.BEAT_STRIDE, self.jobs)
+        return RecordAddress(
+            in_block=job_inside & (below_entries | entry_inside),
+            in_entry=job_inside & ~below_entries & entry_inside,
+            job=job, rank=rank, field=field,
+            in_beats=beat_inside & (beat_rank < self.max_workers),
+            beat=beat_job * self.max_workers + beat_rank)
 
-    def _workers(self, m, write, allowed, in_job, job, rank):
+    def _workers(self, m, write, source, job_allowed, at):
         """The workers' entries: a LUT RAM with an asynchronous read port for each reader and
         one for records (a record rewrites the field it addresses in the whole entry), and
         each worker's port and IP in flip-flops beside it; and the heartbeats. `write`: a
-        record writes; `allowed`: it may write the entry it addresses (heartbeats take every
-        write); `in_job`, `job`, `rank`: its address decoded."""
+        record writes; `source`: the request's source address; `job_allowed`: it may write the
+        block of the job it addresses; `at`: its address decoded. Returns whether it may
+        write the entry it addresses as the entry's own: the entry holds no address, or the
+        request's (read from the entry, so that one comparator serves every entry).
+        Heartbeats take every write."""
         MW, entries = self.max_workers, self.jobs * self.max_workers
         m.submodules.workers = table = Memory(shape=WORKER, depth=max(entries, 2), init=[])
         table_wr = table.write_port()
@@ -326,12 +342,12 @@ class Control(wiring.Component):
             m.d.comb += [reader.addr.eq(self.readers[i].at),
                          self.readers[i].worker.eq(reader.data)]
 
-        addr, wdata = self.records.record.addr, self.records.record.wdata
-        offset = in_job[:3]
-        hit = ((addr >= R.JOB_BASE) & (in_job[13:] == 0) & (job < self.jobs)
-               & (in_job[:9] >= R.WORKER_BASE) & (rank < MW))
+        wdata = self.records.record.wdata
         index = Signal(range(max(entries, 2)))
-        m.d.comb += [index.eq(job * MW + rank), table_rd.addr.eq(index)]
+        m.d.comb += [index.eq(at.job * MW + at.rank), table_rd.addr.eq(index)]
+        old, new = table_rd.data, Signal(WORKER)
+        entry_ok = (old.ip == 0) | (old.ip == source)
+        allowed = at.in_entry & (job_allowed | entry_ok)
 
         def fields(w):
             return {
@@ -345,18 +361,13 @@ class Control(wiring.Component):
         m.submodules.beats = beats = Memory(shape=32, depth=max(entries, 2), init=[])
         beat_wr = beats.write_port()
         beat_rd = beats.read_port(transparent_for=(beat_wr,))
-        assert R.BEAT_BASE % 0x200 == 0 and R.BEAT_STRIDE == 32 and 16 * R.BEAT_STRIDE == 0x200
-        beat_job, beat_rank = addr[5:9], addr[:5]
-        beat_hit = ((addr[9:16] == R.BEAT_BASE >> 9) & (beat_job < self.jobs)
-                    & (beat_rank < MW))
-        m.d.comb += beat_rd.addr.eq(beat_job * MW + beat_rank)
-        with m.If(beat_hit):
+        m.d.comb += beat_rd.addr.eq(at.beat)
+        with m.If(at.in_beats):
             m.d.comb += self.records.rdata.eq(beat_rd.data)
 
         # Written in the record's first cycle, read back (from the new entry) in its second.
         # After a reset, every entry and heartbeat is first written 0, one a cycle; records
         # wait (`ready`).
-        old, new = table_rd.data, Signal(WORKER)
         wiping = Signal(init=1)
         wiped = Signal(range(max(entries, 2)))
         m.d.comb += [new.eq(old), self.records.ready.eq(~wiping)]
@@ -368,11 +379,11 @@ class Control(wiring.Component):
                 m.d.sync += wiping.eq(0)
         with m.Else():
             m.d.comb += [table_wr.addr.eq(index), table_wr.data.eq(new),
-                         table_wr.en.eq(write & allowed & hit),
+                         table_wr.en.eq(write & allowed),
                          beat_wr.addr.eq(beat_rd.addr), beat_wr.data.eq(wdata),
-                         beat_wr.en.eq(write & beat_hit)]
-        with m.If(hit):
-            with m.Switch(offset):
+                         beat_wr.en.eq(write & at.in_beats)]
+        with m.If(at.in_entry):
+            with m.Switch(at.field):
                 for number, field in fields(old).items():
                     with m.Case(number):
                         m.d.comb += [self.records.rdata.eq(field), fields(new)[number].eq(wdata)]
@@ -380,9 +391,43 @@ class Control(wiring.Component):
         for i in range(entries):
             port, ip = Signal(4, name=f"worker{i}_port"), Signal(32, name=f"worker{i}_ip")
             m.d.comb += [self.table.worker_port[i].eq(port), self.table.worker_ip[i].eq(ip)]
-            with m.If(write & allowed & hit & (index == i)):
-                with m.If(offset == R.WORKER_PORT):
+            with m.If(write & allowed & (index == i)):
+                with m.If(at.field == R.WORKER_PORT):
                     m.d.sync += port.eq(wdata[16:20])
-                with m.If(offset == R.WORKER_IP):
+                with m.If(at.field == R.WORKER_IP):
                     m.d.sync += ip.eq(wdata)
+        return entry_ok
 
+
+@dataclasses.dataclass(frozen=True)
+class RecordAddress:
+    """A record's address decoded (Amaranth values): in a job's block (its registers or a
+    worker entry of a rank it may have), in a worker entry; the job, the rank and the entry's
+    field it names; in the heartbeats, and the heartbeat's index (job * max_workers + rank)."""
+    in_block: Value
+    in_entry: Value
+    job: Value
+    rank: Value
+    field: Value
+    in_beats: Value
+    beat: Value
+
+
+def _region(addr: Value, base: int, stride: int, count: int) -> tuple[Value, Value, Value]:
+    """Whether `addr` is in `count` blocks of `stride` (a power of 2) words from `base`, which
+    block, and the offset in it. On a base aligned to the blocks' span, a slice of the
+    address's bits; else the block number is the address's high bits less base's."""
+    shift, bits = exact_log2(stride), ceil_log2(count)
+    if base % stride:
+        raise ValueError(f"{base:#x} is not a multiple of its stride {stride:#x}")
+    if base % (stride << bits) == 0:
+        high = addr[shift + bits:]
+        number = addr[shift: shift + bits]
+        inside = (high == base >> (shift + bits)) & (number < count)
+    else:
+        number = (addr[shift:] - (base >> shift))[:len(addr) - shift]
+        inside = number < count
+        if (base >> shift) + count > 1 << (len(addr) - shift):
+            raise ValueError(f"{count} blocks of {stride:#x} from {base:#x} pass the address")
+        number = number[:bits]
+    return inside, number, addr[:shift]
