@@ -8,34 +8,37 @@ entries (MAC, IP, UDP port, QPN, R_Key, base address) are in LUT RAM, one copy p
 (`readers`, each a `WorkerRead`: `at` -> `worker`, asynchronous): a wide table in flip-flops
 behind several read muxes is what the boards' routing could not fit. Each worker's switch
 port and IP are also kept in flip-flops (`table.worker_port`, `table.worker_ip`), for the
-aggregator's checks. After a reset the entries are written 0 one per cycle, and records wait
-for `records.ready`. Each job also counts the uses it completed (`completed`, the base of its
+aggregator's checks. Each job also counts the uses it completed (`completed`, the base of its
 credit limit), reset by a write of its CONFIG, which also raises `table.cleared` for the
 aggregator to clear the job's slots. Its KEY, the R_Key its contributions must carry, is
 written and never read back (a read gives 0); its EPOCH is read and written. The switch's
 own addresses are shown on `addresses`, the priority-drop thresholds (one per priority
-class) on `thresholds` for the ingress ports. The ranks' heartbeats (BEAT registers, one
-32-bit word per job and rank) are in a small memory (one block RAM at most) that only
-records read and write: no stage of the datapath looks at them.
+class) on `thresholds` for the ingress ports.
 
-Counters count pulses from the stages (`port_events`, `job_events`, `results`) and the
-packet queues' drops (`queue_dropped`); all are 32 bits and wrap, and live in a block RAM
-(`hw.counters.CounterBank`), not in flip-flops behind a read mux. A record is applied in the
-cycle `record.en` is high; `rdata` shows the addressed register combinationally, except that
-a counter's value comes in the cycle after its record is applied, with every event up to
-that cycle: the aggregator holds a record's address for two cycles (apply, then read back).
-A heartbeat's value also comes in the cycle after (the memory's read is synchronous and sees
-the record's write).
+A record is applied in the cycle `record.en` is high, and `rdata` shows the addressed
+register in the next, the record's second (the aggregator holds a record's address for two
+cycles: apply, then read back). Counters count pulses from the stages (`port_events`,
+`job_events`, `results`) and the packet queues' drops (`queue_dropped`); all are 32 bits and
+wrap, and live in a block RAM (`hw.counters.CounterBank`), not in flip-flops behind a read
+mux: a counter's value comes with every event up to the cycle its record is applied. The
+ranks' heartbeats (BEAT registers, one 32-bit word per job and rank) are in another block
+RAM, the store, that only records read and write: no stage of the datapath looks at them.
+The store also keeps a copy of each register that reads back what was last written to it
+(the switch's addresses, the manager, the thresholds, the jobs' slot ranges, credits,
+quorums, epochs and deadlines), so that their reads come from one memory port, not from a wide mux
+over their flip-flops. After a reset, the worker entries and the store's words are written
+(0, or a copy's reset value) one per cycle, and records wait for `records.ready`.
 
 Who may write (`hw.regmap`'s rules): the request's source IPv4 address (`request_sources`,
 each port's ingress holds it for the request it has in flight, taken by `request_port`) is
-compared with the manager (REG_MANAGER), each job's owner (JOB_OWNER) and each worker
-entry's IPv4 address, and each job's slot range with the switch's slots and every other
-enabled job's (`jobs` * (`jobs` - 1) / 2 pairs of comparators), in the cycle before a record
-is applied: records come at most every other cycle, so each is judged on what the ones
-before it wrote, and the judgement is a register that only selects which writes take effect.
-A refused write leaves the register as it was and counts `control_denied` (the request's
-port) or `config_refused` (the job).
+compared with the manager (REG_MANAGER) and each job's owner (JOB_OWNER), and each job's
+slot range with the switch's slots and every other enabled job's (`jobs` * (`jobs` - 1) / 2
+pairs of comparators, in the bits of a slot number), in the cycle before a record is
+applied: records come at most every other cycle, so each is judged on what the ones before
+it wrote, and the judgement is a register that only selects which writes take effect. A
+worker entry's own address is compared in the record's cycle, read from the entry the
+record addresses (one comparator for every entry). A refused write leaves the register as
+it was and bumps `control_denied` (the request's port) or `config_refused` (the job).
 """
 
 import dataclasses
@@ -90,8 +93,8 @@ def JobTable(jobs: int, max_workers: int) -> wiring.Signature:
 def RecordPort(ports: int) -> wiring.Signature:
     """Records applied to the registers, from the side that applies them (the aggregator):
     `record` is applied in the cycle its `en` is high, if `ready`; `rdata` shows the
-    addressed register (a counter's value, the cycle after); `request_port` is the port of
-    the control request being served (register PORT)."""
+    addressed register in the cycle after; `request_port` is the port of the control
+    request being served (register PORT)."""
     return wiring.Signature({
         "record": Out(data.StructLayout({"en": 1, "write": 1, "addr": 16, "wdata": 32})),
         "request_port": Out(range(max(ports, 2))),
@@ -139,7 +142,12 @@ class Control(wiring.Component):
         manager = Signal(32)
         owners = [Signal(32, name=f"job{j}_owner") for j in range(self.jobs)]
 
-        # Registers and their addresses: (address, value, writable field or None).
+        jobs = [Signal(JOB, name=f"job{j}") for j in range(self.jobs)]
+        # Who may write what, judged in the cycle before a record is applied (`_judge`).
+        source = Signal(32)             # the request's source IPv4 address
+        m.d.comb += source.eq(Array(self.request_sources)[self.records.request_port])
+        switch_ok, job_ok, range_ok = self._judge(m, source, manager, owners, jobs)
+
         udp_sport = Signal(16, init=0xC000)
         m.d.comb += self.addresses.udp_sport.eq(udp_sport)
         mac, ip = Signal(48, init=self.reset_mac), Signal(32, init=self.reset_ip)
@@ -147,44 +155,39 @@ class Control(wiring.Component):
         params = ((self.ports << 24) | (self.jobs << 16) | (self.max_workers << 8)
                   | (self.width // 64))
         regs = [
-            (R.REG_MAGIC, Const(R.MAGIC, 32), None),
-            (R.REG_PARAMS, Const(params, 32), None),
-            (R.REG_SLOTS, Const(self.slots, 32), None),
-            (R.REG_MAX_PAYLOAD, Const(self.max_payload, 32), None),
-            (R.REG_MAC_HI, mac[32:], mac[32:]),
-            (R.REG_MAC_LO, mac[:32], mac[:32]),
-            (R.REG_IP, ip, ip),
-            (R.REG_UDP_SPORT, udp_sport, udp_sport),
-            (R.REG_PORT, self.records.request_port, None),
-            (R.REG_MANAGER, manager, manager),
+            Register(R.REG_MAGIC, Const(R.MAGIC, 32)),
+            Register(R.REG_PARAMS, Const(params, 32)),
+            Register(R.REG_SLOTS, Const(self.slots, 32)),
+            Register(R.REG_MAX_PAYLOAD, Const(self.max_payload, 32)),
+            Register(R.REG_MAC_HI, mac[32:], mac[32:], switch_ok, copy=self.reset_mac >> 32),
+            Register(R.REG_MAC_LO, mac[:32], mac[:32], switch_ok,
+                     copy=self.reset_mac & 0xFFFF_FFFF),
+            Register(R.REG_IP, ip, ip, switch_ok, copy=self.reset_ip),
+            Register(R.REG_UDP_SPORT, udp_sport, udp_sport, switch_ok, copy=udp_sport.init),
+            Register(R.REG_PORT, self.records.request_port),
+            Register(R.REG_MANAGER, manager, manager, switch_ok, copy=0),
         ]
         for c in range(R.PRIORITY_CLASSES):
             threshold = Signal(16, init=R.NEVER_DROP, name=f"threshold{c}")
             m.d.comb += self.thresholds[c].eq(threshold)
-            regs.append((R.drop_threshold(c), threshold, threshold))
-        jobs = [Signal(JOB, name=f"job{j}") for j in range(self.jobs)]
-        # Who may write what, judged in the cycle before a record is applied (`_judge`).
-        source = Signal(32)             # the request's source IPv4 address
-        m.d.comb += source.eq(Array(self.request_sources)[self.records.request_port])
-        switch_ok, job_ok, range_ok = self._judge(m, source, manager, owners, jobs)
-        # (address, value, writable field or None, who may write it, whether it is fixed)
-        regs = [(addr, value, field, switch_ok, Const(0)) for addr, value, field in regs]
+            regs.append(Register(R.drop_threshold(c), threshold, threshold, switch_ok,
+                                 copy=R.NEVER_DROP))
         refused = Signal(self.jobs)         # config_refused, by job
         for j, job in enumerate(jobs):
             m.d.comb += self.table.job[j].eq(job)
+            ok = job_ok[j]
             regs += [
-                (R.job_reg(j, R.JOB_SLOT_BASE), job.slot_base, job.slot_base, job_ok[j],
-                 job.enable),
-                (R.job_reg(j, R.JOB_SLOT_COUNT), job.slot_count, job.slot_count, job_ok[j],
-                 job.enable),
-                (R.job_reg(j, R.JOB_CREDITS), job.credits, job.credits, job_ok[j], Const(0)),
-                (R.job_reg(j, R.JOB_QUORUM), job.quorum, job.quorum, job_ok[j], Const(0)),
-                (R.job_reg(j, R.JOB_COMPLETED), job.completed, None, job_ok[j], Const(0)),
-                (R.job_reg(j, R.JOB_EPOCH), job.epoch, job.epoch, job_ok[j], Const(0)),
-                (R.job_reg(j, R.JOB_KEY), Const(0, 32), job.key, job_ok[j],   # no read learns it
-                 Const(0)),
-                (R.job_reg(j, R.JOB_OWNER), owners[j], None, job_ok[j], Const(0)),
-                (R.job_reg(j, R.JOB_DEADLINE), job.deadline, job.deadline, job_ok[j], Const(0)),
+                Register(R.job_reg(j, R.JOB_SLOT_BASE), job.slot_base, job.slot_base, ok,
+                         job.enable, copy=0),
+                Register(R.job_reg(j, R.JOB_SLOT_COUNT), job.slot_count, job.slot_count, ok,
+                         job.enable, copy=0),
+                Register(R.job_reg(j, R.JOB_CREDITS), job.credits, job.credits, ok, copy=0),
+                Register(R.job_reg(j, R.JOB_QUORUM), job.quorum, job.quorum, ok, copy=0),
+                Register(R.job_reg(j, R.JOB_COMPLETED), job.completed),
+                Register(R.job_reg(j, R.JOB_EPOCH), job.epoch, job.epoch, ok, copy=0),
+                Register(R.job_reg(j, R.JOB_KEY), Const(0, 32), job.key, ok),  # no read learns it
+                Register(R.job_reg(j, R.JOB_OWNER), owners[j]),
+                Register(R.job_reg(j, R.JOB_DEADLINE), job.deadline, job.deadline, ok, copy=0),
             ]
             with m.If(self.job_events[j][JOB_EVENTS.index("completed")]):
                 m.d.sync += job.completed.eq(job.completed + 1)
@@ -195,7 +198,19 @@ class Control(wiring.Component):
         # manager other than the requester is set, is denied.
         at = self._decode(rec.addr)
         job_allowed = Array(job_ok)[at.job] if self.jobs > 1 else job_ok[0]
-        entry_ok = self._workers(m, write, source, job_allowed, at)
+        # After a reset, every worker entry and every word of the store is first written
+        # (0, or the reset value of the register it copies), one a cycle; records wait.
+        copies = [r for r in regs if r.copy is not None]
+        entries = self.jobs * self.max_workers
+        depth = max(entries + len(copies), 2)
+        wiping = Signal(init=1)
+        wiped = Signal(range(depth))
+        m.d.comb += self.records.ready.eq(~wiping)
+        with m.If(wiping):
+            m.d.sync += wiped.eq(wiped + 1)
+            with m.If(wiped == depth - 1):
+                m.d.sync += wiping.eq(0)
+        entry_ok = self._workers(m, write, source, job_allowed, at, wiping, wiped)
         block_ok = job_allowed | (at.in_entry & entry_ok)
         denied, switch_denied = Signal(), Signal()      # the latter set by the records below
         m.d.comb += denied.eq((write & at.in_block & ~block_ok) | switch_denied)
@@ -224,14 +239,13 @@ class Control(wiring.Component):
                     step = (self.results[j] if name == "results"
                             else self.job_events[j][JOB_EVENTS.index(name)])
                     m.d.comb += counters.step[16 * (self.ports + j) + k].eq(step)
-        assert R.PORT_COUNTERS_STRIDE == R.JOB_COUNTERS_STRIDE == 0x20
-        assert R.PORT_COUNTERS_BASE % 0x2000 == 0 and R.JOB_COUNTERS_BASE % 0x2000 == 0
-        addr = rec.addr
-        group, number = addr[5:13], addr[:5]
-        port_counter = ((addr[13:16] == R.PORT_COUNTERS_BASE >> 13) & (group < self.ports)
-                        & (number < len(R.PORT_COUNTERS)))
-        job_counter = ((addr[13:16] == R.JOB_COUNTERS_BASE >> 13) & (group < self.jobs)
-                       & (number < len(R.JOB_COUNTERS)))
+        assert max(len(R.PORT_COUNTERS), len(R.JOB_COUNTERS)) <= 16
+        in_ports, port, number = _region(rec.addr, R.PORT_COUNTERS_BASE,
+                                         R.PORT_COUNTERS_STRIDE, self.ports)
+        in_jobs, job, job_number = _region(rec.addr, R.JOB_COUNTERS_BASE,
+                                           R.JOB_COUNTERS_STRIDE, self.jobs)
+        port_counter = in_ports & (number < len(R.PORT_COUNTERS))
+        job_counter = in_jobs & (job_number < len(R.JOB_COUNTERS))
         refusing = refused.any()        # a record refused: denied (by port) or refused (by job)
         m.d.comb += [
             counters.read.eq((rec.en & (port_counter | job_counter)) | denied | refusing),
@@ -241,24 +255,35 @@ class Control(wiring.Component):
                             self.records.request_port),
                 Mux(refusing, Cat(Const(R.JOB_COUNTERS.index("config_refused"), 4),
                                   at.job + self.ports),
-                    Cat(number[:4], Mux(port_counter, group, group + self.ports))))),
+                    Mux(port_counter, Cat(number[:4], port),
+                        Cat(job_number[:4], job + self.ports))))),
         ]
 
-        # Records: read any register; write the writable ones.
+        # Records: read any register; write the writable ones. The store holds the
+        # heartbeats (at job * max_workers + rank) and, after them, the copies.
+        store_at, store_data = Signal(range(depth)), Signal(32)
+        store_en, from_store = Signal(), Signal()
+        m.d.comb += [store_at.eq(at.beat), store_data.eq(rec.wdata),
+                     store_en.eq(write & at.in_beats), from_store.eq(at.in_beats)]
         with m.If(port_counter | job_counter):
             m.d.comb += self.records.rdata.eq(counters.data)
         with m.Switch(rec.addr):
-            for addr, value, field, allowed, fixed in regs:
-                with m.Case(addr):
-                    m.d.comb += self.records.rdata.eq(value)
-                    if field is not None:
-                        with m.If(write & allowed & ~fixed):
-                            m.d.sync += field.eq(rec.wdata)
-                        if addr >= R.JOB_BASE:
-                            j = (addr - R.JOB_BASE) // R.JOB_STRIDE
-                            m.d.comb += refused[j].eq(write & allowed & fixed)
+            for r in regs:
+                with m.Case(r.addr):
+                    if r.copy is None:
+                        m.d.comb += self.records.rdata.eq(r.value)
+                    else:
+                        m.d.comb += [store_at.eq(entries + copies.index(r)), from_store.eq(1),
+                                     store_data.eq(rec.wdata[:len(r.field)]),
+                                     store_en.eq(write & r.allowed & ~r.fixed)]
+                    if r.field is not None:
+                        with m.If(write & r.allowed & ~r.fixed):
+                            m.d.sync += r.field.eq(rec.wdata)
+                        if r.addr >= R.JOB_BASE:
+                            j = (r.addr - R.JOB_BASE) // R.JOB_STRIDE
+                            m.d.comb += refused[j].eq(write & r.allowed & r.fixed)
                         else:
-                            m.d.comb += switch_denied.eq(write & ~allowed)
+                            m.d.comb += switch_denied.eq(write & ~r.allowed)
             for j, job in enumerate(jobs):
                 with m.Case(R.job_reg(j, R.JOB_CONFIG)):
                     m.d.comb += self.records.rdata.eq(Cat(job.workers, Const(0, 25), job.enable))
@@ -274,6 +299,24 @@ class Control(wiring.Component):
                             owners[j].eq(Mux(enabling, Mux(job.enable, owners[j], source), 0)),
                         ]
                         m.d.comb += [self.table.cleared.eq(1), self.table.cleared_job.eq(j)]
+        # The store's word comes in the record's second cycle: the word as it was, or what
+        # the record wrote, which the record still holds then (a block RAM's read port that
+        # sees its write port's word would take a register of the word written).
+        inits = [0] * entries + [r.copy for r in copies]
+        inits += [0] * (depth - len(inits))
+        m.submodules.store = store = Memory(shape=32, depth=depth, init=inits,
+                                            attrs={"ram_style": "block"})
+        store_wr = store.write_port()
+        store_rd = store.read_port()
+        stored = Signal()           # the record wrote its word in the cycle before
+        m.d.sync += stored.eq(store_en)
+        m.d.comb += [store_rd.addr.eq(store_wr.addr),
+                     store_wr.addr.eq(Mux(wiping, wiped, store_at)),
+                     store_wr.data.eq(Mux(wiping, Array(Const(v, 32) for v in inits)[wiped],
+                                         store_data)),
+                     store_wr.en.eq(wiping | store_en)]
+        with m.If(from_store):
+            m.d.comb += self.records.rdata.eq(Mux(stored, store_data, store_rd.data))
         return m
 
     def _judge(self, m, source, manager, owners, jobs):
@@ -324,15 +367,15 @@ class Control(wiring.Component):
             in_beats=beat_inside & (beat_rank < self.max_workers),
             beat=beat_job * self.max_workers + beat_rank)
 
-    def _workers(self, m, write, source, job_allowed, at):
+    def _workers(self, m, write, source, job_allowed, at, wiping, wiped):
         """The workers' entries: a LUT RAM with an asynchronous read port for each reader and
         one for records (a record rewrites the field it addresses in the whole entry), and
-        each worker's port and IP in flip-flops beside it; and the heartbeats. `write`: a
-        record writes; `source`: the request's source address; `job_allowed`: it may write the
-        block of the job it addresses; `at`: its address decoded. Returns whether it may
-        write the entry it addresses as the entry's own: the entry holds no address, or the
-        request's (read from the entry, so that one comparator serves every entry).
-        Heartbeats take every write."""
+        each worker's port and IP in flip-flops beside it. `write`: a record writes;
+        `source`: the request's source address; `job_allowed`: it may write the block of the
+        job it addresses; `at`: its address decoded; `wiping`, `wiped`: the entry written 0
+        after a reset. Returns whether the record may write the entry it addresses as the
+        entry's own: the entry holds no address, or the request's (read from the entry, so
+        that one comparator serves every entry)."""
         MW, entries = self.max_workers, self.jobs * self.max_workers
         m.submodules.workers = table = Memory(shape=WORKER, depth=max(entries, 2), init=[])
         table_wr = table.write_port()
@@ -356,32 +399,14 @@ class Control(wiring.Component):
                 R.WORKER_RKEY: w.rkey, R.WORKER_VA_HI: w.va[32:], R.WORKER_VA_LO: w.va[:32],
             }
 
-        # The heartbeats: BEAT_BASE + job * BEAT_STRIDE + rank, a word each, read a cycle after
-        # the record (the read sees the record's write).
-        m.submodules.beats = beats = Memory(shape=32, depth=max(entries, 2), init=[])
-        beat_wr = beats.write_port()
-        beat_rd = beats.read_port(transparent_for=(beat_wr,))
-        m.d.comb += beat_rd.addr.eq(at.beat)
-        with m.If(at.in_beats):
-            m.d.comb += self.records.rdata.eq(beat_rd.data)
-
         # Written in the record's first cycle, read back (from the new entry) in its second.
-        # After a reset, every entry and heartbeat is first written 0, one a cycle; records
-        # wait (`ready`).
-        wiping = Signal(init=1)
-        wiped = Signal(range(max(entries, 2)))
-        m.d.comb += [new.eq(old), self.records.ready.eq(~wiping)]
+        # The wipe covers the entries first (the store it also wipes is at least as deep).
+        m.d.comb += new.eq(old)
         with m.If(wiping):
-            m.d.comb += [table_wr.addr.eq(wiped), table_wr.data.eq(0), table_wr.en.eq(1),
-                         beat_wr.addr.eq(wiped), beat_wr.data.eq(0), beat_wr.en.eq(1)]
-            m.d.sync += wiped.eq(wiped + 1)
-            with m.If(wiped == max(entries, 2) - 1):
-                m.d.sync += wiping.eq(0)
+            m.d.comb += [table_wr.addr.eq(wiped), table_wr.data.eq(0), table_wr.en.eq(1)]
         with m.Else():
             m.d.comb += [table_wr.addr.eq(index), table_wr.data.eq(new),
-                         table_wr.en.eq(write & allowed),
-                         beat_wr.addr.eq(beat_rd.addr), beat_wr.data.eq(wdata),
-                         beat_wr.en.eq(write & at.in_beats)]
+                         table_wr.en.eq(write & allowed)]
         with m.If(at.in_entry):
             with m.Switch(at.field):
                 for number, field in fields(old).items():
@@ -399,7 +424,22 @@ class Control(wiring.Component):
         return entry_ok
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
+class Register:
+    """A register as Control keeps it: its address and what a read shows (`value`); the
+    field a write sets (None: read only), whether the request may write it (`allowed`) and
+    whether it is fixed now (`fixed`: the write is refused and counted); and `copy`, when a
+    read shows the store's copy of the field as last written instead (its reset value), or
+    None."""
+    addr: int
+    value: Value
+    field: Value | None = None
+    allowed: Value = dataclasses.field(default_factory=lambda: Const(1))
+    fixed: Value = dataclasses.field(default_factory=lambda: Const(0))
+    copy: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class RecordAddress:
     """A record's address decoded (Amaranth values): in a job's block (its registers or a
     worker entry of a rank it may have), in a worker entry; the job, the rank and the entry's
