@@ -25,9 +25,9 @@ ranks' heartbeats (BEAT registers, one 32-bit word per job and rank) are in anot
 RAM, the store, that only records read and write: no stage of the datapath looks at them.
 The store also keeps a copy of each register that reads back what was last written to it
 (the switch's addresses, the manager, the thresholds, the jobs' slot ranges, credits,
-quorums, epochs and deadlines), so that their reads come from one memory port, not from a wide mux
-over their flip-flops. After a reset, the worker entries and the store's words are written
-(0, or a copy's reset value) one per cycle, and records wait for `records.ready`.
+quorums, epochs and deadlines), so that their reads come from one memory port, not from a
+wide mux over their flip-flops. After a reset, the worker entries and the store's words are
+written (0, or a copy's reset value) one per cycle, and records wait for `records.ready`.
 
 Who may write (`hw.regmap`'s rules): the request's source IPv4 address (`request_sources`,
 each port's ingress holds it for the request it has in flight, taken by `request_port`) is
