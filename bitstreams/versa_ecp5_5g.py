@@ -10,12 +10,12 @@ per-packet cycles, and the core's deepest paths (43 MHz after placement) meet it
 
 Size: one job of up to four workers, 64 slots (as many as the block RAM allows: each 16
 slots of 1 KB payloads take about 17 of the 108 block RAMs), 16 header entries per ingress
-queue, the ICRC in the MACs: 19,505 LUT4 positions of 43,848 (44 %), 12,022 flip-flops,
-94 block RAMs. Every clock meets its constraint after routing (core 43.1 MHz against 25,
-eth_tx 190.6, eth0_rx 219.4, eth1_rx 238.0 against 125). Routing takes router2 467 passes
-with its alternative weights and a present-congestion weight that grows by 0.05 a pass
-(``router2/currCongWeightMult``, a setting `bitstreams.build` writes into the netlist).
-The build takes about 10 minutes on 2 cores shared with other jobs.
+queue, the ICRC in the MACs: 19,905 LUT4 positions of 43,848 (45 %), 12,102 flip-flops,
+95 block RAMs (2026-11-24). Every clock meets its constraint after routing (core 46.0 MHz
+against 25, eth_tx 205.4, eth0_rx 194.7, eth1_rx 232.5 against 125). Routing takes router2
+335 passes with its alternative weights and a present-congestion weight that grows by 0.05 a
+pass (``router2/currCongWeightMult``, a setting `bitstreams.build` writes into the netlist).
+The build takes about 13 minutes on 2 cores shared with other jobs.
 """
 
 from amaranth_boards.versa_ecp5_5g import VersaECP55GPlatform
