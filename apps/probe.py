@@ -3,7 +3,7 @@
 It reads, through the control path, whether the switch answers and how fast, its magic, its
 parameters (ports, jobs, workers per job, slots, largest payload, datapath width), its own
 addresses (the source of results), the switch port this host's requests come in by, its
-manager, each job's configuration (its owner and epoch too; its key is never read) and its
+manager, each job's configuration (its owner, epoch and deadline too; its key is never read), its
 ranks' heartbeats (BEAT, `host.liveness`), and every port and job counter; and prints them as tables
 (`--json`: one object). `sources(url)` finds, among this host's addresses, one per switch
 port it reaches (how `netagg demo` puts nodes on every cabled port).
@@ -25,7 +25,7 @@ JOB_FIELDS = (("config", W.JOB_CONFIG), ("slot_base", W.JOB_SLOT_BASE),
               ("slot_count", W.JOB_SLOT_COUNT), ("credits", W.JOB_CREDITS),
               ("quorum", W.JOB_QUORUM), ("completed", W.JOB_COMPLETED),
               ("epoch", W.JOB_EPOCH),    # its KEY reads 0: no control read learns it
-              ("owner", W.JOB_OWNER))
+              ("owner", W.JOB_OWNER), ("deadline", W.JOB_DEADLINE))
 
 
 def probe(url: str, timeout: float = 3.0) -> dict:
@@ -97,7 +97,7 @@ def print_probe(report: dict, console) -> None:
         + f"\nmanager: {report['manager'] or 'none (the first write of REG_MANAGER sets it)'}")
     jobs = Table(title="jobs")
     columns = ("enabled", "owner", "workers", "slot_base", "slot_count", "credits", "quorum",
-               "completed", "epoch")
+               "completed", "epoch", "deadline")
     for col in ("job", *columns, "beats (by rank)"):
         jobs.add_column(col, justify="right")
     for j, job in report["jobs"].items():

@@ -170,22 +170,24 @@ class JobSetup:
 
     # --- the other ranks ----------------------------------------------------------------
 
-    def rank_check(self, expected_credits: int | None, expected_quorum: int) -> JoinCheck:
+    def rank_check(self, expected_credits: int | None, expected_quorum: int,
+                   expected_deadline: int = 0) -> JoinCheck:
         """A rank other than 0: its wait for rank 0's configuration (an epoch whose tag its
         entry's R_Key is), its entry's write, and `accept` returning `Engine.set_job`'s
-        arguments, the keys derived from the epoch among them."""
+        arguments, the keys derived from the epoch among them. A credit count, quorum or
+        deadline (ticks) this rank asks for (not None, not 0) must be rank 0's."""
         j, r = self.job, self.rank
         reads = [(self._reg(W.JOB_CONFIG), 0), (self._reg(W.JOB_SLOT_COUNT), 0),
                  (self._reg(W.JOB_CREDITS), 0), (self._reg(W.JOB_QUORUM), 0),
                  (self._reg(W.JOB_COMPLETED), 0), (self._reg(W.JOB_EPOCH), 0),
                  (self._rkey(r), 0), (W.worker_reg(j, r, W.WORKER_IP), 0),
-                 (self._reg(W.JOB_OWNER), 0)]
+                 (self._reg(W.JOB_OWNER), 0), (self._reg(W.JOB_DEADLINE), 0)]
         check = JoinCheck(reads, None, f"job {j} was not configured for this run by its rank 0")
         ip = next(v for a, v in self.entry if a == W.worker_reg(j, r, W.WORKER_IP))
         written = []                    # this rank wrote its entry into this run's job
 
         def look(values):
-            cfg, n, cred, quo, completed, epoch, rkey, held, owner = values
+            cfg, n, cred, quo, completed, epoch, rkey, held, owner, deadline = values
             keys = JobKeys.derive(self.session, j, epoch)
             enabled = bool(cfg >> 31)
             if rkey != keys.tag or not enabled:     # not (yet) configured by this session
@@ -203,11 +205,12 @@ class JobSetup:
                 raise NetaggError(f"job {j} was configured as {cfg:#x} by rank 0 of this "
                                   f"session, this worker expects {self.config:#x}")
             if (expected_credits is not None and cred != expected_credits) or \
-                    (expected_quorum and quo != expected_quorum):
+                    (expected_quorum and quo != expected_quorum) or \
+                    (expected_deadline and deadline != expected_deadline):
                 raise NetaggError(f"job {j} was configured with credits={cred}, "
-                                  f"quorum={quo} by rank 0 of this session, this worker "
-                                  f"expects credits={expected_credits}, "
-                                  f"quorum={expected_quorum}")
+                                  f"quorum={quo}, deadline={deadline} ticks by rank 0 of this "
+                                  f"session, rank {r} expects credits={expected_credits}, "
+                                  f"quorum={expected_quorum}, deadline={expected_deadline}")
             return {"slots": n, "credits": cred, "quorum": quo, "completed": completed,
                     "keys": keys}
 

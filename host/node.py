@@ -98,10 +98,10 @@ class Region:
 
 class NodeShm:
     def __init__(self, session, node: int, local_rank: int, local_size: int,
-                 timeout: float = 20.0):
+                 timeout: float = 20.0, job: int = 0):
         self.prefix = f"netagg_{zlib.crc32(str(session).encode()):08x}_{node}"
         self.local_rank, self.local_size, self.timeout = local_rank, local_size, timeout
-        self.node = node
+        self.node, self.job = node, job
         size = 3 * 8 * local_size
         name = self.prefix + "_c"
         self.ctl = _create(name, size) if local_rank == 0 else _attach(name, timeout)
@@ -153,24 +153,29 @@ class NodeShm:
                 failed = np.flatnonzero(self.failed == self.epoch).tolist()
                 if failed:
                     raise NetaggError(
-                        f"local workers {failed} of node {self.node} failed in step "
-                        f"{self.epoch} (their own errors say why): the node's result is "
-                        f"incomplete")
+                        f"ranks {self._ranks(failed)} of job {self.job} (local workers "
+                        f"{failed} of node {self.node}) failed in step {self.epoch} (their "
+                        f"own errors say why): the node's result is incomplete")
                 return
             if time.monotonic() > look:
                 look = time.monotonic() + 0.05
                 gone = [int(i) for i in behind if not _alive(int(self.pids[i]))]
                 if gone:
                     raise NetaggError(
-                        f"local workers {gone} of node {self.node} (world ranks "
-                        f"{[self.node * self.local_size + i for i in gone]}) are gone: their "
-                        f"processes ended before step {self.epoch}")
+                        f"ranks {self._ranks(gone)} of job {self.job} (local workers {gone} "
+                        f"of node {self.node}) are gone: their processes ended before step "
+                        f"{self.epoch}")
             if time.monotonic() > deadline:
                 raise NetaggTimeout(
-                    f"local workers {behind.tolist()} of this node did not reach step "
-                    f"{self.epoch} within {self.timeout:.1f} s")
+                    f"ranks {self._ranks(behind.tolist())} of job {self.job} (local workers "
+                    f"{behind.tolist()} of node {self.node}) did not reach step {self.epoch} "
+                    f"within {self.timeout:.1f} s")
             spins += 1
             time.sleep(0 if spins < 100 else 0.0002)
+
+    def _ranks(self, local: list[int]) -> list[int]:
+        """The world ranks of local workers of this node."""
+        return [self.node * self.local_size + int(i) for i in local]
 
     def close(self):
         self.epochs = None

@@ -124,6 +124,7 @@ class Handle:
         self._finish = finish
         self._result = None
         self._done = False
+        self.error = None           # the node's step failed (hierarchical)
 
     def stats(self) -> list[dict]:
         """Per tensor (shard) of this worker: chunks, droppable chunks and droppable packets
@@ -140,6 +141,8 @@ class Handle:
             return self._result
         if self._finish is not None:
             self._finish(self)
+        if self.error is not None:
+            raise self.error
         self.worker._wait_works(self.works, timeout)
         for w in self.works:
             if w.error is not None:
@@ -203,7 +206,8 @@ class Worker:
         self.shm = None
         if local_size > 1:
             from netagg.host.node import NodeShm
-            self.shm = NodeShm(self.session, self.node, self.local_rank, local_size, timeout)
+            self.shm = NodeShm(self.session, self.node, self.local_rank, local_size, timeout,
+                               job)
         self.progress = None        # the background progress of a UDP worker
         if self.engine is not None and transport.driver is not None:
             transport.driver.engines.append(self.engine)
@@ -267,7 +271,7 @@ class Worker:
             e.set_job(count, setup.credits, quorum, keys=keys)
             return True
         e.joined = False
-        e.join_check = setup.rank_check(credits, quorum)
+        e.join_check = setup.rank_check(credits, quorum, self.deadline_ticks)
         return True
 
     def _write(self, pairs):
@@ -399,7 +403,7 @@ class Worker:
             view[...] = np.ascontiguousarray(a).reshape(-1)
         self.shm.arrive()
 
-        def finish(handle):
+        def step(handle):
             while self._pending and self._pending[0] is not handle:
                 self._pending[0].wait()
             self.shm.wait_all()
@@ -434,8 +438,19 @@ class Worker:
                 o.reshape(-1)[...] = region.result(off, a)
             self.shm.arrive()       # everyone has copied out: the region may be reused
             self.shm.wait_all()
-            handle._finish = None
-            self._pending.remove(handle)
+
+        def finish(handle):
+            """The node's step, once: a step that failed stays failed (its handle's `wait`
+            raises its error again) and leaves the worker's pending steps."""
+            try:
+                step(handle)
+            except BaseException as e:
+                handle.error = e
+                raise
+            finally:
+                handle._finish = None
+                if handle in self._pending:
+                    self._pending.remove(handle)
 
         handle = Handle(self, [], outs, single, finish)
         self._pending.append(handle)

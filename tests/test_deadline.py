@@ -198,3 +198,21 @@ def test_the_deadline_is_checked():
     for seconds in (1.01, 2.5, -0.1):
         with pytest.raises(ValueError, match="deadline must be 0..1 s"):
             workers(1, deadline=seconds)
+
+
+def test_a_rank_that_asks_another_deadline_than_rank_0s_is_refused():
+    """Rank 1 asks for a deadline rank 0 did not configure: its join fails naming both."""
+    from netagg.host import Worker
+    from netagg.host.errors import NetaggError
+
+    switch = GoldenSwitch()
+    ws = [Worker(r, 2, switch, session="deadline-check", deadline=d, timeout=5)
+          for r, d in ((0, 0.1), (1, 0.25))]
+    try:
+        handles = [w.allreduce_async(np.ones(8, np.int32)) for w in ws]
+        with pytest.raises(NetaggError, match=r"deadline=13 ticks .* rank 1 expects .*"
+                                              r"deadline=32"):
+            handles[1].wait()
+    finally:
+        for w in ws:
+            w.close()

@@ -361,7 +361,9 @@ def test_killed_rank_is_named_in_a_hierarchical_run(serve_golden):
         assert all(e["event"] == "error" for e in ends), ends
         assert ends[1]["type"] == "NetaggRankGone" and ends[1]["ranks"] == [1], ends[1]
         assert ends[1]["message"].startswith("rank 1 of job 1 is gone"), ends[1]
-        assert "local workers [1] of node 1 (world ranks [3]) are gone" in ends[2]["message"]
-        assert "local workers [1] of node 0 failed" in ends[0]["message"], ends[0]
+        assert "ranks [3] of job 0 (local workers [1] of node 1) are gone" in \
+            ends[2]["message"], ends[2]
+        assert "ranks [1] of job 0 (local workers [1] of node 0) failed" in \
+            ends[0]["message"], ends[0]
         return [e["time"] for e in ends], killed
     named_in_time(scenario)
