@@ -1,7 +1,7 @@
 """One process of `netagg train`: a small CNN on scikit-learn's 8x8 digits, data-parallel with
 torch's DDP, under torchrun, with gloo or with netagg.
 
-    torchrun --nproc-per-node 2 -m apps.torch_train --backend netagg --data digits.npz \\
+    torchrun --nproc-per-node 2 -m netagg.apps.torch_train --backend netagg --data digits.npz \\
         --out run.json [--loss-budget 0.05] [--epochs 15] [--batch 16] [--seed 0]
 
 The data (`digits`): the 1,797 images of `sklearn.datasets.load_digits` (bundled with

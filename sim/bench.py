@@ -50,7 +50,8 @@ def start_server(backend: str, max_workers: int = 8, timeout: float = 120.0,
     call = f"serve_main({backend!r}, max_workers={max_workers}"
     call += f", jobs={jobs})" if jobs else ")"
     proc = subprocess.Popen(
-        [sys.executable, "-c", f"import sys; from sim.serve import serve_main; sys.exit({call})"],
+        [sys.executable, "-c",
+         f"import sys; from netagg.sim.serve import serve_main; sys.exit({call})"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
     line = proc.stdout.readline() if ready else ""

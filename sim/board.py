@@ -282,7 +282,8 @@ def _in_netns(board: str, prefix: str, netns: str) -> int:
         return 1
     _say(f"netagg sim board: network namespace {netns} ({'created' if created else 'existing'})"
          f"; enter it with `ip netns exec {netns} <shell or command>`")
-    call = f"import sys; from sim.board import main; sys.exit(main({board!r}, tap={prefix!r}))"
+    call = (f"import sys; from netagg.sim.board import main; "
+            f"sys.exit(main({board!r}, tap={prefix!r}))")
     command = ["ip", "netns", "exec", netns, sys.executable, "-c", call]
     child = subprocess.Popen(command)
 
