@@ -152,6 +152,7 @@ class _NetaggRank:
             if trial:
                 units = max(1, round(units * comm.seconds / comp.seconds))
         self.start.wait(t)
+        resent = w.counters().get("retransmissions", 0)
         with _Meter() as both:
             handle = w.allreduce_async(x)
             _compute(compute, units)
@@ -161,7 +162,8 @@ class _NetaggRank:
                 "both_seconds": both.seconds, "wait_seconds": both.seconds - computed,
                 "comm_cpu_seconds": comm.figures()["cpu_seconds"],
                 "compute_cpu_seconds": comp.figures()["cpu_seconds"],
-                "both_cpu_seconds": both.figures()["cpu_seconds"], "units": units}
+                "both_cpu_seconds": both.figures()["cpu_seconds"], "units": units,
+                "retransmissions": w.counters().get("retransmissions", 0) - resent}
 
     def close(self):
         self.worker.close()
