@@ -32,21 +32,10 @@ from tests.switch_traffic import (
     make_workers,
     switch_records,
 )
+from tests.test_fuzz import exchange
 
 FOREIGN = "10.66.0.9"
 MANAGER = "10.0.250.1"
-
-
-def exchange(switch, sends) -> list:
-    """Frames in ((port, frame) pairs, sent together), the frames out."""
-    for port, frame in sends:
-        switch.send(port, frame)
-    if isinstance(switch, GoldenSwitch):
-        return switch.run()
-    out = switch.run(idle_cycles=600)
-    while switch.busy:
-        out += switch.run(idle_cycles=600)
-    return out
 
 
 def request(switch, records, src_ip=HOST_IP, port=0) -> list[int]:
