@@ -91,8 +91,9 @@ class Liveness:
 
     @property
     def next_due(self) -> float:
-        """When `step` next has something to do (a beat; a read, while watching)."""
-        return min(self.next_beat, self.next_read)
+        """When `step` next has something to do (a beat; a read, while watching and no read
+        awaits its answer: the control channel's own deadlines see to that one)."""
+        return self.next_beat if self.reading else min(self.next_beat, self.next_read)
 
     def beat_due(self, now: float) -> bool:
         return now >= self.next_beat
