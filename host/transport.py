@@ -384,24 +384,14 @@ class UdpTransport(Transport):
         out = []
         if timeout > 0:
             select.select([self.sock], [], [], timeout)
-        switch = (self.switch.ip, self.switch.port)
-        results = (self.result_source.ip, self.result_source.port)
-        holds, gro = self._icrc.holds, self._gro
+        accept, gro = self.accept, self._gro
         recvmsg, ancillary = self.sock.recvmsg, udp_offload.gro_ancillary()
         for _ in range(256):
             try:
                 data, anc, _, sender = recvmsg(65536 if gro else 2048, ancillary)
             except (BlockingIOError, InterruptedError):
                 break
-            size = anc and udp_offload.segment_size(anc)
-            if size and len(data) > size:           # a run: results of the switch
-                out += self.accept(data, size, sender)
-            elif sender != (switch if data[:1] == CONTROL_FIRST_BYTE else results):
-                self.stray += 1
-            elif holds(data, sender):
-                out.append(data)
-            else:
-                self.bad += 1
+            out += accept(data, anc and udp_offload.segment_size(anc), sender)
         return out
 
     def accept(self, data: bytes, size: int | None, sender: tuple[str, int]) -> list:
