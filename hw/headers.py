@@ -226,6 +226,10 @@ OP_CONTRIBUTION = OP_WRITE_ONLY_IMM_UC      # worker -> switch
 OP_RESULT = OP_WRITE_ONLY_IMM_UC            # the same opcode: switch -> worker
 OP_CONTROL = OP_SEND_ONLY_UC                # to CONTROL_QPN: control request and reply
 CONTROL_QPN = 0x000003         # the switch's control QP: QP 0 and 1 are the SMI's and GSI's
+# The QP of a spine's frames to a leaf (its results and pulls, docs/leafspine.md): a spine's
+# job table entry of a leaf holds it, and a leaf takes an opcode 0x2B frame at it from an
+# uplink's spine as its parent's. No host QP uses it.
+UPLINK_QPN = 0x000004
 PKEY_DEFAULT = 0xFFFF          # the BTH's partition key in every packet
 
 
@@ -249,6 +253,19 @@ RESULT_IMM = Header("ResultImm", {
 # sequence number (MSN) of its use, and the byte offset of its chunk in the result buffer.
 # Its RETH R_Key is the job's KEY (`hw.regmap.JOB_KEY`).
 CONTRIBUTION_VA = Header("ContributionVa", {"msn": 32, "offset": 32})
+
+# Leaf and spine (docs/leafspine.md). A partial, leaf -> spine, is a contribution (its
+# REQUEST_IMM rank the leaf's rank in the spine's job, droppable 0) whose BTH.psn is PARTIAL:
+# `count` the contributions with data in its sums, `overflow` whether a lane saturated at the
+# leaf, `resent` a leaf's re-send (driven by a local worker's retransmission: a spine whose
+# use is not complete then pulls the leaves missing from it), `final` a leaf's answer to a
+# pull with the use's final (the spine completes the use with it as it is). A spine's frames
+# to a leaf go to UPLINK_QPN with RETH.va CONTRIBUTION_VA (the use's msn and offset): a result
+# (RESULT_IMM, the sums), or a pull (no payload: the leaf answers with its partial or final).
+PARTIAL = Header("Partial", {"reserved": 15, "final": 1, "resent": 1, "overflow": 1,
+                             "count": 6})
+# A partial's IPv4 DSCP: the highest priority class (7), as every worker of the job waits on it.
+PARTIAL_DSCP = 7 << 3
 
 # A block's exponent proposal that says the block holds NaN or an infinity: the largest value
 # of the signed exponent field, so the switch's maximum carries it to every worker (finite

@@ -69,6 +69,20 @@ REG_IP = 0x0006             # rw: switch IPv4 address (source of results)
 REG_UDP_SPORT = 0x0007      # rw: UDP source port of results (reset 0xC000)
 REG_PORT = 0x0008           # ro: the switch port this control request came in by
 REG_MANAGER = 0x0009        # rw: the manager's IPv4 address (0: none; then anyone sets it)
+# Leaf and spine (docs/leafspine.md). A switch built with uplinks (a leaf; the golden model's
+# parameter `uplinks`, 0..MAX_UPLINKS) sends its jobs' partial sums up to spines: uplink i
+# leaves by the switch port UPLINK_PORT and goes to the spine at UPLINK_MAC/IP/UDP_PORT (the
+# partial's source: REG_MAC, REG_IP, REG_UDP_SPORT). A switch without uplinks (every board,
+# the RTL) reads these registers as 0 and ignores writes to them, as any unknown address.
+REG_UPLINKS = 0x000A        # ro: uplinks the switch was built with
+REG_UPLINK_DOWN = 0x000B    # rw: bit i, uplink i is down (its slots go to the next one up)
+UPLINK_BASE, UPLINK_STRIDE = 0x0100, 8      # UPLINK_BASE + UPLINK_STRIDE i + field
+UPLINK_PORT = 0             # rw: [3:0] the switch port the uplink leaves by
+UPLINK_MAC_HI = 1           # rw: the spine's MAC bits 47:32
+UPLINK_MAC_LO = 2           # rw: bits 31:0
+UPLINK_IP = 3               # rw: the spine's IPv4 address
+UPLINK_UDP_PORT = 4         # rw: [15:0] the spine's UDP port (ROCEV2_PORT)
+UPLINK_FIELDS = 5
 # Priority drop: a droppable contribution of priority class c (IPv4 DSCP >> 3) is dropped to a
 # null contribution (header kept, payload discarded) when the bytes its ingress queue holds
 # ahead of it are at least REG_DROP_THRESHOLD + c. 16 bits, reset NEVER_DROP.
@@ -78,7 +92,10 @@ NEVER_DROP = 0xFFFF
 
 JOB_BASE, JOB_STRIDE = 0x1000, 0x200
 JOB_CONFIG = 0x00           # rw: CONFIG; a write clears COMPLETED, and the slots if enabled
-CONFIG = Fields((("enable", 31, 1), ("workers", 0, 6)))
+CONFIG = Fields((("enable", 31, 1), ("partials", 30, 1), ("workers", 0, 6)))
+# CONFIG.partials (a spine's job): the job's contributions are leaves' partials (their BTH.psn
+# is hw.headers.PARTIAL) and its results' RETH.va is the use's CONTRIBUTION_VA. A switch that
+# cannot be a spine (every board, the RTL) ignores the bit and reads it 0.
 JOB_SLOT_BASE = 0x01        # rw: first slot of the job
 JOB_SLOT_COUNT = 0x02       # rw: slots of the job (slot numbers 0..count-1 in packets)
 JOB_CREDITS = 0x03          # rw: [15:0] uses a worker may have open beyond COMPLETED; 0: no limit
@@ -88,6 +105,14 @@ JOB_EPOCH = 0x06            # rw: the configuration's epoch, fresh each time ran
 JOB_KEY = 0x07              # wo (reads 0): the R_Key every contribution of the job carries
 JOB_OWNER = 0x08            # ro: IPv4 source of the request that enabled the job; 0: disabled
 JOB_DEADLINE = 0x09         # rw: [7:0] ticks a use may wait for its missing contributions; 0: none
+# A leaf's job (docs/leafspine.md): a switch without uplinks reads these 0 and ignores writes
+# (as any unknown address of a job's block: an enabled job's owner or the manager may write).
+JOB_PARENT = 0x0A           # rw: PARENT; enable: the job's uses complete at a spine
+PARENT = Fields((("enable", 31, 1), ("rank", 0, 5)))    # rank: the leaf's in the spines' job
+JOB_PARENT_KEY = 0x0B       # wo (reads 0): the RETH.rkey of the job's partials, the spines' KEY
+JOB_SPRAY = 0x0C            # rw: SPRAY_ENTRIES entries of SPRAY_BITS: slot s goes up
+SPRAY_ENTRIES, SPRAY_BITS = 16, 2   # uplink entry (s % 16), bits 2e+1..2e
+MAX_UPLINKS = 1 << SPRAY_BITS       # 4
 WORKER_BASE, WORKER_STRIDE = 0x20, 8
 WORKER_PORT = 0             # rw: WORKER_ENDPOINT
 WORKER_ENDPOINT = Fields((("switch_port", 16, 4), ("udp_port", 0, 16)))
@@ -152,6 +177,25 @@ JOB_COUNTERS = (
                            # slot range written while enabled: refused
 )
 
+# A leaf's and a spine's job counters (docs/leafspine.md), after JOB_COUNTERS in the job's
+# block, at FABRIC_COUNTERS_OFFSET + i: a switch without uplinks that cannot be a spine (every
+# board, the RTL) reads them 0.
+FABRIC_COUNTERS_OFFSET = 0x10
+FABRIC_COUNTERS = (
+    "upstream",            # leaf: partials sent up (first sends, re-sends, answers to pulls)
+    "parent_results",      # leaf: a spine's results taken (the use is DONE)
+    "drop_parent",         # leaf: frames at UPLINK_QPN from an uplink's spine refused (no
+                           # such use, late, a result for a DONE use, by another port)
+    "resends",             # leaf: partials re-sent for a local retransmission (in upstream)
+    "no_uplink",           # leaf: partials not sent, every uplink down (they wait)
+    "pulled",              # leaf: pulls answered (with the partial or the final)
+    "pulls",               # spine: pulls sent to the leaves missing from a use
+    "finals",              # spine: uses completed by a leaf's final
+    "abandoned",           # spine: a use in progress given up for a later use of its copy
+)
+assert len(JOB_COUNTERS) <= FABRIC_COUNTERS_OFFSET
+assert FABRIC_COUNTERS_OFFSET + len(FABRIC_COUNTERS) <= JOB_COUNTERS_STRIDE
+
 WRITE = 1 << 31             # in a control record's address: write the value
 
 
@@ -161,6 +205,23 @@ def job_reg(job: int, offset: int) -> int:
 
 def worker_reg(job: int, rank: int, offset: int) -> int:
     return job_reg(job, WORKER_BASE + rank * WORKER_STRIDE + offset)
+
+
+def uplink_reg(uplink: int, field: int) -> int:
+    return UPLINK_BASE + uplink * UPLINK_STRIDE + field
+
+
+def spray_entry(spray: int, slot: int) -> int:
+    """The uplink a JOB_SPRAY word names for slot number `slot` (before the down ones are
+    skipped)."""
+    return spray >> (SPRAY_BITS * (slot % SPRAY_ENTRIES)) & ((1 << SPRAY_BITS) - 1)
+
+
+def spray_word(uplinks: list[int]) -> int:
+    """The JOB_SPRAY word of SPRAY_ENTRIES uplink numbers (entry e: slots s with s % 16 == e)."""
+    if len(uplinks) != SPRAY_ENTRIES or not all(0 <= u < MAX_UPLINKS for u in uplinks):
+        raise ValueError(f"a spray is {SPRAY_ENTRIES} uplinks of 0..{MAX_UPLINKS - 1}")
+    return sum(u << (SPRAY_BITS * e) for e, u in enumerate(uplinks))
 
 
 def beat_reg(job: int, rank: int) -> int:
@@ -176,7 +237,10 @@ def port_counter(port: int, name: str) -> int:
 
 
 def job_counter(job: int, name: str) -> int:
-    return JOB_COUNTERS_BASE + job * JOB_COUNTERS_STRIDE + JOB_COUNTERS.index(name)
+    """The address of job counter `name`, one of JOB_COUNTERS or FABRIC_COUNTERS."""
+    index = (JOB_COUNTERS.index(name) if name in JOB_COUNTERS
+             else FABRIC_COUNTERS_OFFSET + FABRIC_COUNTERS.index(name))
+    return JOB_COUNTERS_BASE + job * JOB_COUNTERS_STRIDE + index
 
 
 def rows() -> list[tuple[str, str]]:
@@ -195,9 +259,15 @@ def rows() -> list[tuple[str, str]]:
         (f"{REG_PORT:#06x}", "the switch port this control request came in by (read only)"),
         (f"{REG_MANAGER:#06x}", "the manager's IPv4 address (0: none, the first write sets "
          "it; then only the manager writes it and the switch's other writable registers)"),
+        (f"{REG_UPLINKS:#06x} / {REG_UPLINK_DOWN:#06x}",
+         f"uplinks the switch has (read only, 0..{MAX_UPLINKS}; 0: no uplink, these and the "
+         "leaf's registers read 0) / uplink i is down (bit i)"),
         (f"{REG_DROP_THRESHOLD:#06x} + c",
          f"priority-drop threshold of class c (0..{PRIORITY_CLASSES - 1}): bytes queued "
          f"ahead ({NEVER_DROP:#x}: never)"),
+        (f"{UPLINK_BASE:#06x} + {UPLINK_STRIDE} i + 0..{UPLINK_FIELDS - 1}",
+         "uplink i (a leaf's): switch port (3-0); spine's MAC 47-32; MAC 31-0; IPv4 address; "
+         "UDP port (15-0)"),
         (f"{JOB_BASE + JOB_CONFIG:#06x} + {job}",
          f"job j CONFIG: {CONFIG.text()}; a write clears COMPLETED and, when it leaves the "
          "job enabled, the job's slots"),
@@ -217,6 +287,12 @@ def rows() -> list[tuple[str, str]]:
         (f"{JOB_BASE + JOB_DEADLINE:#06x} + {job}",
          f"job j DEADLINE ({DEADLINE_BITS - 1}-0; 0: none): ticks of {TICK_SECONDS * 1e3:g} ms "
          "after which a retransmission closes a use with the contributions it has"),
+        (f"{JOB_BASE + JOB_PARENT:#06x} + {job}",
+         f"job j PARENT (a leaf's): {PARENT.text()}, the leaf's rank in the spines' job"),
+        (f"{JOB_BASE + JOB_PARENT_KEY:#06x} / {JOB_BASE + JOB_SPRAY:#06x} + {job}",
+         "job j PARENT_KEY (write only, reads 0: the R_Key of its partials, the spines' KEY) / "
+         f"SPRAY ({SPRAY_ENTRIES} entries of {SPRAY_BITS} bits: slot s goes up the uplink of "
+         f"entry s % {SPRAY_ENTRIES}, or the next one up)"),
         (f"{JOB_BASE + WORKER_BASE:#06x} + {worker} + 0..{WORKER_STRIDE - 1}",
          f"worker r of job j: {WORKER_ENDPOINT.text()}; MAC 47-32; MAC 31-0; IPv4 address; "
          f"QPN; R_Key; base address 63-32; 31-0"),
@@ -226,6 +302,9 @@ def rows() -> list[tuple[str, str]]:
          "counter i of port p: " + ", ".join(PORT_COUNTERS)),
         (f"{JOB_COUNTERS_BASE:#06x} + {JOB_COUNTERS_STRIDE:#x} j + i",
          "counter i of job j: " + ", ".join(JOB_COUNTERS)),
+        (f"{JOB_COUNTERS_BASE + FABRIC_COUNTERS_OFFSET:#06x} + {JOB_COUNTERS_STRIDE:#x} j + i",
+         "leaf and spine counter i of job j (0 on a switch without uplinks): "
+         + ", ".join(FABRIC_COUNTERS)),
     ]
 
 

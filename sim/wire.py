@@ -36,6 +36,11 @@ payload length.
                      data the sums hold (null contributions excluded)
     payload          the saturated int32 sums, little-endian
 
+Leaf and spine (docs/leafspine.md): a leaf's partial, leaf -> spine, is a contribution whose
+BTH.psn is PARTIAL (count 6 | overflow 1 | resent 1 | final 1, least significant first) and
+whose IPv4 DSCP is PARTIAL_DSCP; a spine's frames to a leaf go to UPLINK_QPN with RETH.va
+CONTRIBUTION_VA: a result (RESULT_IMM and the sums) or a pull (RESULT_IMM, no payload).
+
 Control, host -> switch: UC SEND Only (0x24) to QPN CONTROL_QPN; payload: records of 8 bytes,
 (address u32 big-endian, bit 31 = write; value u32 big-endian), 1..MAX_CONTROL_RECORDS. The
 switch answers to the sender with a SEND Only to CONTROL_QPN, the request's PSN, the addresses
@@ -67,8 +72,10 @@ from netagg.hw.headers import (  # noqa: F401  (the format's constants, for the 
     OP_CONTROL,
     OP_RESULT,
     OP_WRITE_ONLY_IMM_UC,
+    PARTIAL_DSCP,
     PKEY_DEFAULT,
     ROCEV2_PORT,
+    UPLINK_QPN,
 )
 from netagg.hw.regmap import *  # noqa: F403
 from zlib_ng.zlib_ng import crc32  # zlib's CRC-32, the ICRC's, with carry-less multiply
@@ -93,6 +100,7 @@ REQUEST_IMM = _bits(H.REQUEST_IMM)
 RESULT_IMM = _bits(H.RESULT_IMM)
 NONFINITE_LANE = _bits(H.NONFINITE_LANE)
 CONTRIBUTION_VA = _bits(H.CONTRIBUTION_VA)
+PARTIAL = _bits(H.PARTIAL)          # a partial's BTH.psn (docs/leafspine.md)
 assert [name for name, _, _ in CONTRIBUTION_VA] == ["msn", "offset"]
 VA_MSN_SHIFT = CONTRIBUTION_VA[0][1]                         # 32
 VA_OFFSET_MASK = (1 << CONTRIBUTION_VA[1][2]) - 1            # the offset's 32 bits
