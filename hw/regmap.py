@@ -303,7 +303,7 @@ def rows() -> list[tuple[str, str]]:
         (f"{JOB_COUNTERS_BASE:#06x} + {JOB_COUNTERS_STRIDE:#x} j + i",
          "counter i of job j: " + ", ".join(JOB_COUNTERS)),
         (f"{JOB_COUNTERS_BASE + FABRIC_COUNTERS_OFFSET:#06x} + {JOB_COUNTERS_STRIDE:#x} j + i",
-         "leaf and spine counter i of job j (0 on a switch without uplinks): "
+         "leaf and spine counter i of job j (0 on a switch that is neither, as the RTL): "
          + ", ".join(FABRIC_COUNTERS)),
     ]
 

@@ -206,7 +206,10 @@ class GoldenSwitch(Registers):
     """The switch as a Python object. Parameters as the gateware's: `ports`, `jobs`,
     `max_workers` (per job), `slots` (per version), `width` (reported in PARAMS only),
     `max_payload` (bytes of lanes), `queue_capacity` (bytes of payload a port's queue holds:
-    a larger frame is OVERSIZE)."""
+    a larger frame is OVERSIZE). A leaf or a spine (`sim.golden_leaf`) keeps more per job
+    and per slot copy: its `job_type` and `copy_type`."""
+
+    job_type, copy_type = Job, SlotCopy
 
     def __init__(self, ports: int = 4, jobs: int = 4, max_workers: int = 8, slots: int = 64,
                  width: int = 64, max_payload: int = W.MAX_PAYLOAD,
@@ -222,9 +225,9 @@ class GoldenSwitch(Registers):
         self.mac, self.ip, self.udp_sport = mac, ip, 0xC000
         self.manager = 0                # REG_MANAGER: its IPv4 address, 0 for none
         self.drop_thresholds = [W.NEVER_DROP] * W.PRIORITY_CLASSES
-        self.job = [Job(table=[Worker() for _ in range(max_workers)], beats=[0] * max_workers)
-                    for _ in range(jobs)]
-        self.state = [[SlotCopy(), SlotCopy()] for _ in range(slots)]
+        self.job = [self.job_type(table=[Worker() for _ in range(max_workers)],
+                                  beats=[0] * max_workers) for _ in range(jobs)]
+        self.state = [[self.copy_type(), self.copy_type()] for _ in range(slots)]
         self.port_counters = [dict.fromkeys(W.PORT_COUNTERS, 0) for _ in range(ports)]
         self.job_counters = [dict.fromkeys(W.JOB_COUNTERS, 0) for _ in range(jobs)]
         self._pending = collections.deque()
@@ -269,7 +272,7 @@ class GoldenSwitch(Registers):
         if verdict == OK and header.length > self.queue_capacity:
             verdict, header = Verdict.OVERSIZE, None
         request = contribution(frame, header)
-        droppable = _droppable(request)
+        droppable = _droppable(request) and not self._from_parent(port, header)
         if null and not droppable:
             raise ValueError("only a droppable contribution that the parser takes can be null")
         if verdict != OK:
@@ -283,7 +286,7 @@ class GoldenSwitch(Registers):
         start, length = header.start, header.length
         payload = bytes(length) if null else frame[start:start + length]
         if request is not None:
-            out = self._contribution(port, header, *request, payload, bool(null))
+            out = self._contribution(port, frame, header, *request, payload, bool(null))
         elif header.opcode == W.OP_CONTROL and header.dqpn == W.CONTROL_QPN:
             out = self._control(port, frame, payload)
         else:
@@ -293,20 +296,18 @@ class GoldenSwitch(Registers):
             self.port_counters[p]["tx"] += 1
         return out
 
-    def _contribution(self, port: int, header: Header, reth: Extension, req: Request,
-                      payload: bytes, null: bool) -> list:
-        refusal = self._refusal(header.src_ip, reth.dma_length, req, len(payload), reth.rkey)
-        if refusal is not None:
-            scope = self.port_counters[port] if refusal in PORT_REFUSALS else \
-                self.job_counters[req.job]
-            scope[refusal] += 1
+    def _from_parent(self, port: int, header: Header | None) -> bool:
+        """Whether a frame is a spine's to this switch as a leaf (`sim.golden_leaf`): not a
+        contribution, never nulled by priority. A switch without uplinks has no parent."""
+        return False
+
+    def _contribution(self, port: int, frame: bytes, header: Header, reth: Extension,
+                      req: Request, payload: bytes, null: bool) -> list:
+        if not self._admitted(port, header, reth, req, len(payload)):
             return []
         j, rank, slot, version = req.job, req.rank, req.slot, req.version
         job, counters = self.job[j], self.job_counters[j]
         msn, offset = W.split_va(reth.va)
-        if job.credits and _signed(msn - job.completed, 32) >= job.credits:
-            counters["drop_credit"] += 1
-            return []
         copy, needed, ranks = self._aggregation(job, job.slot_base + slot, version, rank)
         bit = 1 << rank
         d = _signed(msn - copy.msn16, 16)
@@ -345,6 +346,22 @@ class GoldenSwitch(Registers):
             return []
         self._complete(job, counters, copy)
         return self._results(j, slot, version, copy, ranks, offset)
+
+    def _admitted(self, port: int, header: Header, reth: Extension, req: Request,
+                  length: int) -> bool:
+        """Whether a contribution with `length` bytes of payload passes the checks that the
+        slot's state takes no part in (`_refusal`, then the credit); what fails is counted."""
+        refusal = self._refusal(header.src_ip, reth.dma_length, req, length, reth.rkey)
+        if refusal is not None:
+            scope = self.port_counters[port] if refusal in PORT_REFUSALS else \
+                self.job_counters[req.job]
+            scope[refusal] += 1
+            return False
+        job = self.job[req.job]
+        if job.credits and _signed(W.split_va(reth.va)[0] - job.completed, 32) >= job.credits:
+            self.job_counters[req.job]["drop_credit"] += 1
+            return False
+        return True
 
     def _refusal(self, src_ip: int, dma_length: int, req: Request, length: int,
                  key: int) -> str | None:
@@ -398,11 +415,12 @@ class GoldenSwitch(Registers):
         if not job.enable:
             return
         for s in range(job.slot_base, min(job.slot_base + job.slot_count, self.slots)):
-            self.state[s] = [SlotCopy(), SlotCopy()]
+            self.state[s] = [self.copy_type(), self.copy_type()]
 
-    def _results(self, j: int, slot: int, version: int, copy: SlotCopy, ranks, offset: int):
+    def _results(self, j: int, slot: int, version: int, copy: SlotCopy, ranks, offset: int,
+                 va: int | None = None):
         """The result of a use of a slot copy, to each of `ranks` (RETH.va: the worker's base
-        address + `offset`)."""
+        address + `offset`, or `va` when given: a spine's)."""
         job = self.job[j]
         imm = result_imm(j, copy.data, version, slot, copy.exponent, int(copy.overflow))
         sums, limit = copy.sums.astype("<i4").tobytes(), job.limit
@@ -411,8 +429,8 @@ class GoldenSwitch(Registers):
             w = job.table[rank]
             if w.port >= self.ports:
                 continue                      # no such port: the result cannot leave
-            out.append((w.port, self._template(w, len(sums)).frame(limit, w.va + offset, imm,
-                                                                    sums)))
+            at = w.va + offset if va is None else va
+            out.append((w.port, self._template(w, len(sums)).frame(limit, at, imm, sums)))
         self.job_counters[j]["results"] += len(out)
         return out
 

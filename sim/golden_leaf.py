@@ -1,0 +1,279 @@
+"""The golden leaf and spine: a golden switch (`sim.golden`) whose jobs may have a parent (a
+leaf's: their uses complete at a spine) and may take leaves' partials (a spine's,
+CONFIG.partials), frame for frame as docs/leafspine.md says.
+
+`GoldenLeaf(uplinks=N, **GoldenSwitch's parameters)`, N = 0..4: a switch with N uplinks
+(the uplink table, `sim.golden_leaf_registers`); `GoldenSpine(**...)` is one without
+uplinks. Both take a spine's job (CONFIG.partials); a leaf's job with PARENT.enable sends its
+uses' partials up. A job with neither is served as by `GoldenSwitch`, bit for bit.
+
+At a leaf, a slot copy of a job with a parent goes IN_USE -> UPSTREAM (locally complete: the
+partial is sent up the slot's uplink, SPRAY and REG_UPLINK_DOWN) -> DONE (the spine's result
+with the copy's msn arrived: the final replaces the partial, COMPLETED + 1, the result goes
+to every local worker). A local retransmission of a use re-sends its partial, marked
+`resent`, in UPSTREAM and replays the final in DONE. A frame from an uplink's spine (opcode
+0x2B at UPLINK_QPN from the uplink's IP, `_from_parent`) is a result (payload) or a pull (no
+payload: the leaf answers with its partial, or its final marked `final`).
+
+At a spine, a contribution's data count is its PARTIAL.count and its overflow ORs in; a
+partial marked `final` completes the use with its sums as they are; a use in progress gives
+way to a later use of its copy (`abandoned`); a resent partial that leaves a use in progress
+pulls every leaf missing from it; results carry RETH.va CONTRIBUTION_VA (msn, offset).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+from netagg.sim import wire as W
+from netagg.sim.codec import Extension, Header, Request, ResultTemplate, result_imm
+from netagg.sim.golden import GoldenSwitch, _add_saturating, _lanes, _signed
+from netagg.sim.golden_leaf_registers import (
+    CopyState,
+    FabricCopy,
+    FabricJob,
+    LeafRegisters,
+    Uplink,
+)
+
+_PSN = struct.Struct("!I")
+
+
+class Partial(NamedTuple):
+    """What a contribution adds at a spine (PARTIAL, its BTH.psn): a worker's contribution
+    elsewhere is a partial of count 1 (0 for a null)."""
+
+    count: int
+    overflow: int = 0
+    resent: int = 0
+    final: int = 0
+
+
+def _partial(frame: bytes) -> Partial:
+    """The PARTIAL fields of a contribution's BTH.psn."""
+    fields = W.unpack_imm(W.PARTIAL, _PSN.unpack_from(frame, W.BTH_OFFSET + 8)[0] & 0xFFFFFF)
+    return Partial(fields["count"], fields["overflow"], fields["resent"], fields["final"])
+
+
+class Use(NamedTuple):
+    """The use a frame names: job, slot number, version, msn (32 bits) and offset."""
+
+    job: int
+    slot: int
+    version: int
+    msn: int
+    offset: int
+
+
+class GoldenLeaf(LeafRegisters, GoldenSwitch):
+    """A leaf with `uplinks` (0..MAX_UPLINKS), and a spine; the other parameters as
+    `GoldenSwitch`'s."""
+
+    job_type, copy_type = FabricJob, FabricCopy
+
+    def __init__(self, *args, uplinks: int = 0, **kwargs):
+        if not 0 <= uplinks <= W.MAX_UPLINKS:
+            raise ValueError(f"uplinks must be 0..{W.MAX_UPLINKS}, not {uplinks}")
+        self.uplinks, self.uplink_down = uplinks, 0
+        self.uplink = [Uplink() for _ in range(uplinks)]
+        super().__init__(*args, **kwargs)
+        self.fabric_counters = [dict.fromkeys(W.FABRIC_COUNTERS, 0) for _ in range(self.jobs)]
+
+    # --- which frame ------------------------------------------------------------------------
+
+    def _from_parent(self, port: int, header: Header | None) -> bool:
+        return (bool(self.uplinks) and header is not None and header.opcode == W.OP_RESULT
+                and header.dqpn == W.UPLINK_QPN
+                and any(u.ip == header.src_ip for u in self.uplink))
+
+    def _contribution(self, port: int, frame: bytes, header: Header, reth: Extension,
+                      req: Request, payload: bytes, null: bool) -> list:
+        if self._from_parent(port, header):
+            return self._parent_frame(port, header, reth, payload)
+        job = self.job[req.job] if req.job < self.jobs else None
+        if job is None or not job.enable or not (job.partials or job.parent):
+            return super()._contribution(port, frame, header, reth, req, payload, null)
+        if not self._admitted(port, header, reth, req, len(payload)):
+            return []
+        part = _partial(frame) if job.partials else Partial(int(not null))
+        return self._add(Use(req.job, req.slot, req.version, *W.split_va(reth.va)), req.rank,
+                         req.exponent, payload, null, part)
+
+    # --- a contribution to a leaf's or a spine's job ---------------------------------------
+
+    def _add(self, use: Use, rank: int, exponent: int, payload: bytes, null: bool,
+             part: Partial) -> list:
+        """A contribution (a spine's: a partial) of `rank` to `use`, past the checks."""
+        job, counters = self.job[use.job], self.job_counters[use.job]
+        fabric = self.fabric_counters[use.job]
+        copy, needed, ranks = self._aggregation(job, job.slot_base + use.slot, use.version, rank)
+        bit, d = 1 << rank, _signed(use.msn - copy.msn16, 16)
+        if copy.count == 0:
+            if copy.bitmap and d == 0 and len(payload) != copy.length:
+                counters["drop_bad_length"] += 1
+                return []
+            if copy.bitmap and d == 0 and copy.state is CopyState.UPSTREAM:
+                fabric["resends"] += 1
+                return self._send_up(use, copy, resent=True)
+            if copy.bitmap and d == 0:
+                counters["replays"] += 1
+                return self._results(use.job, use.slot, use.version, copy, [rank], use.offset,
+                                     self._va(job, use))
+            if copy.bitmap and (d < 0 or copy.state is CopyState.UPSTREAM):
+                counters["drop_stale"] += 1
+                return []
+            self._begin(copy, bit, payload, use.msn, exponent, part)
+        elif d < 0 or (d > 0 and not job.partials):
+            counters["drop_stale"] += 1
+            return []
+        elif d > 0:
+            fabric["abandoned"] += 1
+            self._begin(copy, bit, payload, use.msn, exponent, part)
+        elif copy.bitmap & bit and not (part.final and len(payload) == copy.length):
+            if self._late(job, copy) and len(payload) == copy.length:
+                counters["closed_late"] += 1
+                return self._finish(use, copy, ranks)
+            counters["duplicates"] += 1
+            return self._pulls(use, copy) if part.resent else []
+        elif len(payload) != copy.length:
+            counters["drop_bad_length"] += 1
+            return []
+        elif not part.final:
+            copy.overflow |= _add_saturating(copy.sums, payload) | bool(part.overflow)
+            copy.exponent = max(copy.exponent, exponent)
+            copy.bitmap |= bit
+            copy.count += 1
+            copy.data += part.count
+        counters["contributions"] += 1
+        if part.final:
+            fabric["finals"] += 1
+            self._take(copy, payload, part.count, exponent, part.overflow)
+            copy.bitmap |= bit
+            return self._finish(use, copy, ranks)
+        if copy.count < needed:
+            return self._pulls(use, copy) if part.resent else []
+        return self._finish(use, copy, ranks)
+
+    def _begin(self, copy: FabricCopy, bit: int, payload: bytes, msn: int, exponent: int,
+               part: Partial):
+        """A new use of `copy`, begun by one contribution (a spine's: a partial)."""
+        copy.begin(bit, _lanes(payload), not part.count, msn, exponent, self.now)
+        copy.data, copy.overflow, copy.state = part.count, bool(part.overflow), CopyState.IN_USE
+
+    @staticmethod
+    def _take(copy: FabricCopy, payload: bytes, count: int, exponent: int, overflow: int):
+        """The copy takes a use's final as it is: sums, count, exponent, overflow."""
+        copy.sums, copy.length = _lanes(payload), len(payload)
+        copy.data, copy.exponent, copy.overflow = count, exponent, bool(overflow)
+
+    def _finish(self, use: Use, copy: FabricCopy, ranks) -> list:
+        """A use complete here: a leaf's goes UPSTREAM with its partial; else it is DONE, and
+        its result goes to every one of `ranks`."""
+        job = self.job[use.job]
+        if job.parent:
+            copy.count, copy.state = 0, CopyState.UPSTREAM
+            return self._send_up(use, copy)
+        self._complete(job, self.job_counters[use.job], copy)
+        copy.state = CopyState.DONE
+        return self._results(use.job, use.slot, use.version, copy, ranks, use.offset,
+                             self._va(job, use))
+
+    @staticmethod
+    def _va(job: FabricJob, use: Use) -> int | None:
+        """A result's RETH.va: a spine's job's carries the use's (msn, offset); None: the
+        worker's base address + the offset."""
+        return W.contribution_va(use.msn, use.offset) if job.partials else None
+
+    # --- up: partials ------------------------------------------------------------------------
+
+    def _uplink_for(self, job: FabricJob, slot: int) -> int | None:
+        """The uplink slot number `slot` goes up: its SPRAY entry's, or the next one up."""
+        entry = W.spray_entry(job.spray, slot)
+        for k in range(self.uplinks):
+            u = (entry + k) % self.uplinks
+            if not self.uplink_down >> u & 1:
+                return u
+        return None
+
+    def _send_up(self, use: Use, copy: FabricCopy, *, resent: bool = False,
+                 uplink: int | None = None) -> list:
+        """The copy's partial (its final, marked `final`, when it is DONE) up `uplink`, or
+        the slot's uplink; nothing when every uplink is down (`no_uplink`)."""
+        job, fabric = self.job[use.job], self.fabric_counters[use.job]
+        u = self._uplink_for(job, use.slot) if uplink is None else uplink
+        if u is None:
+            fabric["no_uplink"] += 1
+            return []
+        fabric["upstream"] += 1
+        up = self.uplink[u]
+        psn = W.pack_imm(W.PARTIAL, count=copy.data, overflow=int(copy.overflow),
+                         resent=int(resent), final=int(copy.state is CopyState.DONE))
+        frame = W.contribution(
+            job=use.job, rank=job.parent_rank, slot=use.slot, version=use.version,
+            offset=use.offset, lanes=copy.sums.astype("<i4").tobytes(), psn=psn,
+            src=W.Endpoint(W.ip_text(self.ip.to_bytes(4, "big")), self.udp_sport, self.mac),
+            dst=W.Endpoint(W.ip_text(up.ip.to_bytes(4, "big")), up.udp_port, up.mac),
+            key=job.parent_key, exponent=copy.exponent, msn=use.msn, dscp=W.PARTIAL_DSCP,
+            dqpn=0).frame()
+        return [(up.port, frame)] if up.port < self.ports else []
+
+    # --- down: a spine's frames ---------------------------------------------------------------
+
+    def _pulls(self, use: Use, copy: FabricCopy) -> list:
+        """A spine's pulls of `use` to every leaf missing from the copy: result-shaped frames
+        without payload."""
+        job = self.job[use.job]
+        imm = result_imm(use.job, 0, use.version, use.slot, 0, 0)
+        va = W.contribution_va(use.msn, use.offset)
+        out = []
+        for rank in range(job.workers):
+            w = job.table[rank]
+            if copy.bitmap >> rank & 1 or w.port >= self.ports:
+                continue
+            out.append((w.port, ResultTemplate((self.mac, self.ip, self.udp_sport),
+                                               (w.mac, w.ip, w.udp_port), w.qpn, w.rkey,
+                                               0).frame(job.limit, va, imm, b"")))
+        self.fabric_counters[use.job]["pulls"] += len(out)
+        return out
+
+    def _parent_frame(self, port: int, header: Header, reth: Extension,
+                      payload: bytes) -> list:
+        """A frame from an uplink's spine: a result of a use in UPSTREAM makes it DONE; a pull
+        is answered with the copy's partial or final; anything else is `drop_parent`."""
+        imm = W.unpack_imm(W.RESULT_IMM, reth.imm)
+        if imm["job"] >= self.jobs:
+            self.port_counters[port]["drop_bad_job"] += 1
+            return []
+        j, slot, version = imm["job"], imm["slot"], imm["version"]
+        job, fabric = self.job[j], self.fabric_counters[j]
+        by = [i for i, u in enumerate(self.uplink) if u.ip == header.src_ip and u.port == port]
+        if not (by and job.enable and job.parent and reth.rkey == job.parent_key
+                and reth.dma_length == len(payload) and slot < job.slot_count
+                and job.slot_base + slot < self.slots):
+            fabric["drop_parent"] += 1
+            return []
+        use = Use(j, slot, version, *W.split_va(reth.va))
+        copy = self.state[job.slot_base + slot][version]
+        ours = copy.bitmap and copy.count == 0 and _signed(use.msn - copy.msn16, 16) == 0
+        if payload and ours and copy.state is CopyState.UPSTREAM and \
+                len(payload) == copy.length:
+            fabric["parent_results"] += 1
+            self._take(copy, payload, imm["count"], imm["exponent"], imm["overflow"])
+            self._complete(job, self.job_counters[j], copy)
+            copy.state = CopyState.DONE
+            return self._results(j, slot, version, copy, range(job.workers), use.offset,
+                                 self._va(job, use))
+        if not payload and ours and copy.state in (CopyState.UPSTREAM, CopyState.DONE):
+            fabric["pulled"] += 1
+            return self._send_up(use, copy, uplink=by[0])
+        fabric["drop_parent"] += 1
+        return []
+
+
+class GoldenSpine(GoldenLeaf):
+    """A spine: a switch without uplinks whose jobs may take leaves' partials; parameters as
+    `GoldenSwitch`'s."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, uplinks=0, **kwargs)

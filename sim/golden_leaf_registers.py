@@ -1,0 +1,154 @@
+"""The registers of a golden leaf or spine (`sim.golden_leaf`, docs/leafspine.md), over a
+golden switch's (`sim.golden_registers`): the uplink table, REG_UPLINKS and REG_UPLINK_DOWN,
+a job's PARENT, PARENT_KEY and SPRAY (mapped on a switch with uplinks only: without, they
+are unknown addresses, read 0 and ignore writes, as on the RTL), CONFIG.partials (a spine's
+job) and the job counters FABRIC_COUNTERS. The uplink registers are the switch's own: once a
+manager is set, only it writes them. The job state (`FabricJob`), slot copy state
+(`FabricCopy`, `CopyState`) and uplinks (`Uplink`) a leaf and a spine keep are declared here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from netagg.sim import wire as W
+from netagg.sim.golden import Job, SlotCopy
+from netagg.sim.golden_registers import Refusal, Space, _mac_half
+
+
+class CopyState(enum.Enum):
+    """Where a use of a slot copy is, at a leaf (a spine's and one switch's copies are
+    FRESH, IN_USE or DONE)."""
+
+    FRESH = "fresh"             # no use since the slot was cleared
+    IN_USE = "in use"           # contributions arriving (count > 0)
+    UPSTREAM = "upstream"       # a leaf's: locally complete, its partial sent up
+    DONE = "done"               # complete: the copy holds the use's final
+
+
+@dataclasses.dataclass(eq=False)
+class FabricCopy(SlotCopy):
+    """A slot copy of a leaf or a spine: a slot copy and its `CopyState`."""
+
+    state: CopyState = CopyState.FRESH
+
+
+@dataclasses.dataclass
+class FabricJob(Job):
+    """A job of a leaf or a spine: a job and its CONFIG.partials, PARENT, PARENT_KEY, SPRAY."""
+
+    partials: bool = False            # a spine's: its contributions are leaves' partials
+    parent: bool = False              # a leaf's: PARENT.enable, its uses complete at a spine
+    parent_rank: int = 0              # the leaf's rank in the spines' job
+    parent_key: int = 0               # the R_Key of its partials (the spines' KEY)
+    spray: int = 0                    # SPRAY: the uplink of each slot number modulo 16
+
+    @property
+    def config(self) -> int:
+        return W.CONFIG.pack(enable=int(self.enable), partials=int(self.partials),
+                             workers=self.workers)
+
+
+@dataclasses.dataclass
+class Uplink:
+    """Uplink i of a leaf: the switch port it leaves by, and its spine's address."""
+
+    port: int = 0
+    mac: int = 0
+    ip: int = 0
+    udp_port: int = 0
+
+
+_FABRIC_JOB = (W.JOB_PARENT, W.JOB_PARENT_KEY, W.JOB_SPRAY)
+
+
+class LeafRegisters:
+    """The leaf's and spine's registers, before a `GoldenSwitch`'s in the method order: the
+    switch keeps `uplinks`, `uplink` (a list of `Uplink`), `uplink_down` (REG_UPLINK_DOWN),
+    `fabric_counters` (by job, FABRIC_COUNTERS) and `FabricJob`s."""
+
+    def _fabric(self, addr: int):
+        """(what, index, field) of an address that is a leaf's or spine's register here, or
+        None: what is "uplinks", "down", "uplink" (index i), "job" (index j, field the
+        offset) or "counter" (index j, field the counter's name)."""
+        if addr == W.REG_UPLINKS:
+            return "uplinks", 0, 0
+        if addr == W.REG_UPLINK_DOWN and self.uplinks:
+            return "down", 0, 0
+        i, field = divmod(addr - W.UPLINK_BASE, W.UPLINK_STRIDE)
+        if addr >= W.UPLINK_BASE and i < self.uplinks and field < W.UPLINK_FIELDS:
+            return "uplink", i, field
+        if W.JOB_BASE <= addr < W.BEAT_BASE:
+            j, off = divmod(addr - W.JOB_BASE, W.JOB_STRIDE)
+            if j < self.jobs and off in _FABRIC_JOB and self.uplinks:
+                return "job", j, off
+        if W.JOB_COUNTERS_BASE <= addr:
+            j, off = divmod(addr - W.JOB_COUNTERS_BASE, W.JOB_COUNTERS_STRIDE)
+            i = off - W.FABRIC_COUNTERS_OFFSET
+            if j < self.jobs and 0 <= i < len(W.FABRIC_COUNTERS):
+                return "counter", j, W.FABRIC_COUNTERS[i]
+        return None
+
+    def read(self, addr: int, port: int = 0) -> int:
+        at = self._fabric(addr)
+        if at is None:
+            return super().read(addr, port)
+        what, index, field = at
+        if what == "uplinks":
+            return self.uplinks
+        if what == "down":
+            return self.uplink_down
+        if what == "uplink":
+            u = self.uplink[index]
+            return (u.port, u.mac >> 32, u.mac & 0xFFFFFFFF, u.ip, u.udp_port)[field]
+        if what == "counter":
+            return self.fabric_counters[index][field] & 0xFFFFFFFF
+        job = self.job[index]
+        return {W.JOB_PARENT: W.PARENT.pack(enable=int(job.parent), rank=job.parent_rank),
+                W.JOB_SPRAY: job.spray}.get(field, 0)          # PARENT_KEY reads 0
+
+    def _write_refusal(self, addr: int, value: int, source: int) -> Refusal | None:
+        at = self._fabric(addr)
+        if at is not None and at[0] in ("down", "uplink"):
+            by_manager = self.manager != 0 and source == self.manager
+            return None if self.manager == 0 or by_manager else Refusal.DENIED
+        return super()._write_refusal(addr, value, source)
+
+    def write(self, addr: int, value: int):
+        at = self._fabric(addr)
+        if at is None:
+            super().write(addr, value)
+            kind, index, off = self._decode(addr)
+            if kind is Space.JOB and off == W.JOB_CONFIG:
+                self.job[index].partials = bool(W.CONFIG.unpack(value)["partials"])
+            return
+        what, index, field = at
+        if what == "down":
+            self.uplink_down = value & ((1 << self.uplinks) - 1)
+        elif what == "uplink":
+            u = self.uplink[index]
+            if field == W.UPLINK_PORT:
+                u.port = value & 0xF
+            elif field in (W.UPLINK_MAC_HI, W.UPLINK_MAC_LO):
+                u.mac = _mac_half(u.mac, value, field == W.UPLINK_MAC_HI)
+            elif field == W.UPLINK_IP:
+                u.ip = value
+            elif field == W.UPLINK_UDP_PORT:
+                u.udp_port = value & 0xFFFF
+        elif what == "job":
+            job = self.job[index]
+            if field == W.JOB_PARENT:
+                parent = W.PARENT.unpack(value)
+                job.parent, job.parent_rank = bool(parent["enable"]), parent["rank"]
+            elif field == W.JOB_PARENT_KEY:
+                job.parent_key = value
+            elif field == W.JOB_SPRAY:
+                job.spray = value
+
+    def counters(self) -> dict:
+        """The port and job counters, each job's FABRIC_COUNTERS among its own."""
+        out = super().counters()
+        for jobs, fabric in zip(out["jobs"], self.fabric_counters):
+            jobs.update(fabric)
+        return out
