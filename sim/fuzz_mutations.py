@@ -14,7 +14,9 @@ mutated copy, its `Kind` and a note of what changed:
 - TRUNCATE, EXTEND: the frame cut (near a header boundary, or anywhere; padded to Ethernet's
   60 bytes or not) or lengthened (a few bytes, or to around the ingress queue's capacity);
 - RECORDS: a control request of 1..70 records of wild addresses (every part of the register
-  map and beyond), write bits and values, sometimes not whole records.
+  map and beyond, the leaf's and spine's registers, docs/leafspine.md, included: a switch
+  without uplinks reads them 0 and ignores writes to them, as the RTL does), write bits and
+  values (CONFIG with `partials`, PARENT with `enable`), sometimes not whole records.
 
 Except where the mutation is the field itself, the IPv4 checksum, the IPv4 and UDP lengths and
 the ICRC are recomputed some of the time, so that a mutation reaches the checks and the
@@ -231,7 +233,8 @@ class Mutator:
         rng, jobs, workers = self.rng, self.jobs, self.max_workers
         return rng.choice((
             rng.randrange(0x20),
-            W.job_reg(rng.randrange(jobs + 1), rng.randrange(W.JOB_OWNER + 2)),
+            W.job_reg(rng.randrange(jobs + 1), rng.randrange(W.JOB_SPRAY + 2)),
+            W.uplink_reg(rng.randrange(W.MAX_UPLINKS + 1), rng.randrange(W.UPLINK_STRIDE)),
             W.worker_reg(rng.randrange(jobs + 1), rng.randrange(workers + 1), rng.randrange(8)),
             W.BEAT_BASE + W.BEAT_STRIDE * rng.randrange(jobs + 1) + rng.randrange(workers + 2),
             W.PORT_COUNTERS_BASE + W.PORT_COUNTERS_STRIDE * rng.randrange(self.ports + 1)
@@ -245,7 +248,9 @@ class Mutator:
         n = rng.choice((1, 2, 3, 8, 63, 64, 65, rng.randint(1, 70)))
         records = [(self._address(), rng.choice((
             0, 1, 0xFFFFFFFF, rng.getrandbits(32), rng.randrange(16),
-            0x80000000 | rng.randrange(64), rng.randrange(0x10000)))) for _ in range(n)]
+            0x80000000 | rng.randrange(64), rng.randrange(0x10000),
+            W.CONFIG.pack(enable=1, partials=1, workers=rng.randrange(64)),
+            W.PARENT.pack(enable=1, rank=rng.randrange(32))))) for _ in range(n)]
         payload = W.pack_records(records)
         if rng.random() < 0.1:
             payload = payload[:rng.randrange(len(payload) + 1)] + rng.randbytes(rng.randrange(8))

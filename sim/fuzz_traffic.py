@@ -117,13 +117,16 @@ class Member:
 def register_names(ports: int, jobs: int, max_workers: int) -> dict[int, str]:
     """Every register a checkpoint reads, by address: the global ones, each job's and its
     ranks' heartbeats, and the port and job counters."""
-    names = {a: f"global {a:#06x}" for a in range(W.REG_MANAGER + 1)}
+    names = {a: f"global {a:#06x}" for a in range(W.REG_UPLINK_DOWN + 1)}
     names |= {W.drop_threshold(c): f"drop threshold {c}" for c in range(W.PRIORITY_CLASSES)}
+    names |= {W.uplink_reg(i, f): f"uplink {i} field {f}" for i in range(W.MAX_UPLINKS)
+              for f in range(W.UPLINK_FIELDS)}
     for j in range(jobs):
         for field in ("CONFIG", "SLOT_BASE", "SLOT_COUNT", "CREDITS", "QUORUM", "COMPLETED",
-                      "EPOCH", "KEY", "OWNER"):
+                      "EPOCH", "KEY", "OWNER", "PARENT", "PARENT_KEY", "SPRAY"):
             names[W.job_reg(j, getattr(W, f"JOB_{field}"))] = f"job {j} {field}"
-        names |= {W.job_counter(j, n): f"job {j} {n}" for n in W.JOB_COUNTERS}
+        names |= {W.job_counter(j, n): f"job {j} {n}"
+                  for n in (*W.JOB_COUNTERS, *W.FABRIC_COUNTERS)}
         names |= {W.beat_reg(j, r): f"job {j} beat {r}" for r in range(max_workers)}
     for p in range(ports):
         names |= {W.port_counter(p, n): f"port {p} {n}" for n in W.PORT_COUNTERS}

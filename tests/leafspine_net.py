@@ -87,7 +87,7 @@ class Fabric:
         self.flight: list[tuple[Link, bytes]] = []
         self.inbox: list[tuple[int, int, bytes]] = []     # (leaf, rank, frame) at workers
         self.sent_up = [[0] * spines for _ in range(leaves)]   # partials per leaf and uplink
-        self.tap = None             # called with (link, frame) for each frame delivered
+        self.cut = None             # (link, frame) -> True: the frame is lost (a test's tap)
 
     def _configure_leaf(self, l: int, sw: GoldenLeaf, quorum: int, credits: int):
         n = self.workers[l]
@@ -138,8 +138,11 @@ class Fabric:
         self.flight.append((Link("leaf", l, r), frame))
 
     def deliver(self, link: Link, frame: bytes):
-        if self.tap is not None:
-            self.tap(link, frame)
+        """A frame at the end of its link: a dead spine's frames in flight are lost too."""
+        if self.cut is not None and self.cut(link, frame):
+            return
+        if link.kind == "leaf" and link.port - self.workers[link.index] in self.dead:
+            return
         if link.kind == "worker":
             self.inbox.append((link.index, link.port, frame))
         elif link.kind == "leaf":
