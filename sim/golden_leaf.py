@@ -3,9 +3,9 @@ leaf's: their uses complete at a spine) and may take leaves' partials (a spine's
 CONFIG.partials), frame for frame as docs/leafspine.md says.
 
 `GoldenLeaf(uplinks=N, **GoldenSwitch's parameters)`, N = 0..4: a switch with N uplinks
-(the uplink table, `sim.golden_leaf_registers`); `GoldenSpine(**...)` is one without
-uplinks. Both take a spine's job (CONFIG.partials); a leaf's job with PARENT.enable sends its
-uses' partials up. A job with neither is served as by `GoldenSwitch`, bit for bit.
+(the uplink table, `sim.golden_leaf_registers`); `sim.golden_spine.GoldenSpine` is one
+without uplinks. Both take a spine's job (CONFIG.partials); a leaf's job with PARENT.enable
+sends its uses' partials up. A job with neither is served as by `GoldenSwitch`, bit for bit.
 
 At a leaf, a slot copy of a job with a parent goes IN_USE -> UPSTREAM (locally complete: the
 partial is sent up the slot's uplink, SPRAY and REG_UPLINK_DOWN) -> DONE (the spine's result
@@ -270,10 +270,3 @@ class GoldenLeaf(LeafRegisters, GoldenSwitch):
         fabric["drop_parent"] += 1
         return []
 
-
-class GoldenSpine(GoldenLeaf):
-    """A spine: a switch without uplinks whose jobs may take leaves' partials; parameters as
-    `GoldenSwitch`'s."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, uplinks=0, **kwargs)

@@ -16,7 +16,8 @@ import random
 
 import numpy as np
 from netagg.sim import wire as W
-from netagg.sim.golden_leaf import GoldenLeaf, GoldenSpine
+from netagg.sim.golden_leaf import GoldenLeaf
+from netagg.sim.golden_spine import GoldenSpine
 
 from tests.switch_traffic import Worker, control_frame, job_config_records, job_key
 

@@ -6,12 +6,15 @@ partial (UPSTREAM) or replaying the final (DONE), a spine's finals and given-up 
 duplication and reordering on every link, SPRAY's balance, and the registers of switches with
 and without uplinks. Uplink failure: tests/test_leaf_failure.py."""
 
+import random
+
 import numpy as np
 import pytest
 from netagg.sim import wire as W
 from netagg.sim.golden import GoldenSwitch
-from netagg.sim.golden_leaf import GoldenLeaf, GoldenSpine
+from netagg.sim.golden_leaf import GoldenLeaf
 from netagg.sim.golden_leaf_registers import CopyState
+from netagg.sim.golden_spine import GoldenSpine
 from netagg.sim.scapy_frames import RETH, ImmDt
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
@@ -29,7 +32,7 @@ from tests.leafspine_net import (
     spine_ip,
     spine_mac,
 )
-from tests.switch_traffic import dissect
+from tests.switch_traffic import dissect, run_rounds, scenario
 
 INT32_MAX = (1 << 31) - 1
 
@@ -288,3 +291,20 @@ def test_registers_with_and_without_uplinks():
         == [0, 1]
     assert control(leaf, [(W.WRITE | W.REG_UPLINK_DOWN, 0)]) == [0b11]     # not the manager
     assert leaf.read(W.port_counter(0, "control_denied")) == 1
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_job_without_parent_or_partials_is_served_as_by_one_switch(seed):
+    sc = scenario(random.Random(seed), ports=4, jobs=2, workers=3, slots=8, rounds=3,
+                  credits=8 * (seed % 2), stale=0.15, droppable=0.3, bad_keys=0.1,
+                  saturate=seed == 2)
+    one = GoldenSwitch(ports=4, jobs=2, max_workers=4, slots=32)
+    leaf = GoldenLeaf(ports=4, jobs=2, max_workers=4, slots=32, uplinks=2)
+    for sw in (one, leaf):
+        for frame in sc.config:
+            sw.receive(0, frame)
+    assert run_rounds(leaf, sc) == run_rounds(one, sc)
+    theirs = leaf.counters()
+    assert theirs["ports"] == one.counters()["ports"]
+    assert [{n: c[n] for n in W.JOB_COUNTERS} for c in theirs["jobs"]] == one.counters()["jobs"]
+    assert not any(c[n] for c in theirs["jobs"] for n in W.FABRIC_COUNTERS)

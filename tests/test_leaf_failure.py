@@ -1,0 +1,98 @@
+"""Uplink failure in networks of golden leaves and spines (docs/leafspine.md, "Uplink
+failure"; tests/leafspine_net.py): a spine that sent a use's result to one leaf only and
+goes silent, uplinks marked down mid-run (the spine dead, or alive and marked up again
+later) under loss, duplication and reordering, and every uplink down. Every use completes,
+each worker's result checked against numpy's sums."""
+
+import random
+
+import pytest
+from netagg.sim import wire as W
+from netagg.sim.golden_leaf_registers import CopyState
+
+from tests.leafspine_net import JOB, Fabric, Job
+
+
+def counters(sw) -> dict:
+    return sw.counters()["jobs"][JOB]
+
+
+def cut_after_first_result(net: Fabric, spine: int, leaf: int) -> dict:
+    """Arm the network so that `spine`'s first result to `leaf` is lost and the spine dies
+    at that moment (its frames in flight are lost too); what was cut, once it is."""
+    cut = {}
+
+    def lose(link, frame):
+        if cut or link.kind != "leaf" or link.index != leaf:
+            return False
+        if link.port != net.workers[leaf] + spine or not W.parse_frame(frame).payload:
+            return False
+        pkt = W.parse_frame(frame)
+        imm = W.unpack_imm(W.RESULT_IMM, pkt.imm)
+        cut.update(slot=imm["slot"], version=imm["version"], msn=W.split_va(pkt.va)[0])
+        net.dead.add(spine)
+        return True
+
+    net.cut = lose
+    return cut
+
+
+@pytest.mark.parametrize("leaves", [2, 3])
+def test_spine_silent_after_one_leaf_got_the_result(leaves):
+    net = Fabric(leaves=leaves, spines=2)
+    job = Job(net, uses=4)
+    job.round()                                   # use 0 everywhere
+    cut = cut_after_first_result(net, spine=0, leaf=leaves - 1)
+    job.round()
+    assert cut, "spine 0 sent no result to the last leaf"
+    s, v = cut["slot"], cut["version"]
+    assert net.leaf[0].state[s][v].state is CopyState.DONE          # the hazard
+    assert net.leaf[-1].state[s][v].state is CopyState.UPSTREAM
+    job.round()                                   # re-sent up a dead uplink: nothing
+    assert net.leaf[-1].state[s][v].state is CopyState.UPSTREAM
+    net.mark_down(0b01)
+    job.run()
+    assert counters(net.leaf[0])["pulled"] >= 1                    # answered with its final
+    assert counters(net.spine[1])["finals"] >= 1
+    assert counters(net.spine[1])["pulls"] >= 1
+    for leaf in net.leaf:
+        assert leaf.read(W.job_reg(JOB, W.JOB_COMPLETED)) == 4 * 8
+
+
+@pytest.mark.parametrize("dies", [True, False])
+@pytest.mark.parametrize("seed", range(8))
+def test_uplink_marked_down_mid_run_under_loss(dies, seed):
+    """Spine 0 dies (or is only marked down, and up again later) at a random round; the
+    leaves mark it down a round later; loss, duplication and reordering on every link."""
+    rng = random.Random(seed)
+    net = Fabric(spines=2, seed=seed)
+    net.loss, net.dup, net.swap = 0.1, 0.1, 0.3
+    job = Job(net, uses=6, seed=seed)
+    fail, back = rng.randrange(1, 4), rng.randrange(5, 8)
+    for n in range(1, 300):
+        if n == fail and dies:
+            net.dead.add(0)
+        if n == fail + 1:
+            net.mark_down(0b01)
+        if n == back and not dies:
+            net.mark_down(0)
+        job.round()
+        if job.done():
+            break
+    assert job.done(), job.pending()
+    for leaf in net.leaf:
+        assert leaf.read(W.job_reg(JOB, W.JOB_COMPLETED)) == 6 * 8
+
+
+def test_every_uplink_down_waits_then_completes():
+    net = Fabric(spines=2)
+    job = Job(net, uses=2)
+    net.mark_down(0b11)
+    job.round()
+    job.round()
+    assert not job.results and net.sent_up == [[0, 0], [0, 0]]
+    assert counters(net.leaf[0])["no_uplink"] == 8 + 16    # first sends, then re-sends
+    assert net.leaf[0].state[0][0].state is CopyState.UPSTREAM
+    net.mark_down(0b10)
+    job.run()
+    assert net.sent_up[0][1] == 0 and job.results == 2 * 8 * 4
