@@ -27,7 +27,7 @@ import struct
 from typing import NamedTuple
 
 from netagg.sim import wire as W
-from netagg.sim.codec import Extension, Header, Request, ResultTemplate, result_imm
+from netagg.sim.codec import Extension, Header, Request, ResultTemplate, decode, result_imm
 from netagg.sim.golden import GoldenSwitch, _add_saturating, _lanes, _signed
 from netagg.sim.golden_leaf_registers import (
     CopyState,
@@ -86,6 +86,9 @@ class GoldenLeaf(LeafRegisters, GoldenSwitch):
         return (bool(self.uplinks) and header is not None and header.opcode == W.OP_RESULT
                 and header.dqpn == W.UPLINK_QPN
                 and any(u.ip == header.src_ip for u in self.uplink))
+
+    def drops_payload(self, frame: bytes, fill: int) -> bool:
+        return not self._from_parent(0, decode(frame)[1]) and super().drops_payload(frame, fill)
 
     def _contribution(self, port: int, frame: bytes, header: Header, reth: Extension,
                       req: Request, payload: bytes, null: bool) -> list:

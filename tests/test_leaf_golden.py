@@ -44,7 +44,7 @@ def read(frame: bytes):
     return pkt, RETH(body[:16]), ImmDt(body[16:20]).data, np.frombuffer(body[20:], "<i4")
 
 
-def one_use(net: Fabric, values, use: int = 0, slot: int = 0) -> list:
+def one_use(net: Fabric, values, use: int = 0, slot: int = 0, exponent: int = 0) -> list:
     """Every worker's contribution of `values[leaf][rank]` to `use` of `slot`, delivered;
     the frames the workers got, as (leaf, rank, frame)."""
     for l, ranks in enumerate(values):
@@ -52,7 +52,8 @@ def one_use(net: Fabric, values, use: int = 0, slot: int = 0) -> list:
             msn = use * net.slots + slot
             w = net.hosts[l][r]
             net.send(l, r, w.contribution(slot, use % 2, CHUNK * msn,
-                                          np.array(lanes, np.int32), 0, msn=msn))
+                                          np.array(lanes, np.int32), 0, msn=msn,
+                                          exponent=exponent))
     net.drain()
     inbox, net.inbox = net.inbox, []
     return inbox
@@ -148,6 +149,53 @@ def test_null_at_a_leaf_counts_out_of_the_partial():
         _, _, imm, lanes = read(frame)
         assert W.unpack_imm(W.RESULT_IMM, imm)["count"] == 3      # the null's data is not in
         np.testing.assert_array_equal(lanes, [9, 12])
+
+
+def test_quorum_and_deadline_at_a_leaf_count_its_local_contributions():
+    net = Fabric(lanes=2, quorum=1)                    # a use of each leaf closes at one
+    inbox = one_use(net, [[[1, 2]], [[10, 20]]])
+    assert sorted((l, r) for l, r, _ in inbox) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for _, _, frame in inbox:
+        _, _, imm, lanes = read(frame)
+        assert W.unpack_imm(W.RESULT_IMM, imm)["count"] == 2
+        np.testing.assert_array_equal(lanes, [11, 22])
+    net.send(0, 1, net.hosts[0][1].contribution(0, 0, 0, np.array([5, 5], np.int32), 0, msn=0))
+    net.drain()                                        # the late one: the final, replayed
+    assert [(l, r) for l, r, _ in net.inbox] == [(0, 1)]
+    np.testing.assert_array_equal(read(net.inbox[0][2])[3], [11, 22])
+
+    net = Fabric(lanes=2)
+    control(net.leaf[0], [(W.WRITE | W.job_reg(JOB, W.JOB_DEADLINE), 1)])
+    first = net.hosts[0][0].contribution(0, 0, 0, np.array([1, 2], np.int32), 0, msn=0)
+    inbox = one_use(net, [[], [[10, 20], [30, 40]]])
+    net.send(0, 0, first)
+    net.drain()
+    assert not inbox and not net.inbox
+    net.leaf[0].tick()
+    net.send(0, 0, first)                              # a retransmission past the deadline
+    net.drain()
+    assert len(net.inbox) == 4
+    for _, _, frame in net.inbox:
+        _, _, imm, lanes = read(frame)
+        assert W.unpack_imm(W.RESULT_IMM, imm)["count"] == 3
+        np.testing.assert_array_equal(lanes, [41, 62])
+    assert job_counters(net.leaf[0])["closed_late"] == 1
+
+
+def test_parent_results_are_never_dropped_by_priority():
+    net = Fabric(lanes=2)
+    for leaf in net.leaf:                 # every droppable frame would lose its payload
+        control(leaf, [(W.WRITE | W.drop_threshold(c), 0) for c in range(W.PRIORITY_CLASSES)])
+    seen = taps(net)
+    inbox = one_use(net, [[[1, 2], [3, 4]], [[5, 6], [7, 8]]], exponent=1)
+    down = [f for link, f in seen if link.kind == "leaf" and link.port >= 2]
+    # a result's exponent 1 sets the bit a contribution's ImmDt calls droppable
+    assert all(W.unpack_imm(W.REQUEST_IMM, read(f)[2])["droppable"] for f in down)
+    assert not any(net.leaf[0].drops_payload(f, 1 << 20) for f in down)
+    assert len(inbox) == 4
+    for _, _, frame in inbox:
+        np.testing.assert_array_equal(read(frame)[3], [16, 20])
+    assert job_counters(net.leaf[0])["parent_results"] == 1
 
 
 def test_late_and_foreign_parent_results_refused():
