@@ -101,13 +101,13 @@ class GoldenLeaf(LeafRegisters, GoldenSwitch):
             return []
         part = _partial(frame) if job.partials else Partial(int(not null))
         return self._add(Use(req.job, req.slot, req.version, *W.split_va(reth.va)), req.rank,
-                         req.exponent, payload, null, part)
+                         req.exponent, payload, part)
 
     # --- a contribution to a leaf's or a spine's job ---------------------------------------
 
-    def _add(self, use: Use, rank: int, exponent: int, payload: bytes, null: bool,
-             part: Partial) -> list:
-        """A contribution (a spine's: a partial) of `rank` to `use`, past the checks."""
+    def _add(self, use: Use, rank: int, exponent: int, payload: bytes, part: Partial) -> list:
+        """A contribution of `rank` to `use`, past the checks: a spine's is a partial, a
+        leaf's a worker's (`part`: count 1, or 0 for a null, whose payload is zeros)."""
         job, counters = self.job[use.job], self.job_counters[use.job]
         fabric = self.fabric_counters[use.job]
         copy, needed, ranks = self._aggregation(job, job.slot_base + use.slot, use.version, rank)
