@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="run a benchmark and print its figures")
     bench.add_argument("what", choices=["datapath", "switch", "allreduce", "congestion",
-                                        "board", "host"])
+                                        "board", "host", "leafspine"])
     bench.add_argument("--ports", type=int, default=4, help="switch: ports")
     bench.add_argument("--width", type=int, default=512, help="switch: bits per port")
     bench.add_argument("--rounds", type=int, default=4,
@@ -73,9 +73,9 @@ def main(argv=None) -> int:
                       help="nodes the workers are grouped into (hierarchical allreduce)")
     demo.add_argument("--values", type=int, default=2_000_000, help="float32 values per worker")
     demo.add_argument("--steps", type=int, default=8, help="tensors the values are split into")
-    demo.add_argument("--backend", choices=["golden", "rtl"], default="rtl",
+    demo.add_argument("--backend", choices=["golden", "rtl"], default=None,
                       help="rtl: the switch's Verilator model (default); golden: the Python "
-                           "model, no compiler needed")
+                           "model, no compiler needed (the default with --topology)")
     demo.add_argument("--pcap", default=None, help="write every switch frame to this file")
     demo.add_argument("--paths", type=int, default=1,
                       help="UDP source ports each worker sprays its packets over")
@@ -86,6 +86,12 @@ def main(argv=None) -> int:
     demo.add_argument("--bind", default=None,
                       help="local IPv4 addresses the nodes send from, comma-separated (node i "
                            "from the i-th, round robin); default: one per switch port reached")
+    demo.add_argument("--topology", default=None,
+                      help="LEAVESxSPINES (2x2, say): the workers over a simulated leaf and "
+                           "spine fabric (golden), their ranks in blocks over the leaves")
+    demo.add_argument("--uplink-down-at", type=float, default=None,
+                      help="with --topology: the share of the run (0.5: halfway) at which "
+                           "every leaf's uplink to the last spine goes down")
     demo.add_argument("--json", action="store_true", help="print one JSON object")
 
     train = sub.add_parser("train", help="DDP training of a small CNN through gloo, netagg, "
@@ -111,7 +117,8 @@ def main(argv=None) -> int:
     sim = sub.add_parser("sim", help="the simulated switch")
     simsub = sim.add_subparsers(dest="sim_command", required=True)
     serve = simsub.add_parser("serve", help="serve a simulated switch on UDP")
-    serve.add_argument("--backend", choices=["golden", "rtl", "echo"], default="rtl")
+    serve.add_argument("--backend", choices=["golden", "rtl", "echo"], default=None,
+                       help="default rtl; golden with --topology")
     serve.add_argument("--host", default=None,
                        help="the switch's IPv4 address, UDP port 4791 (default: a free "
                             "127.x.y.z)")
@@ -120,6 +127,11 @@ def main(argv=None) -> int:
     serve.add_argument("--jobs", type=int, default=4)
     serve.add_argument("--slots", type=int, default=64, help="slots per version")
     serve.add_argument("--max-workers", type=int, default=8)
+    serve.add_argument("--topology", default=None,
+                       help="LEAVESxSPINES (2x2, say): a leaf and spine fabric, one endpoint "
+                            "per switch (golden); prints its description, JSON, first")
+    serve.add_argument("--describe", default=None,
+                       help="with --topology: also write the fabric's description (JSON) here")
     board = simsub.add_parser(
         "board", help="a board's top level in Verilator, its Ethernet ports on TAP devices")
     board.add_argument("--board", required=True, choices=BOARDS)
@@ -142,10 +154,18 @@ def main(argv=None) -> int:
     if args.command == "scale":
         from netagg.apps.scale.cli import main as scale_main
         return scale_main(args)
+    if args.command == "demo" and args.topology:
+        from netagg.apps.demo_fabric import demo_fabric
+        report = demo_fabric(args.topology, workers=args.workers, values=args.values,
+                             steps=args.steps, backend=args.backend or "golden",
+                             uplink_down_at=args.uplink_down_at, quiet=args.json)
+        if args.json:
+            print(json.dumps(report))
+        return 0 if report["verified"] else 1
     if args.command == "demo":
         from netagg.apps.demo import demo as run_demo
         report = run_demo(workers=args.workers, nodes=args.nodes, values=args.values,
-                          backend=args.backend, steps=args.steps, as_json=args.json,
+                          backend=args.backend or "rtl", steps=args.steps, as_json=args.json,
                           pcap=args.pcap, paths=args.paths, spray=args.spray,
                           switch=args.switch,
                           binds=args.bind.split(",") if args.bind else None)
@@ -176,9 +196,14 @@ def main(argv=None) -> int:
     if args.command == "sim" and args.sim_command == "board":
         from netagg.sim.board import main as board_main
         return board_main(args.board, tap=args.tap, netns=args.netns)
+    if args.command == "sim" and args.topology:
+        from netagg.sim.topology_serve import serve_topology_main
+        return serve_topology_main(args.topology, args.backend or "golden", args.pcap,
+                                   args.describe, jobs=args.jobs, slots=args.slots,
+                                   max_workers=args.max_workers)
     if args.command == "sim":
         from netagg.sim.serve import serve_main
-        return serve_main(args.backend, args.host, args.pcap, ports=args.ports,
+        return serve_main(args.backend or "rtl", args.host, args.pcap, ports=args.ports,
                           jobs=args.jobs, slots=args.slots, max_workers=args.max_workers)
     if args.command == "bench" and args.what == "allreduce":
         from netagg.apps.demo import bench_allreduce
@@ -189,6 +214,12 @@ def main(argv=None) -> int:
                      if s <= MAX_DEFAULT_SIZE.get(args.backend, s)]
         report = bench_allreduce(sizes, workers=args.workers, backend=args.backend,
                                  transports=args.transports.split(","), quiet=args.json)
+        if args.json:
+            print(json.dumps(report))
+        return 0
+    if args.command == "bench" and args.what == "leafspine":
+        from netagg.apps.bench_leafspine import bench_leafspine
+        report = bench_leafspine(quiet=args.json)
         if args.json:
             print(json.dumps(report))
         return 0

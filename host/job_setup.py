@@ -20,6 +20,13 @@ enabled jobs share a slot.
    configuration to clear it, so that it does not join a job an earlier run of the same
    session left enabled. A refused write is a `NetaggError` naming the owner.
 
+In a leaf and spine fabric (`host.fabric_setup`) the same steps set up each switch's job: a
+spine's by the world's rank 0 (its "ranks" are the leaves, whose entries it writes itself,
+`partials` set), a leaf's by the leaf's first rank, with the records of its parent (`extra`:
+JOB_PARENT, JOB_PARENT_KEY, JOB_SPRAY) and the epoch the spines were configured with (`epoch`:
+one epoch, so one key and one tag, for the whole fabric's job). Errors name the switch
+(`switch`).
+
 A job stays its owner's until the owner (or the manager) writes its CONFIG: the next run's
 rank 0 from the same address configures it again, one from another address is refused. A
 rank that finds its job enabled by someone else waits (its rank 0 may still come) and its
@@ -111,10 +118,24 @@ class JobSetup:
     credits: int = 0
     quorum: int = 0
     deadline: int = 0
+    epoch: int | None = None        # the epoch to configure with (None: a fresh one)
+    extra: Pairs = dataclasses.field(default_factory=list)  # written before CONFIG enables
+    partials: bool = False          # a spine's job: its contributions are leaves' partials
+    switch: str = ""                # the switch's name in errors ("" for a lone switch)
 
     @property
     def config(self) -> int:
-        return W.CONFIG.pack(enable=1, workers=self.workers)
+        return self._config(enable=1)
+
+    def _config(self, enable: int) -> int:
+        if self.partials:
+            return W.CONFIG.pack(enable=enable, workers=self.workers, partials=1)
+        return W.CONFIG.pack(enable=enable, workers=self.workers)
+
+    @property
+    def at(self) -> str:
+        """Where the job is, for errors: " at NAME" in a fabric."""
+        return f" at {self.switch}" if self.switch else ""
 
     def _rkey(self, rank: int) -> int:
         return W.worker_reg(self.job, rank, W.WORKER_RKEY)
@@ -127,23 +148,24 @@ class JobSetup:
     def claim(self) -> JobKeys:
         """Rank 0: the job set up and enabled for this run, its address the owner; the keys
         of the epoch it drew. Or NetaggError."""
-        j, base, count = self.job, self.base, self.count
+        j, base, count, at = self.job, self.base, self.count, self.at
         if count < 1 or base + count > self.switch_slots:
-            raise NetaggError(f"job {j}: slots {base}..{base + count - 1} are not inside the "
-                              f"switch's {self.switch_slots}")
+            raise NetaggError(f"job {j}{at}: slots {base}..{base + count - 1} are not inside "
+                              f"the switch's {self.switch_slots}")
         others = [k for k in range(self.switch_jobs) if k != j]
         clash = self._clash(views(others, self._read(view_records(others))))
         if clash:
-            raise NetaggError(f"job {j}: its slots {base}..{base + count - 1} overlap {clash}: "
-                              f"pass slot_base= and slots= of a free range, or another job")
-        keys = JobKeys.derive(self.session, j, fresh_epoch())
-        pairs = ([(self._reg(W.JOB_CONFIG), W.CONFIG.pack(enable=0, workers=self.workers)),
+            raise NetaggError(f"job {j}{at}: its slots {base}..{base + count - 1} overlap "
+                              f"{clash}: pass slot_base= and slots= of a free range, or another "
+                              f"job")
+        keys = JobKeys.derive(self.session, j, self.epoch or fresh_epoch())
+        pairs = ([(self._reg(W.JOB_CONFIG), self._config(enable=0)),
                   (self._reg(W.JOB_SLOT_BASE), base), (self._reg(W.JOB_SLOT_COUNT), count),
                   (self._reg(W.JOB_CREDITS), self.credits),
                   (self._reg(W.JOB_QUORUM), self.quorum),
                   (self._reg(W.JOB_DEADLINE), self.deadline)]
                  + [(W.worker_reg(j, r, W.WORKER_IP), 0) for r in range(1, self.workers)]
-                 + self.entry
+                 + self.entry + self.extra
                  + [(self._reg(W.JOB_CONFIG), self.config),   # clears slots and COMPLETED
                     (self._reg(W.JOB_EPOCH), keys.epoch), (self._reg(W.JOB_KEY), keys.key)]
                  + [(self._rkey(r), keys.tag) for r in range(self.workers)])
@@ -153,13 +175,14 @@ class JobSetup:
                              + [(self._reg(W.JOB_OWNER), 0)])
         if refused(pairs[:1], answers):
             raise NetaggError(
-                f"job {j} is enabled by {ip_str(answers[-1])}: the switch refused rank 0's "
+                f"job {j}{at} is enabled by {ip_str(answers[-1])}: the switch refused rank 0's "
                 f"configuration of it (its CONFIG, slot range and worker entries); its owner "
                 f"or the switch's manager may disable it (CONFIG 0)")
-        if refused([pair for pair in pairs if pair[0] != self._reg(W.JOB_KEY)],
-                   [v for (a, _), v in zip(pairs, answers) if a != self._reg(W.JOB_KEY)]):
+        write_only = {self._reg(W.JOB_KEY), self._reg(W.JOB_PARENT_KEY)}
+        if refused([pair for pair in pairs if pair[0] not in write_only],
+                   [v for (a, _), v in zip(pairs, answers) if a not in write_only]):
             clash = self._clash(views(others, self._read(view_records(others))))
-            raise NetaggError(f"the switch refused to enable job {j}: its slots {base}.."
+            raise NetaggError(f"the switch{at} refused to enable job {j}: its slots {base}.."
                               f"{base + count - 1} overlap {clash or 'another job'}")
         return keys
 
@@ -176,13 +199,13 @@ class JobSetup:
         entry's R_Key is), its entry's write, and `accept` returning `Engine.set_job`'s
         arguments, the keys derived from the epoch among them. A credit count, quorum or
         deadline (ticks) this rank asks for (not None, not 0) must be rank 0's."""
-        j, r = self.job, self.rank
+        j, r, at = self.job, self.rank, self.at
         reads = [(self._reg(W.JOB_CONFIG), 0), (self._reg(W.JOB_SLOT_COUNT), 0),
                  (self._reg(W.JOB_CREDITS), 0), (self._reg(W.JOB_QUORUM), 0),
                  (self._reg(W.JOB_COMPLETED), 0), (self._reg(W.JOB_EPOCH), 0),
                  (self._rkey(r), 0), (W.worker_reg(j, r, W.WORKER_IP), 0),
                  (self._reg(W.JOB_OWNER), 0), (self._reg(W.JOB_DEADLINE), 0)]
-        check = JoinCheck(reads, None, f"job {j} was not configured for this run by its rank 0")
+        check = JoinCheck(reads, None, f"job {j}{at} was not configured for this run by its rank 0")
         ip = next(v for a, v in self.entry if a == W.worker_reg(j, r, W.WORKER_IP))
         written = []                    # this rank wrote its entry into this run's job
 
@@ -191,23 +214,23 @@ class JobSetup:
             keys = JobKeys.derive(self.session, j, epoch)
             enabled = bool(cfg >> 31)
             if rkey != keys.tag or not enabled:     # not (yet) configured by this session
-                check.waiting = (f"job {j} was not configured for this run by its rank 0"
+                check.waiting = (f"job {j}{at} was not configured for this run by its rank 0"
                                  + (f" (it is enabled by {ip_str(owner)})" if enabled else ""))
                 return None
             if not (written and held == ip):
                 if held == 0:           # the entry, then the reads again: one round trip
                     return JoinCheck([(a | W.WRITE, v) for a, v in self.entry] + reads, wrote,
                                      check.waiting)
-                check.waiting = (f"job {j} was not configured for this run by its rank 0 "
+                check.waiting = (f"job {j}{at} was not configured for this run by its rank 0 "
                                  f"(rank {r}'s entry holds {ip_str(held)}, an earlier run's)")
                 return None
             if cfg != self.config:
-                raise NetaggError(f"job {j} was configured as {cfg:#x} by rank 0 of this "
+                raise NetaggError(f"job {j}{at} was configured as {cfg:#x} by rank 0 of this "
                                   f"session, this worker expects {self.config:#x}")
             if (expected_credits is not None and cred != expected_credits) or \
                     (expected_quorum and quo != expected_quorum) or \
                     (expected_deadline and deadline != expected_deadline):
-                raise NetaggError(f"job {j} was configured with credits={cred}, "
+                raise NetaggError(f"job {j}{at} was configured with credits={cred}, "
                                   f"quorum={quo}, deadline={deadline} ticks by rank 0 of this "
                                   f"session, rank {r} expects credits={expected_credits}, "
                                   f"quorum={expected_quorum}, deadline={expected_deadline}")
@@ -216,7 +239,7 @@ class JobSetup:
 
         def wrote(answers):
             if refused(self.entry, answers):
-                raise NetaggError(f"job {j} is enabled by {ip_str(answers[-1])}: the switch "
+                raise NetaggError(f"job {j}{at} is enabled by {ip_str(answers[-1])}: the switch "
                                   f"refused rank {r}'s worker entry")
             written.append(True)
             return look(answers[len(self.entry):]) or check

@@ -38,7 +38,7 @@ uses the network); the results are shared back through the same memory. A switch
 jobs (G = jobs - job < L) takes the first G local workers of each node as leaders, the
 shards cut G ways; with one job, local worker 0 alone carries the node's sums. Shards are whole
 exponent blocks, and a node proposes the maximum exponent of its local workers, so the
-answer is bit for bit the flat allreduce's.
+answer is bit for bit the flat allreduce's. A fabric (`fabric=`: `host.fabric_setup`) is flat.
 
 Spraying (`paths=N`, `spray="round_robin"` or `"least_loaded"`): the worker sends its
 contributions from N UDP source ports (other sockets of its address; results still come back
@@ -83,6 +83,7 @@ from netagg.host import transport as T
 from netagg.host.control import SwitchControl, make_transport, read_params
 from netagg.host.engine import Engine
 from netagg.host.errors import NetaggError, NetaggTimeout
+from netagg.host.fabric_setup import fabric_worker
 from netagg.host.job_setup import JobSetup
 from netagg.host.lossy import LossyTransport
 from netagg.host.messages import DEFAULT_PRIORITY, Work
@@ -159,7 +160,7 @@ class Worker:
                  fraction_bits: int | None = None, block: int = N.DEFAULT_BLOCK,
                  faults: dict | None = None, paths: int = 1, spray: str = "round_robin",
                  credits: int | None = None, quorum: int = 0, bind: str | None = None,
-                 deadline: float = 0.0):
+                 deadline: float = 0.0, fabric=None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
         if credits is not None and not 0 <= credits <= 0xFFFF:
@@ -185,8 +186,14 @@ class Worker:
         self.block = block
         self._pending = []          # hierarchical handles, in submission order
         self._closed = False
-        ip = f"10.{1 + self.switch_job}.{self.switch_rank // 250}.{self.switch_rank % 250 + 1}"
         T.Sprayer(paths, spray)        # checks both before any socket opens
+        self.fabric = self.placement = None
+        if fabric is not None:
+            fabric_worker(self, fabric, switch, slots=slots, slot_base=slot_base,
+                          credits=credits, quorum=quorum, paths=paths, spray=spray, bind=bind,
+                          faults=faults, qpn=_queue_pair())
+            return
+        ip = f"10.{1 + self.switch_job}.{self.switch_rank // 250}.{self.switch_rank % 250 + 1}"
         transport = make_transport(switch, ip, paths, bind)
         if faults:
             transport = LossyTransport(transport, **faults)

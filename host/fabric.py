@@ -1,0 +1,240 @@
+"""A leaf and spine fabric as the hosts see it: its description, where a rank sits in it, and
+the transports that reach its switches.
+
+The description (`Fabric`, JSON as `netagg sim serve --topology` writes it with `--describe`,
+or written by hand for boards)::
+
+    {"leaves": [{"name": "leaf0", "url": "udp://127.1.2.3:4791", "ip": "127.1.2.3",
+                 "mac": "024e41000100", "udp_port": 49152, "host_ports": [0, 1, 2, 3],
+                 "uplinks": [{"uplink": 0, "port": 4, "spine": "spine0", "ip": "127.4.5.6",
+                              "mac": "024e41000200", "udp_port": 49152}, ...]}, ...],
+     "spines": [{"name": "spine0", "url": "udp://127.4.5.6:4791", "ip": "127.4.5.6",
+                 "mac": "024e41000200", "udp_port": 49152, "host_ports": [2],
+                 "leaf_ports": [0, 1]}, ...]}
+
+Leaf l's uplink i goes to spine i, whose port `leaf_ports[l]` it arrives at; a spine's job
+table entry of leaf l sends the spine's results there, to the leaf's `ip` and `mac` (its
+REG_IP, REG_MAC: also the source of its partials) and the RoCEv2 UDP port. `url` is how
+hosts reach a switch's control path: `udp://IP:PORT`, or `sim://NAME` for an in-process
+`sim.topology.Topology` (`Fabric.in_process`).
+
+Ranks sit on the leaves in blocks, in the description's order: leaf l holds the world's ranks
+`l * world // leaves` .. `(l + 1) * world // leaves - 1` (`Placement`), its rank at the leaf
+(the ImmDt rank of its contributions) counting from 0 there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+from netagg.host import transport as T
+from netagg.host.errors import NetaggError
+from netagg.sim import wire as W
+
+
+@dataclasses.dataclass(frozen=True)
+class Uplink:
+    uplink: int
+    port: int
+    spine: str
+    ip: str
+    mac: int
+    udp_port: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FabricSwitch:
+    name: str
+    url: str
+    ip: str
+    mac: int
+    udp_port: int
+    host_ports: tuple[int, ...]
+    uplinks: tuple[Uplink, ...] = ()
+    leaf_ports: tuple[int, ...] = ()
+
+
+def _mac(value) -> int:
+    return value if isinstance(value, int) else int(str(value).replace(":", ""), 16)
+
+
+def _switch(d: dict) -> FabricSwitch:
+    return FabricSwitch(
+        d["name"], d["url"], d["ip"], _mac(d["mac"]), int(d.get("udp_port", 0xC000)),
+        tuple(d.get("host_ports", ())),
+        tuple(Uplink(int(u["uplink"]), int(u["port"]), u["spine"], u["ip"], _mac(u["mac"]),
+                     int(u.get("udp_port", 0xC000))) for u in d.get("uplinks", ())),
+        tuple(d.get("leaf_ports", ())))
+
+
+@dataclasses.dataclass
+class Fabric:
+    """Leaves and spines (see the module's docstring); `backend`: the in-process topology
+    its `sim://` URLs name, if any."""
+
+    leaves: list[FabricSwitch]
+    spines: list[FabricSwitch]
+    backend: object = None
+
+    @classmethod
+    def from_dict(cls, d: dict, backend=None) -> Fabric:
+        fabric = cls([_switch(s) for s in d["leaves"]], [_switch(s) for s in d["spines"]],
+                     backend)
+        fabric.check()
+        return fabric
+
+    @classmethod
+    def load(cls, source) -> Fabric:
+        """A Fabric from itself, a dict, a JSON string or a JSON file's path, or an
+        in-process topology."""
+        if isinstance(source, Fabric):
+            return source
+        if hasattr(source, "describe") and hasattr(source, "run"):
+            return cls.in_process(source)
+        if isinstance(source, dict):
+            return cls.from_dict(source)
+        text = str(source)
+        if not text.lstrip().startswith("{") and os.path.exists(text):
+            with open(text) as f:
+                text = f.read()
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def in_process(cls, topology) -> Fabric:
+        return cls.from_dict(topology.describe(), backend=topology)
+
+    def check(self):
+        if not self.leaves or not self.spines:
+            raise NetaggError("a fabric needs at least one leaf and one spine")
+        names = [s.name for s in self.spines]
+        for leaf in self.leaves:
+            if [u.spine for u in leaf.uplinks] != names:
+                raise NetaggError(f"{leaf.name}'s uplinks go to "
+                                  f"{[u.spine for u in leaf.uplinks]}: uplink i must go to "
+                                  f"spine i of {names}")
+        for spine in self.spines:
+            if len(spine.leaf_ports) != len(self.leaves):
+                raise NetaggError(f"{spine.name} names {len(spine.leaf_ports)} leaf ports for "
+                                  f"{len(self.leaves)} leaves")
+
+    def to_dict(self) -> dict:
+        def switch(s: FabricSwitch) -> dict:
+            d = {"name": s.name, "url": s.url, "ip": s.ip, "mac": f"{s.mac:012x}",
+                 "udp_port": s.udp_port, "host_ports": list(s.host_ports)}
+            if s.uplinks:
+                d["uplinks"] = [{**dataclasses.asdict(u), "mac": f"{u.mac:012x}"}
+                                for u in s.uplinks]
+            if s.leaf_ports:
+                d["leaf_ports"] = list(s.leaf_ports)
+            return d
+        return {"leaves": [switch(s) for s in self.leaves],
+                "spines": [switch(s) for s in self.spines]}
+
+    def leaf_named(self, url_or_name) -> int | None:
+        for i, leaf in enumerate(self.leaves):
+            if url_or_name in (leaf.url, leaf.name):
+                return i
+        return None
+
+    # --- reaching a switch ----------------------------------------------------------------
+
+    def transport(self, switch: FabricSwitch, ip: str, udp_port: int = W.ROCEV2_PORT,
+                  paths: int = 1, bind: str | None = None) -> T.Transport:
+        """A transport to `switch`'s control path (and, for a leaf, its aggregation): UDP to
+        its URL, or in process into its first host port that `ip`'s frames may enter."""
+        if switch.url.startswith("udp://"):
+            return T.UdpTransport(switch.url, bind_ip=bind, paths=paths)
+        if not switch.url.startswith("sim://") or self.backend is None:
+            raise NetaggError(f"{switch.name}'s URL {switch.url!r} is neither udp:// nor an "
+                              f"in-process topology's sim://")
+        if paths != 1:
+            raise NetaggError("in-process fabric workers send by one path")
+        topology = self.backend
+        ports = switch.host_ports
+        port = ports[(W.ip_to_int(ip) + udp_port) % len(ports)]
+        return FabricTransport(hub_for(topology), ip, udp_port, switch.ip,
+                               topology.host_port(switch.name, port))
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where world rank `rank` of `world` sits: its leaf, its rank there and the leaf's
+    ranks."""
+
+    rank: int
+    world: int
+    leaf: int
+    leaf_rank: int
+    first: int          # the leaf's first world rank
+    leaf_workers: int
+
+    @classmethod
+    def of(cls, rank: int, world: int, leaves: int) -> Placement:
+        if world < leaves:
+            raise NetaggError(f"{world} workers cannot fill {leaves} leaves")
+        leaf = next(lf for lf in range(leaves) if rank < (lf + 1) * world // leaves)
+        first = leaf * world // leaves
+        return cls(rank, world, leaf, rank - first, first,
+                   (leaf + 1) * world // leaves - first)
+
+
+# --- in process ----------------------------------------------------------------------------
+
+class FabricHub(T.InProcessHub):
+    """The in-process workers around one topology: its frames out of fabric host port p go
+    to the transport whose frames enter port p, by destination address."""
+
+    def pump(self):
+        with self.lock:
+            for port, frame in self.backend.run() + self.clock.catch_up():
+                try:
+                    _, dst, _ = W.strip_frame(frame)
+                except Exception:
+                    self.misrouted += 1
+                    continue
+                t = self.endpoints.get((dst.ip, dst.port))
+                if t is None or getattr(t, "fabric_port", None) != port:
+                    self.misrouted += 1
+                    continue
+                t.inbox.append(frame)
+
+
+_HUBS: dict[int, FabricHub] = {}
+
+
+def hub_for(topology) -> FabricHub:
+    hub = _HUBS.get(id(topology))
+    if hub is None or hub.backend is not topology:
+        hub = _HUBS[id(topology)] = FabricHub(topology)
+    return hub
+
+
+class FabricTransport(T.InProcessTransport):
+    """An in-process transport into fabric host port `fabric_port` (a switch's own port, as
+    the switch reports it in REG_PORT, is `switch_port`: what a job-table entry names)."""
+
+    def __init__(self, hub: FabricHub, ip: str, udp_port: int, switch_ip: str,
+                 fabric_port: int):
+        self.fabric_port = fabric_port
+        super().__init__(hub, ip, udp_port, switch_port=fabric_port, switch_ip=switch_ip)
+
+    def send(self, datagram: bytes, path: int = 0, dscp: int = 0):
+        frame = W.wrap_datagram(self._sources[0], self.switch, datagram, dscp)
+        with self.hub.lock:
+            self.hub.backend.send(self.fabric_port, frame)
+
+
+def wait_until(what, timeout: float, step, message: str):
+    """Call `what()` until it returns something but None, stepping `step()` between tries;
+    NetaggError(`message`) after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = what()
+        if got is not None:
+            return got
+        if time.monotonic() > deadline:
+            raise NetaggError(message)
+        step()

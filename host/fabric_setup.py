@@ -1,0 +1,245 @@
+"""How the workers of a run set up their job across a leaf and spine fabric (`host.fabric`).
+
+A worker names its leaf and the fabric (`Worker(rank, world, switch=leaf_url,
+fabric=description)`); it sits on its leaf by the fabric's `Placement` (blocks of ranks, leaf
+by leaf) and aggregates there as rank `leaf_rank` of the leaf's job `job` (its ImmDt rank),
+while the check lane, the fill-in rounds and the result counts are the world's (`FabricEngine`:
+its check lane carries the world rank's bit, so the spines' results hold the world's bitmap).
+
+1. The world's rank 0 configures every spine's job `job` (`host.job_setup.JobSetup.claim`, one
+   epoch it draws for all): its workers are the leaves, leaf l as rank l with the spine's port
+   to leaf l, the leaf's MAC, IPv4 address, the RoCEv2 UDP port and QPN `UPLINK_QPN` in its
+   entry; CONFIG.partials set; the slot range of its own leaf's job; CREDITS 0 (a spine sees
+   the uses of the slots sprayed to it only, while message numbers count all of the job's:
+   the leaves' credits bound the uses open) and no quorum or deadline (the leaves close
+   their local uses; a spine waits for every leaf's partial).
+2. Each leaf's first rank (the world's rank 0 after the spines) waits until every spine reads
+   as configured for this session (enabled, CONFIG.partials, one epoch whose tag is the
+   leaves' R_Keys) and configures its leaf's job with that epoch (so one key and one tag for
+   the whole fabric): its local ranks, credits, quorum and deadline as on one switch, and the
+   parent: JOB_PARENT (enable, rank = the leaf's index), JOB_PARENT_KEY (the spines' KEY, the
+   leaf job's own as the epoch is the same) and JOB_SPRAY (slot s up uplink s % uplinks).
+3. The leaf's other ranks join it as on one switch (`JobSetup.rank_check`).
+
+Ownership is as on one switch: the world's rank 0 owns the spines' jobs, each leaf's first
+rank its leaf's. Errors name the rank, the job and the switch.
+"""
+
+from __future__ import annotations
+
+import time
+
+from netagg.host.checklane import CheckLane
+from netagg.host.control import ControlChannel, read_params
+from netagg.host.engine import Engine
+from netagg.host.errors import NetaggError
+from netagg.host.fabric import Fabric, Placement
+from netagg.host.job_setup import JobSetup
+from netagg.host.liveness import Liveness
+from netagg.host.lossy import LossyTransport
+from netagg.host.progress import Progress
+from netagg.host.session import JobKeys, fresh_epoch
+from netagg.host.wire_arrays import ContributionWriter
+from netagg.sim import wire as W
+
+SPRAY_ENTRIES = 16          # JOB_SPRAY: 16 entries of 2 bits, slot s by entry s % 16
+SPRAY_BITS = 2
+
+
+def spray_all(uplinks: int) -> int:
+    """JOB_SPRAY with the slots dealt round robin over every uplink."""
+    return sum((s % uplinks) << (SPRAY_BITS * s) for s in range(SPRAY_ENTRIES))
+
+
+class FabricEngine(Engine):
+    """A worker's engine in a fabric: ImmDt rank `leaf_rank` of its leaf's job, the check
+    lane's bit and the fill-in rounds by its world rank among `world` workers, heartbeats
+    among the leaf's ranks (the ones its leaf holds)."""
+
+    def __init__(self, transport, *, placement: Placement, job: int, **kw):
+        super().__init__(transport, job=job, rank=placement.rank, workers=placement.world,
+                         slots=None, **kw)
+        self.placement = placement
+        self.liveness = Liveness(self.control, job=job, rank=placement.leaf_rank,
+                                 workers=placement.leaf_workers,
+                                 session_tag=self.session_tag, stats=self.stats)
+
+    def set_job(self, slots: int, credits: int = 0, quorum: int = 0, completed: int = 0,
+                keys: JobKeys | None = None):
+        super().set_job(slots, credits, quorum, completed, keys)
+        self.check_lane = CheckLane(self.session_tag, self.job, self.workers)
+        self.writer = ContributionWriter(self.job, self.placement.leaf_rank,
+                                         self.transport.path_endpoints(),
+                                         self.transport.switch, key=self.key)
+
+
+def fabric_worker(worker, fabric, switch, *, slots, slot_base, credits, quorum, paths, spray,
+                  bind, faults, qpn: int):
+    """The rest of `Worker(..., fabric=)`'s making (`worker`: its rank, world, job, session,
+    timeout and deadline are set): `switch` names its leaf (its URL or name; None, or an
+    in-process topology: the leaf its rank sits on), `fabric` describes the fabric
+    (`Fabric.load`: a description, its JSON or file, or an in-process
+    `sim.topology.Topology`). A fabric's workers are flat (`local_size` 1)."""
+    if worker.local_size != 1:
+        raise ValueError("a fabric's workers are flat: local_size must be 1")
+    if not isinstance(switch, (str, type(None))):
+        switch = None
+    worker.engine = worker.transport = None
+    worker.leaders, worker.shm, worker.progress = 1, None, None
+    try:
+        join_fabric(worker, fabric, switch, slots=slots, slot_base=slot_base,
+                    credits=credits, quorum=quorum, paths=paths, spray=spray, bind=bind,
+                    faults=faults, qpn=qpn)
+    except BaseException:
+        if worker.transport is not None:
+            worker.transport.close()
+        raise
+    worker.switch_rank = worker.placement.leaf_rank
+    worker.switch_workers = worker.placement.leaf_workers
+    if worker.transport.driver is not None:
+        worker.transport.driver.engines.append(worker.engine)
+    else:
+        worker.progress = Progress(worker.engine)
+
+
+def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, paths, spray,
+                bind, faults, qpn: int):
+    """Set `worker` (a `host.worker.Worker` being made) up in `fabric`: its transport to its
+    leaf, its `FabricEngine`, and the configuration its place asks for (the module's
+    docstring). `switch`: its leaf's URL or name (None: the one its rank sits on)."""
+    fabric = Fabric.load(fabric)
+    where = Placement.of(worker.rank, worker.world_size, len(fabric.leaves))
+    named = where.leaf if switch is None else fabric.leaf_named(switch)
+    if named != where.leaf:
+        raise NetaggError(f"rank {worker.rank} of {worker.world_size} sits on "
+                          f"{fabric.leaves[where.leaf].name} ({fabric.leaves[where.leaf].url}) "
+                          f"by the fabric's placement, not on {switch!r}")
+    leaf = fabric.leaves[where.leaf]
+    ip = f"10.{1 + worker.job}.{worker.rank // 250}.{worker.rank % 250 + 1}"
+    transport = fabric.transport(leaf, ip, paths=paths, bind=bind)
+    if faults:
+        transport = LossyTransport(transport, **faults)
+    worker.transport, worker.placement, worker.fabric = transport, where, fabric
+    engine = FabricEngine(transport, placement=where, job=worker.job, qpn=qpn,
+                          timeout=worker.timeout, spray=spray)
+    worker.engine = engine
+    p = read_params(engine.control)
+    at = f"rank {worker.rank} (rank {where.leaf_rank} at {leaf.name})"
+    if worker.job >= p["jobs"]:
+        raise NetaggError(f"{at}: {leaf.name} has jobs 0..{p['jobs'] - 1}, not job {worker.job}")
+    if where.leaf_workers > p["max_workers"]:
+        raise NetaggError(f"{at}: {leaf.name} takes at most {p['max_workers']} workers per job,"
+                          f" not {where.leaf_workers}")
+    worker.lanes = engine.lanes = min(W.MAX_PAYLOAD, p["max_payload"]) // 4 - 1
+    if p["ip"] == "0.0.0.0":        # a board's leaf not yet addressed: the description's
+        worker._write([(W.REG_IP, W.ip_to_int(leaf.ip)), (W.REG_MAC_HI, leaf.mac >> 32),
+                       (W.REG_MAC_LO, leaf.mac & 0xFFFFFFFF)])
+        p["ip"] = leaf.ip
+    worker.switch_params = p
+    transport.attach_switch(p["ports"], p["port"])
+    transport.result_source = W.Endpoint(p["ip"], p["udp_sport"])
+    per_job = p["slots"] // p["jobs"]
+    count = per_job if slots is None else slots
+    base = worker.job * per_job if slot_base is None else slot_base
+    j, r = worker.job, where.leaf_rank
+    entry = [(W.worker_reg(j, r, W.WORKER_PORT),
+              W.WORKER_ENDPOINT.pack(switch_port=transport.switch_port,
+                                     udp_port=transport.local.port)),
+             (W.worker_reg(j, r, W.WORKER_MAC_HI), transport.local.mac >> 32),
+             (W.worker_reg(j, r, W.WORKER_MAC_LO), transport.local.mac & 0xFFFFFFFF),
+             (W.worker_reg(j, r, W.WORKER_IP), W.ip_to_int(transport.local.ip)),
+             (W.worker_reg(j, r, W.WORKER_QPN), engine.qpn),
+             (W.worker_reg(j, r, W.WORKER_VA_HI), 0), (W.worker_reg(j, r, W.WORKER_VA_LO), 0)]
+    setup = JobSetup(engine.control, j, r, where.leaf_workers, worker.session, entry,
+                     p["jobs"], p["slots"], switch=leaf.name)
+    if r != 0:
+        engine.joined = False
+        engine.join_check = setup.rank_check(credits, quorum, worker.deadline_ticks)
+        return
+    credits = count if credits is None else credits
+    if credits > 0xFFFF:
+        raise NetaggError(f"{at}: {credits} credits do not fit in JOB_CREDITS (16 bits)")
+    spines = [_spine_channel(worker, fabric, s, ip) for s in range(len(fabric.spines))]
+    try:
+        if worker.rank == 0:
+            epoch = fresh_epoch()
+            for s, channel in enumerate(spines):
+                _claim_spine(worker, fabric, s, channel, base, count, epoch)
+        else:
+            epoch = _spines_epoch(worker, fabric, spines, at)
+    finally:
+        for channel in spines:
+            channel.transport.close()
+    keys = JobKeys.derive(worker.session, j, epoch)
+    setup.base, setup.count, setup.credits = base, count, credits
+    setup.quorum, setup.deadline, setup.epoch = quorum, worker.deadline_ticks, epoch
+    setup.extra = [(W.job_reg(j, W.JOB_PARENT), W.PARENT.pack(enable=1, rank=where.leaf)),
+                   (W.job_reg(j, W.JOB_PARENT_KEY), keys.key),
+                   (W.job_reg(j, W.JOB_SPRAY), spray_all(len(fabric.spines)))]
+    keys = setup.claim()
+    engine.set_job(count, credits, quorum, keys=keys)
+
+
+def _spine_channel(worker, fabric: Fabric, s: int, ip: str) -> ControlChannel:
+    """A control channel of the worker's own to spine `s` (UDP from its address, or in
+    process from its IPv4 address and a UDP port of its own)."""
+    spine = fabric.spines[s]
+    transport = fabric.transport(spine, ip, udp_port=W.ROCEV2_PORT + 1 + s,
+                                 bind=worker.transport.local.ip
+                                 if spine.url.startswith("udp://") else None)
+    return ControlChannel(transport, timeout=worker.timeout)
+
+
+def _claim_spine(worker, fabric: Fabric, s: int, channel: ControlChannel, base: int,
+                 count: int, epoch: int):
+    """The world's rank 0 configures spine `s`'s job: the leaves as its ranks."""
+    spine, j = fabric.spines[s], worker.job
+    p = read_params(channel)
+    if len(fabric.leaves) > p["max_workers"]:
+        raise NetaggError(f"rank 0: {spine.name} takes at most {p['max_workers']} leaves per "
+                          f"job, not {len(fabric.leaves)}")
+    entries = []
+    for lf, leaf in enumerate(fabric.leaves):
+        entries += [(W.worker_reg(j, lf, W.WORKER_PORT),
+                     W.WORKER_ENDPOINT.pack(switch_port=spine.leaf_ports[lf],
+                                            udp_port=W.ROCEV2_PORT)),
+                    (W.worker_reg(j, lf, W.WORKER_MAC_HI), leaf.mac >> 32),
+                    (W.worker_reg(j, lf, W.WORKER_MAC_LO), leaf.mac & 0xFFFFFFFF),
+                    (W.worker_reg(j, lf, W.WORKER_IP), W.ip_to_int(leaf.ip)),
+                    (W.worker_reg(j, lf, W.WORKER_QPN), W.UPLINK_QPN),
+                    (W.worker_reg(j, lf, W.WORKER_VA_HI), 0),
+                    (W.worker_reg(j, lf, W.WORKER_VA_LO), 0)]
+    setup = JobSetup(channel, j, 0, len(fabric.leaves), worker.session, entries, p["jobs"],
+                     p["slots"], base=base, count=count, credits=0, epoch=epoch,
+                     partials=True, switch=spine.name)
+    setup.claim()
+
+
+def _spines_epoch(worker, fabric: Fabric, spines: list[ControlChannel], at: str) -> int:
+    """A leaf's first rank: the epoch every spine's job was configured with by this session's
+    rank 0, once they all read so (waiting up to the worker's timeout)."""
+    j = worker.job
+    reads = [(W.job_reg(j, W.JOB_CONFIG), 0), (W.job_reg(j, W.JOB_EPOCH), 0),
+             (W.worker_reg(j, 0, W.WORKER_RKEY), 0)]
+    deadline = time.monotonic() + worker.timeout
+    waiting = "no answer"
+    while True:
+        epochs = set()
+        for s, channel in enumerate(spines):
+            cfg, epoch, rkey = (v for _, v in channel.request(reads))
+            fields = W.CONFIG.unpack(cfg)
+            if not fields["enable"] or not fields["partials"] or \
+                    rkey != JobKeys.derive(worker.session, j, epoch).tag:
+                waiting = (f"{fabric.spines[s].name}'s job {j} was not configured for this "
+                           f"run by rank 0")
+                break
+            epochs.add(epoch)
+        else:
+            if len(epochs) == 1:
+                return epochs.pop()
+            waiting = "the spines' jobs hold different epochs"
+        if time.monotonic() > deadline:
+            raise NetaggError(f"{at}: waited {worker.timeout:.0f} s for the spines: {waiting}")
+        spines[0].step(0.02)
+        time.sleep(0.02)
+

@@ -1,0 +1,344 @@
+"""A simulated leaf and spine network of switches, behind the interface of one switch.
+
+`Topology(leaves=2, spines=2)` cables a rack: leaf l's uplink i leaves by leaf port
+`downlinks + i` and arrives at spine i's port l; each leaf's ports 0..downlinks-1 face the
+hosts, and each spine's last port (`leaves`) is its management port, where hosts reach it
+for control. Every switch gets its own MAC and IPv4 address (10.250.x.y by default, or the
+ones given, such as the loopback addresses `sim serve --topology` binds) and the topology
+writes, through each switch's control path as an operator would, its address and the uplink
+table of every leaf (`UPLINK_*`: the port each uplink leaves by, the spine's MAC, IPv4
+address and UDP port): that is cabling, and nothing of any job (the hosts configure the jobs,
+`host.fabric_setup`).
+
+The backend interface is one switch's: `send(port, frame)` by fabric host port, `run()` the
+frames that leave host ports, as (fabric host port, frame), `tick()` to every switch. The
+fabric's host ports are the leaves' downlinks, leaf by leaf, then the spines' management
+ports (`host_port`, `locate`). `send_to` and `run_by_switch` name the switch and its own
+port instead (`sim serve --topology`, one endpoint per switch). Frames between switches are
+delivered inside, round after round until none is in flight, each link (`Link`) able to drop,
+duplicate and reorder them (`LinkFaults`), and counted per link and direction (`Link.frames`;
+a leaf's frames up an uplink are its partials: the balance of the spines' load).
+
+`cut(spine)` fails a spine's links: every frame on them is lost from then on, and each leaf
+marks the uplink down (`REG_UPLINK_DOWN`, as a board ORs in its MAC's link-down), so that its
+slots move to the uplinks that remain.
+
+Backends: "golden" (`sim.golden.GoldenSwitch` with `uplinks=`); "rtl" is a NotImplementedError
+until the gateware has a leaf (`topology_rtl_missing`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Iterable
+
+from netagg.sim import wire as W
+
+RACK = W.Endpoint("10.250.255.254", 0xBEEF, 0x02_00_00_FA_FF_FE)    # the operator's address
+RTL_MISSING = ("the RTL has no leaf yet: hw/ needs the uplink table (UPLINK_*, "
+               "REG_UPLINK_DOWN), the job registers JOB_PARENT, JOB_PARENT_KEY and JOB_SPRAY, "
+               "partials up and parent results down (UPLINK_QPN), and a spine job's "
+               "CONFIG.partials (PARTIAL in BTH.psn); use backend='golden'")
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkFaults:
+    """What a link does to the frames it carries, each with its probability."""
+
+    drop: float = 0.0
+    duplicate: float = 0.0
+    reorder: float = 0.0        # a frame swapped with the next on its link and direction
+
+
+@dataclasses.dataclass
+class Link:
+    """A cable between port `a_port` of switch `a` (a leaf) and port `b_port` of switch `b`
+    (a spine). `frames` counts what entered it per direction ("up": a to b, "down"), `lost`
+    what it dropped (faults, or cut)."""
+
+    a: str
+    a_port: int
+    b: str
+    b_port: int
+    faults: LinkFaults = LinkFaults()
+    cut: bool = False
+    frames: dict = dataclasses.field(default_factory=lambda: {"up": 0, "down": 0})
+    lost: int = 0
+
+    def carry(self, frames: list[bytes], direction: str, rng: random.Random) -> list[bytes]:
+        """The frames that come out of the far end, in the order they arrive."""
+        self.frames[direction] += len(frames)
+        if self.cut:
+            self.lost += len(frames)
+            return []
+        f = self.faults
+        out = []
+        for frame in frames:
+            if f.drop and rng.random() < f.drop:
+                self.lost += 1
+                continue
+            out.append(frame)
+            if f.duplicate and rng.random() < f.duplicate:
+                out.append(frame)
+        if f.reorder:
+            for i in range(len(out) - 1):
+                if rng.random() < f.reorder:
+                    out[i], out[i + 1] = out[i + 1], out[i]
+        return out
+
+
+@dataclasses.dataclass
+class Node:
+    """One switch of the fabric: its name, role, index, addresses, the backend, and the ports
+    that face hosts (a leaf's downlinks, a spine's management port)."""
+
+    name: str
+    role: str                   # "leaf" or "spine"
+    index: int
+    mac: int
+    ip: str
+    switch: object
+    host_ports: list[int]
+    udp_sport: int = 0xC000
+
+
+def default_ip(role: str, index: int) -> str:
+    return f"10.250.{1 if role == 'leaf' else 2}.{index + 1}"
+
+
+def default_mac(role: str, index: int) -> int:
+    return 0x02_4E_41_00_00_00 | (1 if role == "leaf" else 2) << 8 | index
+
+
+def make_switch(backend: str, **params):
+    """A switch of the fabric by backend name."""
+    if backend == "golden":
+        from netagg.sim.golden import GoldenSwitch
+        return GoldenSwitch(**params)
+    if backend == "rtl":
+        raise NotImplementedError(RTL_MISSING)
+    raise ValueError(f"unknown fabric backend {backend!r}: golden (rtl: not yet)")
+
+
+class Topology:
+    """Leaves and spines cabled as a rack (see the module's docstring). `downlinks`: host
+    ports per leaf; `jobs`, `max_workers`, `slots`: every switch's; `faults`: every link's
+    (`set_faults` per link); `addresses`: {switch name: IPv4 address} (default 10.250.x.y)."""
+
+    def __init__(self, leaves: int = 2, spines: int = 2, backend: str = "golden", *,
+                 downlinks: int = 4, jobs: int = 4, max_workers: int = 8, slots: int = 64,
+                 faults: LinkFaults | None = None, seed: int = 0,
+                 addresses: dict[str, str] | None = None):
+        if not 1 <= spines <= 4:
+            raise ValueError(f"a leaf has 0..4 uplinks: spines must be 1..4, not {spines}")
+        if not 1 <= leaves <= 15 or not 1 <= downlinks or downlinks + spines > 16:
+            raise ValueError("leaves must be 1..15, and downlinks + spines at most 16 ports")
+        if backend == "rtl":
+            raise NotImplementedError(RTL_MISSING)
+        self.leaves, self.spines, self.downlinks = leaves, spines, downlinks
+        self.backend = backend
+        self.rng = random.Random(seed)
+        addresses = addresses or {}
+        self.nodes: dict[str, Node] = {}
+        common = {"jobs": jobs, "max_workers": max(max_workers, leaves), "slots": slots}
+        for role, count in (("leaf", leaves), ("spine", spines)):
+            for i in range(count):
+                name = f"{role}{i}"
+                mac, ip = default_mac(role, i), addresses.get(name, default_ip(role, i))
+                if role == "leaf":
+                    ports, host_ports = downlinks + spines, list(range(downlinks))
+                    switch = make_switch(backend, ports=max(ports, 2), uplinks=spines,
+                                         mac=mac, ip=W.ip_to_int(ip), **common)
+                else:
+                    ports, host_ports = leaves + 1, [leaves]
+                    switch = make_switch(backend, ports=max(ports, 2), mac=mac,
+                                         ip=W.ip_to_int(ip), **common)
+                self.nodes[name] = Node(name, role, i, mac, ip, switch, host_ports)
+        self.links: dict[tuple[str, int], tuple[Link, str]] = {}   # (switch, port) -> far end
+        self.link_list: list[Link] = []
+        for leaf in range(leaves):
+            for spine in range(spines):
+                link = Link(f"leaf{leaf}", downlinks + spine, f"spine{spine}", leaf,
+                            faults or LinkFaults())
+                self.link_list.append(link)
+                self.links[link.a, link.a_port] = (link, "up")
+                self.links[link.b, link.b_port] = (link, "down")
+        self._ports = [(n.name, p) for n in self.nodes.values() for p in n.host_ports]
+        self._port_index = {key: i for i, key in enumerate(self._ports)}
+        self.ports = len(self._ports)
+        self._out: list[tuple[str, int, bytes]] = []     # frames out of host ports
+        self._psn = 0
+        self.hops = 0                                     # frames delivered between switches
+        self._cable()
+
+    # --- the wiring -------------------------------------------------------------------------
+
+    @property
+    def leaf_nodes(self) -> list[Node]:
+        return [n for n in self.nodes.values() if n.role == "leaf"]
+
+    @property
+    def spine_nodes(self) -> list[Node]:
+        return [n for n in self.nodes.values() if n.role == "spine"]
+
+    def uplink_records(self, leaf: Node) -> list[tuple[int, int]]:
+        """The uplink table of a leaf as control records: uplink i to spine i."""
+        records = []
+        for i, spine in enumerate(self.spine_nodes):
+            base = W.UPLINK_BASE + i * W.UPLINK_STRIDE
+            records += [(base + W.UPLINK_PORT, self.downlinks + i),
+                        (base + W.UPLINK_MAC_HI, spine.mac >> 32),
+                        (base + W.UPLINK_MAC_LO, spine.mac & 0xFFFFFFFF),
+                        (base + W.UPLINK_IP, W.ip_to_int(spine.ip)),
+                        (base + W.UPLINK_UDP_PORT, spine.udp_sport)]
+        return records
+
+    def _cable(self):
+        """Every switch's addresses and every leaf's uplink table, written by control."""
+        for node in self.nodes.values():
+            records = [(W.REG_MAC_HI, node.mac >> 32), (W.REG_MAC_LO, node.mac & 0xFFFFFFFF),
+                       (W.REG_IP, W.ip_to_int(node.ip)), (W.REG_UDP_SPORT, node.udp_sport)]
+            if node.role == "leaf":
+                records += self.uplink_records(node) + [(W.REG_UPLINK_DOWN, 0)]
+            self.control(node.name, [(a | W.WRITE, v) for a, v in records], check=True)
+        uplinks = [self.control(n.name, [(W.REG_UPLINKS, 0)])[0][1] for n in self.leaf_nodes]
+        if any(u != self.spines for u in uplinks):
+            raise RuntimeError(f"the leaves report {uplinks} uplinks, not {self.spines}")
+
+    def control(self, name: str, records, check: bool = False) -> list[tuple[int, int]]:
+        """One control request from the operator (`RACK`) to switch `name`, by its first host
+        port; its answer (address, value) records. `check`: a write that did not take is a
+        RuntimeError."""
+        node = self.nodes[name]
+        self._psn = (self._psn + 1) & 0xFFFFFF
+        switch_ep = W.Endpoint(node.ip, W.ROCEV2_PORT, node.mac)
+        frame = W.control_request(list(records), self._psn, RACK, switch_ep).frame()
+        self._send_in(name, node.host_ports[0], frame)
+        answer = None
+        for sw, port, out in self._run():
+            if answer is None and sw == name and _to(out, RACK):
+                pkt = W.parse_frame(out)
+                if pkt.psn == self._psn:
+                    answer = W.unpack_records(pkt.payload)
+                    continue
+            self._out.append((sw, port, out))
+        if answer is None:
+            raise RuntimeError(f"{name} did not answer the operator's control request")
+        if check:
+            for (a, v), (_, back) in zip(records, answer):
+                if a & W.WRITE and back != v:
+                    raise RuntimeError(f"{name} kept {back:#x} at register "
+                                       f"{a & ~W.WRITE:#x}, not {v:#x}")
+        return answer
+
+    def set_faults(self, faults: LinkFaults, links: Iterable[Link] | None = None):
+        for link in self.link_list if links is None else links:
+            link.faults = faults
+
+    def cut(self, spine: int):
+        """Spine `spine`'s links fail: their frames are lost, and every leaf marks the uplink
+        down (REG_UPLINK_DOWN bit `spine`), as a board's MAC reports a link down."""
+        for link in self.link_list:
+            if link.b == f"spine{spine}":
+                link.cut = True
+        for leaf in self.leaf_nodes:
+            [(_, down)] = self.control(leaf.name, [(W.REG_UPLINK_DOWN, 0)])
+            self.control(leaf.name, [(W.REG_UPLINK_DOWN | W.WRITE, down | 1 << spine)],
+                         check=True)
+
+    def partials(self) -> dict[str, list[int]]:
+        """Frames each leaf sent up each uplink (its partials, first sends and resends)."""
+        return {leaf.name: [self.links[leaf.name, self.downlinks + i][0].frames["up"]
+                            for i in range(self.spines)] for leaf in self.leaf_nodes}
+
+    # --- the backend interface --------------------------------------------------------------
+
+    def host_port(self, name: str, port: int) -> int:
+        """The fabric host port of switch `name`'s port `port`."""
+        return self._port_index[name, port]
+
+    def locate(self, fabric_port: int) -> tuple[str, int]:
+        """(switch name, its port) of a fabric host port."""
+        return self._ports[fabric_port]
+
+    def send(self, port: int, frame: bytes):
+        self._send_in(*self.locate(port), frame)
+
+    def send_to(self, name: str, port: int, frame: bytes):
+        if port not in self.nodes[name].host_ports:
+            raise ValueError(f"port {port} of {name} does not face hosts")
+        self._send_in(name, port, frame)
+
+    def _send_in(self, name: str, port: int, frame: bytes):
+        self.nodes[name].switch.send(port, frame)
+
+    def run(self) -> list[tuple[int, bytes]]:
+        return [(self._port_index[sw, port], frame) for sw, port, frame in self.run_by_switch()]
+
+    def run_by_switch(self) -> list[tuple[str, int, bytes]]:
+        """The frames that left host ports since the last call: (switch, port, frame)."""
+        out, self._out = self._out + self._run(), []
+        return out
+
+    def tick(self):
+        for node in self.nodes.values():
+            tick = getattr(node.switch, "tick", None)
+            if tick is not None:
+                for port, frame in tick() or []:
+                    self._out.append((node.name, port, frame))
+        return []
+
+    def _run(self) -> list[tuple[str, int, bytes]]:
+        """Every switch runs, and the frames between switches are carried, until none is in
+        flight; the frames out of host ports."""
+        out = []
+        busy = list(self.nodes.values())
+        while busy:
+            carried: dict[tuple[str, int], list[bytes]] = {}
+            for node in busy:
+                for port, frame in node.switch.run():
+                    if (node.name, port) in self.links:
+                        carried.setdefault((node.name, port), []).append(frame)
+                    else:
+                        out.append((node.name, port, frame))
+            busy = []
+            for (name, port), frames in carried.items():
+                link, direction = self.links[name, port]
+                far, far_port = (link.b, link.b_port) if direction == "up" else \
+                    (link.a, link.a_port)
+                arrived = link.carry(frames, direction, self.rng)
+                self.hops += len(arrived)
+                for frame in arrived:
+                    self.nodes[far].switch.send(far_port, frame)
+                if arrived and self.nodes[far] not in busy:
+                    busy.append(self.nodes[far])
+        return out
+
+    # --- the description ----------------------------------------------------------------
+
+    def describe(self, urls: dict[str, str] | None = None) -> dict:
+        """The fabric as the hosts need it (`host.fabric.Fabric`'s JSON): each switch's
+        name, URL (`urls`, default `sim://NAME`, in process), addresses and ports, and each
+        leaf's uplinks."""
+        urls = urls or {}
+
+        def switch(node: Node) -> dict:
+            return {"name": node.name, "url": urls.get(node.name, f"sim://{node.name}"),
+                    "ip": node.ip, "mac": f"{node.mac:012x}", "udp_port": node.udp_sport,
+                    "host_ports": node.host_ports}
+
+        return {
+            "leaves": [{**switch(leaf), "uplinks": [
+                {"uplink": i, "port": self.downlinks + i, "spine": spine.name,
+                 "ip": spine.ip, "mac": f"{spine.mac:012x}", "udp_port": spine.udp_sport}
+                for i, spine in enumerate(self.spine_nodes)]} for leaf in self.leaf_nodes],
+            "spines": [{**switch(spine), "leaf_ports": list(range(self.leaves))}
+                       for spine in self.spine_nodes],
+        }
+
+
+def _to(frame: bytes, endpoint: W.Endpoint) -> bool:
+    """Whether a frame goes to `endpoint`'s IPv4 address and UDP port."""
+    return (frame[W.IP_OFFSET + 16:W.IP_OFFSET + 20] == W.ip_packed(endpoint.ip)
+            and int.from_bytes(frame[W.UDP_OFFSET + 2:W.UDP_OFFSET + 4], "big") == endpoint.port)
