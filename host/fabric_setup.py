@@ -6,15 +6,16 @@ by leaf) and aggregates there as rank `leaf_rank` of the leaf's job `job` (its I
 while the check lane, the fill-in rounds and the result counts are the world's (`FabricEngine`:
 its check lane carries the world rank's bit, so the spines' results hold the world's bitmap).
 
-1. The world's rank 0 configures every spine's job `job` (`host.job_setup.JobSetup.claim`, one
-   epoch it draws for all): its workers are the leaves, leaf l as rank l with the spine's port
-   to leaf l, the leaf's MAC, IPv4 address, the RoCEv2 UDP port and QPN `UPLINK_QPN` in its
-   entry; CONFIG.partials set; the slot range of its own leaf's job; CREDITS 0 (a spine sees
-   the uses of the slots sprayed to it only, while message numbers count all of the job's:
-   the leaves' credits bound the uses open) and no quorum or deadline (the leaves close
-   their local uses; a spine waits for every leaf's partial).
+1. The world's rank 0 configures every spine's job `job` (`host.job_setup.JobSetup.claim`,
+   one epoch it draws for all): its workers are the leaves, leaf l as rank l with the
+   spine's port to leaf l, the leaf's MAC, IPv4 address, the RoCEv2 UDP port (the leaf's
+   parser takes nothing else), QPN `UPLINK_QPN` and the job's KEY as R_Key in its entry;
+   CONFIG.partials set; the slot range of its own leaf's job; CREDITS 0 (a spine sees the
+   uses of the slots sprayed to it only, while message numbers count all of the job's: the
+   leaves' credits bound the uses open) and no quorum or deadline (the leaves close their
+   local uses; a spine waits for every leaf's partial).
 2. Each leaf's first rank (the world's rank 0 after the spines) waits until every spine reads
-   as configured for this session (enabled, CONFIG.partials, one epoch whose tag is the
+   as configured for this session (enabled, CONFIG.partials, one epoch whose key is the
    leaves' R_Keys) and configures its leaf's job with that epoch (so one key and one tag for
    the whole fabric): its local ranks, credits, quorum and deadline as on one switch, and the
    parent: JOB_PARENT (enable, rank = the leaf's index), JOB_PARENT_KEY (the spines' KEY, the
@@ -42,13 +43,10 @@ from netagg.host.session import JobKeys, fresh_epoch
 from netagg.host.wire_arrays import ContributionWriter
 from netagg.sim import wire as W
 
-SPRAY_ENTRIES = 16          # JOB_SPRAY: 16 entries of 2 bits, slot s by entry s % 16
-SPRAY_BITS = 2
-
 
 def spray_all(uplinks: int) -> int:
     """JOB_SPRAY with the slots dealt round robin over every uplink."""
-    return sum((s % uplinks) << (SPRAY_BITS * s) for s in range(SPRAY_ENTRIES))
+    return W.spray_word([e % uplinks for e in range(W.SPRAY_ENTRIES)])
 
 
 class FabricEngine(Engine):
@@ -229,7 +227,7 @@ def _spines_epoch(worker, fabric: Fabric, spines: list[ControlChannel], at: str)
             cfg, epoch, rkey = (v for _, v in channel.request(reads))
             fields = W.CONFIG.unpack(cfg)
             if not fields["enable"] or not fields["partials"] or \
-                    rkey != JobKeys.derive(worker.session, j, epoch).tag:
+                    rkey != JobKeys.derive(worker.session, j, epoch).key:
                 waiting = (f"{fabric.spines[s].name}'s job {j} was not configured for this "
                            f"run by rank 0")
                 break

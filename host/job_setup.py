@@ -22,9 +22,10 @@ enabled jobs share a slot.
 
 In a leaf and spine fabric (`host.fabric_setup`) the same steps set up each switch's job: a
 spine's by the world's rank 0 (its "ranks" are the leaves, whose entries it writes itself,
-`partials` set), a leaf's by the leaf's first rank, with the records of its parent (`extra`:
-JOB_PARENT, JOB_PARENT_KEY, JOB_SPRAY) and the epoch the spines were configured with (`epoch`:
-one epoch, so one key and one tag, for the whole fabric's job). Errors name the switch
+`partials` set, their R_Keys the job's KEY, which a leaf checks on the spine's frames), a
+leaf's by the leaf's first rank, with the records of its parent (`extra`: JOB_PARENT,
+JOB_PARENT_KEY, JOB_SPRAY) and the epoch the spines were configured with (`epoch`: one
+epoch, so one key and one tag, for the whole fabric's job). Errors name the switch
 (`switch`).
 
 A job stays its owner's until the owner (or the manager) writes its CONFIG: the next run's
@@ -168,7 +169,8 @@ class JobSetup:
                  + self.entry + self.extra
                  + [(self._reg(W.JOB_CONFIG), self.config),   # clears slots and COMPLETED
                     (self._reg(W.JOB_EPOCH), keys.epoch), (self._reg(W.JOB_KEY), keys.key)]
-                 + [(self._rkey(r), keys.tag) for r in range(self.workers)])
+                 + [(self._rkey(r), keys.key if self.partials else keys.tag)
+                    for r in range(self.workers)])
         # One request up to 24 ranks (16 + 2 x workers records), the R_Keys, which the other
         # ranks wait for, last; the KEY reads back 0
         answers = self._read([(a | W.WRITE, v) for a, v in pairs]

@@ -23,7 +23,8 @@ a leaf's frames up an uplink are its partials: the balance of the spines' load).
 marks the uplink down (`REG_UPLINK_DOWN`, as a board ORs in its MAC's link-down), so that its
 slots move to the uplinks that remain.
 
-Backends: "golden" (`sim.golden.GoldenSwitch` with `uplinks=`); "rtl" is a NotImplementedError
+Backends: "golden" (`sim.golden_leaf.GoldenLeaf` with `uplinks=` for a leaf,
+`sim.golden_spine.GoldenSpine` for a spine); "rtl" is a NotImplementedError
 until the gateware has a leaf (`topology_rtl_missing`).
 """
 
@@ -111,11 +112,14 @@ def default_mac(role: str, index: int) -> int:
     return 0x02_4E_41_00_00_00 | (1 if role == "leaf" else 2) << 8 | index
 
 
-def make_switch(backend: str, **params):
-    """A switch of the fabric by backend name."""
+def make_switch(backend: str, uplinks: int = 0, **params):
+    """A switch of the fabric by backend name: a leaf with `uplinks`, else a spine."""
+    if backend == "golden" and uplinks:
+        from netagg.sim.golden_leaf import GoldenLeaf
+        return GoldenLeaf(uplinks=uplinks, **params)
     if backend == "golden":
-        from netagg.sim.golden import GoldenSwitch
-        return GoldenSwitch(**params)
+        from netagg.sim.golden_spine import GoldenSpine
+        return GoldenSpine(**params)
     if backend == "rtl":
         raise NotImplementedError(RTL_MISSING)
     raise ValueError(f"unknown fabric backend {backend!r}: golden (rtl: not yet)")
@@ -124,12 +128,13 @@ def make_switch(backend: str, **params):
 class Topology:
     """Leaves and spines cabled as a rack (see the module's docstring). `downlinks`: host
     ports per leaf; `jobs`, `max_workers`, `slots`: every switch's; `faults`: every link's
-    (`set_faults` per link); `addresses`: {switch name: IPv4 address} (default 10.250.x.y)."""
+    (`set_faults` per link); `addresses`: {switch name: IPv4 address} (default 10.250.x.y);
+    `make(uplinks=, **params)`: the switches (default: the backend's, `make_switch`)."""
 
     def __init__(self, leaves: int = 2, spines: int = 2, backend: str = "golden", *,
                  downlinks: int = 4, jobs: int = 4, max_workers: int = 8, slots: int = 64,
                  faults: LinkFaults | None = None, seed: int = 0,
-                 addresses: dict[str, str] | None = None):
+                 addresses: dict[str, str] | None = None, make=None):
         if not 1 <= spines <= 4:
             raise ValueError(f"a leaf has 0..4 uplinks: spines must be 1..4, not {spines}")
         if not 1 <= leaves <= 15 or not 1 <= downlinks or downlinks + spines > 16:
@@ -140,6 +145,7 @@ class Topology:
         self.backend = backend
         self.rng = random.Random(seed)
         addresses = addresses or {}
+        make = make or (lambda **params: make_switch(backend, **params))
         self.nodes: dict[str, Node] = {}
         common = {"jobs": jobs, "max_workers": max(max_workers, leaves), "slots": slots}
         for role, count in (("leaf", leaves), ("spine", spines)):
@@ -148,11 +154,11 @@ class Topology:
                 mac, ip = default_mac(role, i), addresses.get(name, default_ip(role, i))
                 if role == "leaf":
                     ports, host_ports = downlinks + spines, list(range(downlinks))
-                    switch = make_switch(backend, ports=max(ports, 2), uplinks=spines,
+                    switch = make(ports=max(ports, 2), uplinks=spines,
                                          mac=mac, ip=W.ip_to_int(ip), **common)
                 else:
                     ports, host_ports = leaves + 1, [leaves]
-                    switch = make_switch(backend, ports=max(ports, 2), mac=mac,
+                    switch = make(ports=max(ports, 2), uplinks=0, mac=mac,
                                          ip=W.ip_to_int(ip), **common)
                 self.nodes[name] = Node(name, role, i, mac, ip, switch, host_ports)
         self.links: dict[tuple[str, int], tuple[Link, str]] = {}   # (switch, port) -> far end
@@ -186,12 +192,11 @@ class Topology:
         """The uplink table of a leaf as control records: uplink i to spine i."""
         records = []
         for i, spine in enumerate(self.spine_nodes):
-            base = W.UPLINK_BASE + i * W.UPLINK_STRIDE
-            records += [(base + W.UPLINK_PORT, self.downlinks + i),
-                        (base + W.UPLINK_MAC_HI, spine.mac >> 32),
-                        (base + W.UPLINK_MAC_LO, spine.mac & 0xFFFFFFFF),
-                        (base + W.UPLINK_IP, W.ip_to_int(spine.ip)),
-                        (base + W.UPLINK_UDP_PORT, spine.udp_sport)]
+            records += [(W.uplink_reg(i, W.UPLINK_PORT), self.downlinks + i),
+                        (W.uplink_reg(i, W.UPLINK_MAC_HI), spine.mac >> 32),
+                        (W.uplink_reg(i, W.UPLINK_MAC_LO), spine.mac & 0xFFFFFFFF),
+                        (W.uplink_reg(i, W.UPLINK_IP), W.ip_to_int(spine.ip)),
+                        (W.uplink_reg(i, W.UPLINK_UDP_PORT), W.ROCEV2_PORT)]
         return records
 
     def _cable(self):
@@ -331,7 +336,7 @@ class Topology:
         return {
             "leaves": [{**switch(leaf), "uplinks": [
                 {"uplink": i, "port": self.downlinks + i, "spine": spine.name,
-                 "ip": spine.ip, "mac": f"{spine.mac:012x}", "udp_port": spine.udp_sport}
+                 "ip": spine.ip, "mac": f"{spine.mac:012x}", "udp_port": W.ROCEV2_PORT}
                 for i, spine in enumerate(self.spine_nodes)]} for leaf in self.leaf_nodes],
             "spines": [{**switch(spine), "leaf_ports": list(range(self.leaves))}
                        for spine in self.spine_nodes],

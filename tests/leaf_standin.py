@@ -148,7 +148,7 @@ class StandinSwitch(GoldenSwitch):
         port, mac_hi, mac_lo, ip, udp = self.uplink[u]
         msn = self.fabric[self.job[j].slot_base + slot, version][1]
         imm = W.pack_imm(W.REQUEST_IMM, job=j, rank=self.parent[j] & 0x1F, version=version,
-                         slot=slot, exponent=copy.exponent & 0xFF)
+                         slot=slot, exponent=copy.exponent)
         psn = W.pack_imm(W.PARTIAL, count=copy.data, overflow=int(copy.overflow))
         pkt = W.Packet(W.OP_CONTRIBUTION, 0, psn, copy.sums.astype("<i4").tobytes(),
                        va=W.contribution_va(msn, offset), rkey=self.parent_key[j], imm=imm,
@@ -175,8 +175,7 @@ class StandinSwitch(GoldenSwitch):
         copy = self.state[key[0]][key[1]]
         copy.sums = np.frombuffer(payload, "<i4").astype(np.int64)
         copy.data, copy.overflow = imm["count"], bool(imm["overflow"])
-        exponent = imm["exponent"]
-        copy.exponent = exponent - 256 if exponent >= 128 else exponent
+        copy.exponent = imm["exponent"]
         state[0] = CopyState.DONE
         self.fabric_counters[j]["parent_results"] += 1
         GoldenSwitch._complete(self, job, self.job_counters[j], copy)
@@ -203,7 +202,7 @@ class StandinSwitch(GoldenSwitch):
         job = self.job[j]
         count = self.counts.get((job.slot_base + slot, version), copy.data)
         imm = W.pack_imm(W.RESULT_IMM, job=j, count=count, version=version, slot=slot,
-                         exponent=copy.exponent & 0xFF, overflow=int(copy.overflow))
+                         exponent=copy.exponent, overflow=int(copy.overflow))
         sums, limit = copy.sums.astype("<i4").tobytes(), job.limit
         out = []
         for rank in ranks:
