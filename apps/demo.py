@@ -34,6 +34,25 @@ def demo_data(rank: int, values: int, seed: int, dtype: str = "float32") -> np.n
     return (rng.standard_normal(values) * layer_scale[:values]).astype(dtype)
 
 
+def check_result(result: np.ndarray, inputs: list, sizes: list[int]) -> dict:
+    """`result` (the allreduce of `inputs`, sent in tensors of `sizes` values) against
+    numpy's float64 sum: int32 exactly, floats within the fixed-point bound of each tensor
+    (`host.numerics.error_bound`; blocks restart at every tensor). `ok`, `max_error`."""
+    exact = np.sum([x.astype(np.float64) for x in inputs], axis=0)
+    err = np.abs(result.astype(np.float64) - exact)
+    if result.dtype == np.int32:
+        return {"max_error": float(err.max(initial=0)),
+                "ok": bool(np.array_equal(result, exact.astype(np.int64)))}
+    fmt = N.format_of(result)
+    starts = np.cumsum([0] + list(sizes))
+    exps = np.concatenate([N.shared_exponents([x[a:a + n] for x in inputs], fmt)
+                           for a, n in zip(starts, sizes)])
+    bound = N.error_bound(result.astype(np.float64), exps, len(inputs), fmt)
+    return {"max_error": float(err.max(initial=0)),
+            "max_relative_error": float((err / np.maximum(np.abs(exact), 1e-30)).max()),
+            "ok": bool(np.all(err <= bound))}
+
+
 def worker_main(rank: int, world: int, url: str, local_size: int, session: str, values: int,
                 steps: int, seed: int, dtype: str, progress, results, faults=None,
                 timeout: float = 60.0, verify: bool = True, paths: int = 1,
@@ -66,22 +85,7 @@ def worker_main(rank: int, world: int, url: str, local_size: int, session: str, 
                   "digest": hashlib.sha256(result.tobytes()).hexdigest()}
         if verify:
             inputs = [demo_data(r, values, seed, dtype) for r in range(world)]
-            exact = np.sum([x.astype(np.float64) for x in inputs], axis=0)
-            err = np.abs(result.astype(np.float64) - exact)
-            if dtype == "int32":
-                report.update(max_error=float(err.max(initial=0)),
-                              ok=bool(np.array_equal(result, exact.astype(np.int64))))
-            else:
-                fmt = N.format_of(result)
-                # the bound per tensor piece (blocks restart at every tensor)
-                exps = np.concatenate([N.shared_exponents(
-                    [x[sum(len(q) for q in pieces[:i]):][:len(p)] for x in inputs], fmt)
-                    for i, p in enumerate(pieces)])
-                bound = N.error_bound(result.astype(np.float64), exps, world, fmt)
-                report.update(max_error=float(err.max(initial=0)),
-                              max_relative_error=float((err / np.maximum(np.abs(exact),
-                                                                         1e-30)).max()),
-                              ok=bool(np.all(err <= bound)))
+            report.update(check_result(result, inputs, [len(p) for p in pieces]))
         results.put(report)
     except BaseException as e:       # the parent reports it
         if start is not None:

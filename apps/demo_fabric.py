@@ -1,0 +1,112 @@
+"""`netagg demo --topology LxS`: workers allreduce over a simulated leaf and spine fabric.
+
+The fabric (`sim.topology.Topology`, golden: the RTL has no leaf yet) runs in this process
+with the workers (in-process `host.Worker`s with `fabric=`, their ranks in blocks over the
+leaves, driven cooperatively): each allreduces `values` float32 (or int32) values in `steps`
+tensors, and every worker's result is checked against numpy (float64 sum: int32 exactly,
+floats within the fixed-point bound, `apps.demo.check_result`) and against the others' (bit
+for bit). `uplink_down_at` (0..1): once that share of the tensors is complete, the last
+spine's links fail and every leaf marks its uplink down (`Topology.cut`), while later
+tensors are in flight; the uses it held complete through the workers' retransmissions.
+
+The report: verified, the time, the partials each leaf sent up each uplink (the spines'
+balance), frames between switches, retransmissions and the leaves' and spines' fabric
+counters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+
+import numpy as np
+from netagg.apps.demo import check_result, demo_data
+
+
+def fabric_counters(topology, job: int = 0) -> dict:
+    """Every switch's fabric counters (and completed uses) of `job`, by switch name."""
+    from netagg.sim import wire as W
+    names = ("completed", "contributions", "replays") + W.FABRIC_COUNTERS
+    out = {}
+    for name in topology.nodes:
+        values = topology.control(name, [(W.job_counter(job, n), 0) for n in names])
+        out[name] = {n: v for n, (_, v) in zip(names, values) if v}
+    return out
+
+
+def demo_fabric(shape: str = "2x2", workers: int = 8, values: int = 200_000, steps: int = 8,
+                backend: str = "golden", uplink_down_at: float | None = None,
+                quiet: bool = False, seed: int = 0, dtype: str = "float32", make=None,
+                faults=None, timeout: float = 60.0) -> dict:
+    from netagg.host import Worker
+    from netagg.sim.topology import Topology
+    from netagg.sim.topology_serve import parse_shape
+    from rich.console import Console
+
+    console = Console(stderr=True, quiet=quiet)
+    leaves, spines = parse_shape(shape)
+    if uplink_down_at is not None and not 0 <= uplink_down_at < 1:
+        raise ValueError(f"--uplink-down-at is a share of the run in [0, 1), not "
+                         f"{uplink_down_at}")
+    report = {"topology": shape, "leaves": leaves, "spines": spines, "backend": backend,
+              "transport": "in-process", "workers": workers, "values": values,
+              "dtype": dtype, "steps": steps, "uplink_down_at": uplink_down_at,
+              "verified": False, "errors": []}
+    try:
+        topology = Topology(leaves, spines, backend, make=make, faults=faults,
+                            max_workers=max(8, -(-workers // leaves)))
+    except NotImplementedError as e:
+        report["errors"].append(str(e))
+        console.print(f"netagg demo --topology: {e}")
+        return report
+    console.print(f"netagg demo: {workers} workers over {leaves} leaves and {spines} spines "
+                  f"({backend}), {values:,} {dtype} values each in {steps} tensors"
+                  + (f"; the last spine's uplinks go down at {uplink_down_at:.0%}"
+                     if uplink_down_at is not None else ""))
+    session = uuid.uuid4().hex
+    ws = [Worker(r, workers, None, session=session, fabric=topology, timeout=timeout)
+          for r in range(workers)]
+    inputs = [demo_data(r, values, seed, dtype) for r in range(workers)]
+    pieces = [np.array_split(x, steps) for x in inputs]
+    outs: list[list] = [[] for _ in range(workers)]
+    cut_at = None
+    t0 = time.perf_counter()
+    try:
+        handles = [[w.allreduce_async(p) for p in ps] for w, ps in zip(ws, pieces)]
+        for step in range(steps):
+            for r in range(workers):
+                outs[r].append(handles[r][step].wait(timeout))
+            if uplink_down_at is not None and cut_at is None and \
+                    (step + 1) / steps >= uplink_down_at:
+                topology.cut(spines - 1)
+                cut_at = step + 1
+        seconds = time.perf_counter() - t0
+    except Exception as e:          # the report says what failed
+        report["errors"].append(f"{type(e).__name__}: {e}")
+        seconds = time.perf_counter() - t0
+    counters = [w.counters() for w in ws]
+    for w in ws:
+        w.close()
+    report.update(seconds=round(seconds, 3), cut_after_tensors=cut_at,
+                  partials=topology.partials(), frames_between_switches=topology.hops,
+                  links_lost=sum(link.lost for link in topology.link_list),
+                  retransmissions=sum(c.get("retransmissions", 0) for c in counters),
+                  packets_sent=sum(c.get("packets_sent", 0) for c in counters),
+                  fabric_counters=fabric_counters(topology))
+    if not report["errors"]:
+        results = [np.concatenate(o) for o in outs]
+        checks = [check_result(res, inputs, [len(p) for p in pieces[0]]) for res in results]
+        digests = {hashlib.sha256(res.tobytes()).hexdigest() for res in results}
+        report.update(max_error=max(c["max_error"] for c in checks),
+                      results_agree=len(digests) == 1,
+                      verified=all(c["ok"] for c in checks) and len(digests) == 1)
+    if not quiet:
+        print(f"verified       {'yes' if report['verified'] else 'NO'} ({workers} workers, "
+              f"{leaves}x{spines}, {seconds:.2f} s)\n"
+              f"partials up    {report['partials']}\n"
+              f"between        {report['frames_between_switches']:,} frames, "
+              f"{report['links_lost']:,} lost\n"
+              f"retransmitted  {report['retransmissions']:,}"
+              + "".join(f"\nerror          {e}" for e in report["errors"]))
+    return report
