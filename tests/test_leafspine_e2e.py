@@ -1,0 +1,162 @@
+"""Workers across a leaf and spine fabric, end to end: 8 in-process workers over two leaves
+and two spines, int32 exact and float32 within the fixed-point bound, with loss at both
+levels (the workers' links and the links between switches), with one spine's uplinks marked
+down mid-run; `netagg sim serve --topology 2x2` in its own process with 8 UDP workers; the
+errors of a fabric's set-up name the rank, the job and the switch."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import uuid
+
+import numpy as np
+import pytest
+from netagg.apps.demo_fabric import demo_fabric
+from netagg.host import Worker
+from netagg.host.errors import NetaggError
+from netagg.sim import wire as W
+from netagg.sim.topology import LinkFaults, Topology
+
+from tests.fabric_switches import fabric_make, golden_fabric
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+needs_golden = pytest.mark.skipif(not golden_fabric(),
+                                  reason="the golden leaf and spine are not in sim/ yet")
+
+
+def _workers(topo, n=8, session=None, **kw):
+    session = session or uuid.uuid4().hex
+    return [Worker(r, n, None, session=session, fabric=topo, timeout=30, **kw)
+            for r in range(n)]
+
+
+def _allreduce(ws, xs):
+    handles = [w.allreduce_async(x) for w, x in zip(ws, xs)]
+    return [h.wait(60) for h in handles]
+
+
+def test_int32_sums_are_exact_over_two_leaves_and_the_spines_share_the_uses():
+    topo = Topology(2, 2, make=fabric_make())
+    ws = _workers(topo)
+    rng = np.random.default_rng(1)
+    xs = [rng.integers(-(1 << 20), 1 << 20, 30_000, dtype=np.int32) for _ in ws]
+    for out in _allreduce(ws, xs):
+        assert out.dtype == np.int32 and np.array_equal(out, np.sum(xs, axis=0))
+    assert [w.placement.leaf for w in ws] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [w.switch_rank for w in ws] == [0, 1, 2, 3, 0, 1, 2, 3]   # ImmDt rank: the leaf's
+    completed = {name: topo.control(name, [(W.job_counter(0, "completed"), 0)])[0][1]
+                 for name in topo.nodes}
+    assert completed["leaf0"] == completed["leaf1"] == \
+        completed["spine0"] + completed["spine1"] > 0      # every use once, at one spine
+    partials = topo.partials()
+    assert partials["leaf0"] == partials["leaf1"]
+    assert abs(partials["leaf0"][0] - partials["leaf0"][1]) <= 1       # slots round robin
+    for w in ws:
+        w.close()
+
+
+def test_float32_is_within_the_fixed_point_bound():
+    report = demo_fabric("2x2", workers=8, values=40_000, steps=4, make=fabric_make(),
+                         quiet=True)
+    assert report["errors"] == [] and report["verified"] and report["results_agree"]
+    assert report["max_error"] > 0                     # fixed point, not exact
+    assert report["frames_between_switches"] >= 2 * sum(map(sum, report["partials"].values()))
+
+
+def test_loss_at_both_levels_changes_nothing():
+    topo = Topology(2, 2, make=fabric_make(), seed=5,
+                    faults=LinkFaults(drop=0.05, duplicate=0.05, reorder=0.1))
+    faults = dict(drop=0.05, duplicate=0.05, reorder=0.05, max_delay=0.005, seed=3)
+    ws = _workers(topo, faults=faults)
+    for w in ws:                        # no waiting out a lost first packet's 0.2 s
+        w.engine.rto = w.engine.rto_min
+    rng = np.random.default_rng(2)
+    xs = [rng.integers(-1000, 1000, 20_000, dtype=np.int32) for _ in ws]
+    for out in _allreduce(ws, xs):
+        assert np.array_equal(out, np.sum(xs, axis=0))
+    assert sum(link.lost for link in topo.link_list) > 0
+    assert sum(w.counters()["retransmissions"] for w in ws) > 0
+    for w in ws:
+        w.close()
+
+
+def test_one_spine_marked_down_mid_run_still_sums_exactly():
+    report = demo_fabric("2x2", workers=8, values=60_000, steps=6, dtype="int32",
+                         uplink_down_at=0.5, make=fabric_make(), quiet=True)
+    assert report["errors"] == [] and report["verified"]
+    assert report["cut_after_tensors"] == 3
+    partials = report["partials"]
+    assert all(p[0] > p[1] for p in partials.values())  # spine0 took the rest of the run
+    counters = report["fabric_counters"]
+    assert counters["leaf0"]["completed"] == counters["leaf1"]["completed"]
+
+
+@needs_golden
+def test_a_spine_cut_with_loss_completes_through_pulls():
+    report = demo_fabric("2x2", workers=8, values=60_000, steps=6, dtype="int32",
+                         uplink_down_at=0.5, quiet=True,
+                         faults=LinkFaults(drop=0.05, duplicate=0.02, reorder=0.05))
+    assert report["errors"] == [] and report["verified"]
+
+
+def test_set_up_errors_name_the_rank_the_job_and_the_switch():
+    topo = Topology(2, 2, make=fabric_make())
+    with pytest.raises(NetaggError, match=r"rank 5 of 8 sits on leaf1 .*not on 'leaf0'"):
+        Worker(5, 8, "leaf0", session="s", fabric=topo, timeout=2)
+    other = [(W.job_reg(0, W.JOB_SLOT_BASE), 0), (W.job_reg(0, W.JOB_SLOT_COUNT), 4),
+             (W.job_reg(0, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=2))]
+    topo.control("spine1", [(a | W.WRITE, v) for a, v in other])     # someone else's job
+    with pytest.raises(NetaggError, match=r"job 0 at spine1 is enabled by 10\.250\.255\.254"):
+        Worker(0, 8, None, session="s", fabric=topo, timeout=2)
+    with pytest.raises(NetaggError, match=r"rank 4 \(rank 0 at leaf1\): waited 1 s for the "
+                                          r"spines: spine1's job 0 was not configured"):
+        Worker(4, 8, None, session="s", fabric=topo, timeout=1)
+
+
+@needs_golden
+def test_sim_serve_topology_in_its_own_process_with_8_udp_workers(tmp_path):
+    describe = tmp_path / "fabric.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "netagg.apps.cli", "sim", "serve", "--topology", "2x2",
+         "--describe", str(describe)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": ROOT, "COLUMNS": "200"})
+    try:
+        fabric = json.loads(proc.stdout.readline())
+        assert json.loads(describe.read_text()) == fabric
+        urls = [s["url"] for s in fabric["leaves"] + fabric["spines"]]
+        assert len(set(urls)) == 4 and all(re.fullmatch(r"udp://127\.[\d.]+:4791", u)
+                                           for u in urls)
+        assert fabric["leaves"][1]["uplinks"][0]["ip"] == fabric["spines"][0]["ip"]
+        session = uuid.uuid4().hex
+        rng = np.random.default_rng(3)
+        xs = [rng.standard_normal(20_000).astype(np.float32) for _ in range(8)]
+        ints = [rng.integers(-999, 999, 5_000, dtype=np.int32) for _ in range(8)]
+        outs, errors = {}, []
+
+        def run(rank):
+            try:
+                leaf = fabric["leaves"][rank // 4]["url"]
+                with Worker(rank, 8, leaf, session=session, fabric=fabric, timeout=30) as w:
+                    outs[rank] = (w.allreduce(xs[rank]), w.allreduce(ints[rank]))
+            except Exception as e:
+                errors.append(f"rank {rank}: {e}")
+
+        threads = [threading.Thread(target=run, args=(r,)) for r in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(90)
+        assert errors == [] and len(outs) == 8
+        exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
+        for f, i in outs.values():
+            assert np.abs(f - exact).max() < 1e-3 and np.array_equal(i, np.sum(ints, axis=0))
+            assert np.array_equal(f, outs[0][0])
+    finally:
+        proc.terminate()
+        proc.wait(10)
