@@ -22,6 +22,15 @@ its check lane carries the world rank's bit, so the spines' results hold the wor
    leaf job's own as the epoch is the same) and JOB_SPRAY (slot s up uplink s % uplinks).
 3. The leaf's other ranks join it as on one switch (`JobSetup.rank_check`).
 
+No quorum (a leaf's QUORUM counts its local contributions, the hosts' fill-in rounds a quorum
+of the world's ranks: they disagree); a deadline closes a use short at a leaf, its partial
+carries the smaller count, and the hosts fill in as on one switch (every rank sends in the
+fill-in round, so every leaf completes it). Liveness watches a leaf's own ranks (their
+heartbeats are in their leaf): a rank gone on another leaf shows as the bounded wait's
+timeout. A leaf's first rank takes the spines' epoch as this run's when their R_Keys match
+the session: a fresh session string per run (the demo's) keeps an earlier run's spines from
+passing for this one's.
+
 Ownership is as on one switch: the world's rank 0 owns the spines' jobs, each leaf's first
 rank its leaf's. Errors name the rank, the job and the switch.
 """
@@ -80,6 +89,11 @@ def fabric_worker(worker, fabric, switch, *, slots, slot_base, credits, quorum, 
     `sim.topology.Topology`). A fabric's workers are flat (`local_size` 1)."""
     if worker.local_size != 1:
         raise ValueError("a fabric's workers are flat: local_size must be 1")
+    if quorum:
+        raise ValueError("a fabric's job has no quorum yet: a leaf's QUORUM counts its local "
+                         "contributions, and the hosts' fill-in rounds make up a quorum of the "
+                         "world's ranks, which may all sit on one leaf (a deadline works: "
+                         "quorum=0, deadline=)")
     if not isinstance(switch, (str, type(None))):
         switch = None
     worker.engine = worker.transport = None

@@ -118,6 +118,48 @@ def test_set_up_errors_name_the_rank_the_job_and_the_switch():
         Worker(4, 8, None, session="s", fabric=topo, timeout=1)
 
 
+def _udp_workers(fabric: dict, xs: list, ints: list) -> tuple[dict, list]:
+    """8 UDP workers in threads, each naming its leaf's URL: their (float, int) results."""
+    session = uuid.uuid4().hex
+    outs, errors = {}, []
+
+    def run(rank):
+        try:
+            leaf = fabric["leaves"][rank // 4]["url"]
+            with Worker(rank, 8, leaf, session=session, fabric=fabric, timeout=30) as w:
+                outs[rank] = (w.allreduce(xs[rank]), w.allreduce(ints[rank]))
+        except Exception as e:
+            errors.append(f"rank {rank}: {e}")
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    return outs, errors
+
+
+def _check_udp_run(fabric: dict):
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal(20_000).astype(np.float32) for _ in range(8)]
+    ints = [rng.integers(-999, 999, 5_000, dtype=np.int32) for _ in range(8)]
+    outs, errors = _udp_workers(fabric, xs, ints)
+    assert errors == [] and len(outs) == 8
+    exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
+    for f, i in outs.values():
+        assert np.abs(f - exact).max() < 1e-3 and np.array_equal(i, np.sum(ints, axis=0))
+        assert np.array_equal(f, outs[0][0])
+
+
+def test_a_fabric_server_serves_8_udp_workers_one_endpoint_per_switch():
+    from netagg.sim.topology_serve import FabricServer
+    with FabricServer(2, 2, make=fabric_make()).start() as server:
+        fabric = server.describe()
+        _check_udp_run(fabric)
+        partials = server.topology.partials()
+        assert partials["leaf0"][0] > 0 and partials["leaf1"][1] > 0
+
+
 @needs_golden
 def test_sim_serve_topology_in_its_own_process_with_8_udp_workers(tmp_path):
     describe = tmp_path / "fabric.json"
@@ -133,30 +175,7 @@ def test_sim_serve_topology_in_its_own_process_with_8_udp_workers(tmp_path):
         assert len(set(urls)) == 4 and all(re.fullmatch(r"udp://127\.[\d.]+:4791", u)
                                            for u in urls)
         assert fabric["leaves"][1]["uplinks"][0]["ip"] == fabric["spines"][0]["ip"]
-        session = uuid.uuid4().hex
-        rng = np.random.default_rng(3)
-        xs = [rng.standard_normal(20_000).astype(np.float32) for _ in range(8)]
-        ints = [rng.integers(-999, 999, 5_000, dtype=np.int32) for _ in range(8)]
-        outs, errors = {}, []
-
-        def run(rank):
-            try:
-                leaf = fabric["leaves"][rank // 4]["url"]
-                with Worker(rank, 8, leaf, session=session, fabric=fabric, timeout=30) as w:
-                    outs[rank] = (w.allreduce(xs[rank]), w.allreduce(ints[rank]))
-            except Exception as e:
-                errors.append(f"rank {rank}: {e}")
-
-        threads = [threading.Thread(target=run, args=(r,)) for r in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(90)
-        assert errors == [] and len(outs) == 8
-        exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
-        for f, i in outs.values():
-            assert np.abs(f - exact).max() < 1e-3 and np.array_equal(i, np.sum(ints, axis=0))
-            assert np.array_equal(f, outs[0][0])
+        _check_udp_run(fabric)
     finally:
         proc.terminate()
         proc.wait(10)
