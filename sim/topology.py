@@ -24,7 +24,7 @@ marks the uplink down (`REG_UPLINK_DOWN`, as a board ORs in its MAC's link-down)
 slots move to the uplinks that remain.
 
 Backends: "golden" (`sim.golden_leaf.GoldenLeaf` with `uplinks=` for a leaf,
-`sim.golden_spine.GoldenSpine` for a spine); "rtl" is a NotImplementedError
+`sim.golden_leaf.GoldenSpine` for a spine); "rtl" is a NotImplementedError
 until the gateware has a leaf (`topology_rtl_missing`).
 """
 
@@ -114,12 +114,9 @@ def default_mac(role: str, index: int) -> int:
 
 def make_switch(backend: str, uplinks: int = 0, **params):
     """A switch of the fabric by backend name: a leaf with `uplinks`, else a spine."""
-    if backend == "golden" and uplinks:
-        from netagg.sim.golden_leaf import GoldenLeaf
-        return GoldenLeaf(uplinks=uplinks, **params)
     if backend == "golden":
-        from netagg.sim.golden_spine import GoldenSpine
-        return GoldenSpine(**params)
+        from netagg.sim.golden_leaf import GoldenLeaf, GoldenSpine
+        return GoldenLeaf(uplinks=uplinks, **params) if uplinks else GoldenSpine(**params)
     if backend == "rtl":
         raise NotImplementedError(RTL_MISSING)
     raise ValueError(f"unknown fabric backend {backend!r}: golden (rtl: not yet)")

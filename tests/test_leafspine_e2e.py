@@ -22,11 +22,7 @@ from netagg.host.errors import NetaggError
 from netagg.sim import wire as W
 from netagg.sim.topology import LinkFaults, Topology
 
-from tests.fabric_switches import fabric_make, golden_fabric
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-needs_golden = pytest.mark.skipif(not golden_fabric(),
-                                  reason="the golden leaf and spine are not in sim/ yet")
 
 
 def _workers(topo, n=8, session=None, **kw):
@@ -41,7 +37,7 @@ def _allreduce(ws, xs):
 
 
 def test_int32_sums_are_exact_over_two_leaves_and_the_spines_share_the_uses():
-    topo = Topology(2, 2, make=fabric_make())
+    topo = Topology(2, 2)
     ws = _workers(topo)
     rng = np.random.default_rng(1)
     xs = [rng.integers(-(1 << 20), 1 << 20, 30_000, dtype=np.int32) for _ in ws]
@@ -61,7 +57,7 @@ def test_int32_sums_are_exact_over_two_leaves_and_the_spines_share_the_uses():
 
 
 def test_float32_is_within_the_fixed_point_bound():
-    report = demo_fabric("2x2", workers=8, values=40_000, steps=4, make=fabric_make(),
+    report = demo_fabric("2x2", workers=8, values=40_000, steps=4,
                          quiet=True)
     assert report["errors"] == [] and report["verified"] and report["results_agree"]
     assert report["max_error"] > 0                     # fixed point, not exact
@@ -69,7 +65,7 @@ def test_float32_is_within_the_fixed_point_bound():
 
 
 def test_loss_at_both_levels_changes_nothing():
-    topo = Topology(2, 2, make=fabric_make(), seed=5,
+    topo = Topology(2, 2, seed=5,
                     faults=LinkFaults(drop=0.05, duplicate=0.05, reorder=0.1))
     faults = dict(drop=0.05, duplicate=0.05, reorder=0.05, max_delay=0.005, seed=3)
     ws = _workers(topo, faults=faults)
@@ -87,7 +83,7 @@ def test_loss_at_both_levels_changes_nothing():
 
 def test_one_spine_marked_down_mid_run_still_sums_exactly():
     report = demo_fabric("2x2", workers=8, values=60_000, steps=6, dtype="int32",
-                         uplink_down_at=0.5, make=fabric_make(), quiet=True)
+                         uplink_down_at=0.5, quiet=True)
     assert report["errors"] == [] and report["verified"]
     assert report["cut_after_tensors"] == 3
     partials = report["partials"]
@@ -96,7 +92,6 @@ def test_one_spine_marked_down_mid_run_still_sums_exactly():
     assert counters["leaf0"]["completed"] == counters["leaf1"]["completed"]
 
 
-@needs_golden
 def test_a_spine_cut_with_loss_completes_through_pulls():
     report = demo_fabric("2x2", workers=8, values=60_000, steps=6, dtype="int32",
                          uplink_down_at=0.5, quiet=True,
@@ -105,7 +100,7 @@ def test_a_spine_cut_with_loss_completes_through_pulls():
 
 
 def test_set_up_errors_name_the_rank_the_job_and_the_switch():
-    topo = Topology(2, 2, make=fabric_make())
+    topo = Topology(2, 2)
     with pytest.raises(NetaggError, match=r"rank 5 of 8 sits on leaf1 .*not on 'leaf0'"):
         Worker(5, 8, "leaf0", session="s", fabric=topo, timeout=2)
     other = [(W.job_reg(0, W.JOB_SLOT_BASE), 0), (W.job_reg(0, W.JOB_SLOT_COUNT), 4),
@@ -153,14 +148,13 @@ def _check_udp_run(fabric: dict):
 
 def test_a_fabric_server_serves_8_udp_workers_one_endpoint_per_switch():
     from netagg.sim.topology_serve import FabricServer
-    with FabricServer(2, 2, make=fabric_make()).start() as server:
+    with FabricServer(2, 2).start() as server:
         fabric = server.describe()
         _check_udp_run(fabric)
         partials = server.topology.partials()
         assert partials["leaf0"][0] > 0 and partials["leaf1"][1] > 0
 
 
-@needs_golden
 def test_sim_serve_topology_in_its_own_process_with_8_udp_workers(tmp_path):
     describe = tmp_path / "fabric.json"
     proc = subprocess.Popen(

@@ -12,12 +12,11 @@ from netagg.host.fabric import Fabric, Placement
 from netagg.sim import wire as W
 from netagg.sim.topology import Link, LinkFaults, Topology
 
-from tests.fabric_switches import fabric_make
 from tests.frames import scapy_frame
 
 
 def test_the_rack_is_cabled_and_addressed():
-    topo = Topology(2, 3, make=fabric_make(), downlinks=4)
+    topo = Topology(2, 3, downlinks=4)
     ips = set()
     for leaf in topo.leaf_nodes:
         [(_, uplinks), (_, down), (_, ip)] = topo.control(
@@ -43,7 +42,7 @@ def test_the_rack_is_cabled_and_addressed():
 
 
 def test_host_ports_are_the_downlinks_then_the_spines_management_ports():
-    topo = Topology(2, 2, make=fabric_make(), downlinks=3)
+    topo = Topology(2, 2, downlinks=3)
     assert topo.ports == 2 * 3 + 2
     assert [topo.locate(p) for p in range(topo.ports)] == [
         ("leaf0", 0), ("leaf0", 1), ("leaf0", 2), ("leaf1", 0), ("leaf1", 1), ("leaf1", 2),
@@ -81,7 +80,7 @@ def _spine_rx(topo: Topology, spine: str, port: int) -> int:
 @pytest.mark.parametrize("faults,arrive", [(LinkFaults(), 3), (LinkFaults(drop=1.0), 0),
                                            (LinkFaults(duplicate=1.0), 6)])
 def test_frames_between_switches_are_carried_with_the_link_faults(faults, arrive):
-    topo = Topology(2, 2, make=fabric_make(), downlinks=4)
+    topo = Topology(2, 2, downlinks=4)
     frames = _toward_spine(topo, uplink=1, copies=3)
     before = _spine_rx(topo, "spine1", 0)     # (the operator's reads enter port 2)
     topo.set_faults(faults, [topo.links["leaf0", 5][0]])
@@ -101,7 +100,7 @@ def test_a_link_reorders_frames():
 
 
 def test_a_cut_spine_loses_its_frames_and_every_leaf_marks_its_uplink_down():
-    topo = Topology(2, 2, make=fabric_make(), downlinks=4)
+    topo = Topology(2, 2, downlinks=4)
     frames = _toward_spine(topo, uplink=1)
     topo.cut(1)
     for leaf in topo.leaf_nodes:
@@ -118,7 +117,7 @@ def test_the_rtl_backend_says_what_is_missing():
 
 
 def test_the_description_round_trips_and_places_ranks_in_blocks():
-    topo = Topology(2, 2, make=fabric_make())
+    topo = Topology(2, 2)
     described = topo.describe({"leaf0": "udp://127.0.0.9:4791"})
     fabric = Fabric.from_dict(described)
     assert fabric.to_dict() == described
