@@ -122,7 +122,8 @@ def main(argv=None) -> int:
     serve.add_argument("--host", default=None,
                        help="the switch's IPv4 address, UDP port 4791 (default: a free "
                             "127.x.y.z)")
-    serve.add_argument("--pcap", default=None, help="write every frame in and out to this file")
+    serve.add_argument("--pcap", default=None, help="write every frame in and out to this file "
+                                                    "(with --topology: leaf0's)")
     serve.add_argument("--ports", type=int, default=4, help="switch ports")
     serve.add_argument("--jobs", type=int, default=4)
     serve.add_argument("--slots", type=int, default=64, help="slots per version")

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import time
 
-from netagg.host.checklane import CheckLane
 from netagg.host.control import ControlChannel, read_params
 from netagg.host.engine import Engine
 from netagg.host.errors import NetaggError
@@ -73,8 +72,7 @@ class FabricEngine(Engine):
 
     def set_job(self, slots: int, credits: int = 0, quorum: int = 0, completed: int = 0,
                 keys: JobKeys | None = None):
-        super().set_job(slots, credits, quorum, completed, keys)
-        self.check_lane = CheckLane(self.session_tag, self.job, self.workers)
+        super().set_job(slots, credits, quorum, completed, keys)   # check lane: the world's
         self.writer = ContributionWriter(self.job, self.placement.leaf_rank,
                                          self.transport.path_endpoints(),
                                          self.transport.switch, key=self.key)

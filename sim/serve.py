@@ -29,6 +29,9 @@ up to `udp_runs.LINGER` for the rest of a window after a run as long as one can 
 others are given the run's frames one at a time. Results to a loopback address leave as runs
 too.
 
+`netagg sim serve --topology LxS` serves a leaf and spine fabric instead, one server of this
+kind per switch (`sim.topology_serve`).
+
 Backends: `golden` (sim.golden.GoldenSwitch), `rtl` (sim.model, the Verilator model) and
 `echo` (sim.echo.EchoSwitch: each contribution answered at once to its sender, for
 measurements). The golden model and the RTL tick their deadlines' clock by the wall clock

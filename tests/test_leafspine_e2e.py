@@ -173,3 +173,31 @@ def test_sim_serve_topology_in_its_own_process_with_8_udp_workers(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_the_rtl_backend_is_a_clear_error_from_the_commands(capsys):
+    from netagg.apps.cli import main
+    assert main(["demo", "--topology", "2x2", "--backend", "rtl", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert not report["verified"] and "the RTL has no leaf yet" in report["errors"][0]
+    assert main(["sim", "serve", "--topology", "2x2", "--backend", "rtl"]) == 2
+
+
+@pytest.mark.slow
+def test_16_workers_over_4_leaves_and_4_spines_with_loss_and_two_spines_cut():
+    topo = Topology(4, 4, seed=9, faults=LinkFaults(drop=0.03, duplicate=0.03, reorder=0.1))
+    ws = _workers(topo, 16, faults=dict(drop=0.02, duplicate=0.02, seed=4))
+    rng = np.random.default_rng(4)
+    xs = [rng.integers(-1000, 1000, 200_000, dtype=np.int32) for _ in ws]
+    pieces = [np.array_split(x, 6) for x in xs]
+    handles = [[w.allreduce_async(p) for p in ps] for w, ps in zip(ws, pieces)]
+    for step in range(6):
+        for r in range(len(ws)):
+            assert np.array_equal(handles[r][step].wait(120),
+                                  np.sum([ps[step] for ps in pieces], axis=0))
+        if step in (1, 3):
+            topo.cut(3 if step == 1 else 1)
+    partials = topo.partials()
+    assert all(p[0] > 0 and p[2] > 0 for p in partials.values())
+    for w in ws:
+        w.close()
