@@ -31,6 +31,7 @@ until the gateware has a leaf (`topology_rtl_missing`).
 from __future__ import annotations
 
 import dataclasses
+import enum
 import random
 from collections.abc import Iterable
 
@@ -41,6 +42,18 @@ RTL_MISSING = ("the RTL has no leaf yet: hw/ needs the uplink table (UPLINK_*, "
                "REG_UPLINK_DOWN), the job registers JOB_PARENT, JOB_PARENT_KEY and JOB_SPRAY, "
                "partials up and parent results down (UPLINK_QPN), and a spine job's "
                "CONFIG.partials (PARTIAL in BTH.psn); use backend='golden'")
+
+
+class Role(enum.Enum):
+    LEAF = "leaf"
+    SPINE = "spine"
+
+
+class Direction(enum.Enum):
+    """Which way a frame crosses a link: up from a leaf to a spine, or down."""
+
+    UP = "up"
+    DOWN = "down"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,8 +68,8 @@ class LinkFaults:
 @dataclasses.dataclass
 class Link:
     """A cable between port `a_port` of switch `a` (a leaf) and port `b_port` of switch `b`
-    (a spine). `frames` counts what entered it per direction ("up": a to b, "down"), `lost`
-    what it dropped (faults, or cut)."""
+    (a spine). `frames` counts what entered it per `Direction` (UP: a to b), `lost` what it
+    dropped (faults, or cut)."""
 
     a: str
     a_port: int
@@ -64,10 +77,11 @@ class Link:
     b_port: int
     faults: LinkFaults = LinkFaults()
     cut: bool = False
-    frames: dict = dataclasses.field(default_factory=lambda: {"up": 0, "down": 0})
+    frames: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(Direction, 0))
     lost: int = 0
 
-    def carry(self, frames: list[bytes], direction: str, rng: random.Random) -> list[bytes]:
+    def carry(self, frames: list[bytes], direction: Direction,
+              rng: random.Random) -> list[bytes]:
         """The frames that come out of the far end, in the order they arrive."""
         self.frames[direction] += len(frames)
         if self.cut:
@@ -95,7 +109,7 @@ class Node:
     that face hosts (a leaf's downlinks, a spine's management port)."""
 
     name: str
-    role: str                   # "leaf" or "spine"
+    role: Role
     index: int
     mac: int
     ip: str
@@ -104,12 +118,12 @@ class Node:
     udp_sport: int = 0xC000
 
 
-def default_ip(role: str, index: int) -> str:
-    return f"10.250.{1 if role == 'leaf' else 2}.{index + 1}"
+def default_ip(role: Role, index: int) -> str:
+    return f"10.250.{1 if role is Role.LEAF else 2}.{index + 1}"
 
 
-def default_mac(role: str, index: int) -> int:
-    return 0x02_4E_41_00_00_00 | (1 if role == "leaf" else 2) << 8 | index
+def default_mac(role: Role, index: int) -> int:
+    return 0x02_4E_41_00_00_00 | (1 if role is Role.LEAF else 2) << 8 | index
 
 
 def make_switch(backend: str, uplinks: int = 0, **params):
@@ -132,8 +146,9 @@ class Topology:
                  downlinks: int = 4, jobs: int = 4, max_workers: int = 8, slots: int = 64,
                  faults: LinkFaults | None = None, seed: int = 0,
                  addresses: dict[str, str] | None = None, make=None):
-        if not 1 <= spines <= 4:
-            raise ValueError(f"a leaf has 0..4 uplinks: spines must be 1..4, not {spines}")
+        if not 1 <= spines <= W.MAX_UPLINKS:
+            raise ValueError(f"a leaf has 0..{W.MAX_UPLINKS} uplinks: spines must be "
+                             f"1..{W.MAX_UPLINKS}, not {spines}")
         if not 1 <= leaves <= 15 or not 1 <= downlinks or downlinks + spines > 16:
             raise ValueError("leaves must be 1..15, and downlinks + spines at most 16 ports")
         if backend == "rtl":
@@ -145,28 +160,27 @@ class Topology:
         make = make or (lambda **params: make_switch(backend, **params))
         self.nodes: dict[str, Node] = {}
         common = {"jobs": jobs, "max_workers": max(max_workers, leaves), "slots": slots}
-        for role, count in (("leaf", leaves), ("spine", spines)):
+        for role, count in ((Role.LEAF, leaves), (Role.SPINE, spines)):
             for i in range(count):
-                name = f"{role}{i}"
+                name = f"{role.value}{i}"
                 mac, ip = default_mac(role, i), addresses.get(name, default_ip(role, i))
-                if role == "leaf":
-                    ports, host_ports = downlinks + spines, list(range(downlinks))
-                    switch = make(ports=max(ports, 2), uplinks=spines,
-                                         mac=mac, ip=W.ip_to_int(ip), **common)
+                if role is Role.LEAF:
+                    ports, host_ports, uplinks = downlinks + spines, list(range(downlinks)), \
+                        spines
                 else:
-                    ports, host_ports = leaves + 1, [leaves]
-                    switch = make(ports=max(ports, 2), uplinks=0, mac=mac,
-                                         ip=W.ip_to_int(ip), **common)
+                    ports, host_ports, uplinks = leaves + 1, [leaves], 0
+                switch = make(ports=max(ports, 2), uplinks=uplinks, mac=mac,
+                              ip=W.ip_to_int(ip), **common)
                 self.nodes[name] = Node(name, role, i, mac, ip, switch, host_ports)
-        self.links: dict[tuple[str, int], tuple[Link, str]] = {}   # (switch, port) -> far end
+        self.links: dict[tuple[str, int], tuple[Link, Direction]] = {}   # (switch, port)
         self.link_list: list[Link] = []
         for leaf in range(leaves):
             for spine in range(spines):
                 link = Link(f"leaf{leaf}", downlinks + spine, f"spine{spine}", leaf,
                             faults or LinkFaults())
                 self.link_list.append(link)
-                self.links[link.a, link.a_port] = (link, "up")
-                self.links[link.b, link.b_port] = (link, "down")
+                self.links[link.a, link.a_port] = (link, Direction.UP)
+                self.links[link.b, link.b_port] = (link, Direction.DOWN)
         self._ports = [(n.name, p) for n in self.nodes.values() for p in n.host_ports]
         self._port_index = {key: i for i, key in enumerate(self._ports)}
         self.ports = len(self._ports)
@@ -179,11 +193,11 @@ class Topology:
 
     @property
     def leaf_nodes(self) -> list[Node]:
-        return [n for n in self.nodes.values() if n.role == "leaf"]
+        return [n for n in self.nodes.values() if n.role is Role.LEAF]
 
     @property
     def spine_nodes(self) -> list[Node]:
-        return [n for n in self.nodes.values() if n.role == "spine"]
+        return [n for n in self.nodes.values() if n.role is Role.SPINE]
 
     def uplink_records(self, leaf: Node) -> list[tuple[int, int]]:
         """The uplink table of a leaf as control records: uplink i to spine i."""
@@ -201,7 +215,7 @@ class Topology:
         for node in self.nodes.values():
             records = [(W.REG_MAC_HI, node.mac >> 32), (W.REG_MAC_LO, node.mac & 0xFFFFFFFF),
                        (W.REG_IP, W.ip_to_int(node.ip)), (W.REG_UDP_SPORT, node.udp_sport)]
-            if node.role == "leaf":
+            if node.role is Role.LEAF:
                 records += self.uplink_records(node) + [(W.REG_UPLINK_DOWN, 0)]
             self.control(node.name, [(a | W.WRITE, v) for a, v in records], check=True)
         uplinks = [self.control(n.name, [(W.REG_UPLINKS, 0)])[0][1] for n in self.leaf_nodes]
@@ -251,7 +265,7 @@ class Topology:
 
     def partials(self) -> dict[str, list[int]]:
         """Frames each leaf sent up each uplink (its partials, first sends and resends)."""
-        return {leaf.name: [self.links[leaf.name, self.downlinks + i][0].frames["up"]
+        return {leaf.name: [self.links[leaf.name, self.downlinks + i][0].frames[Direction.UP]
                             for i in range(self.spines)] for leaf in self.leaf_nodes}
 
     # --- the backend interface --------------------------------------------------------------
@@ -307,7 +321,7 @@ class Topology:
             busy = []
             for (name, port), frames in carried.items():
                 link, direction = self.links[name, port]
-                far, far_port = (link.b, link.b_port) if direction == "up" else \
+                far, far_port = (link.b, link.b_port) if direction is Direction.UP else \
                     (link.a, link.a_port)
                 arrived = link.carry(frames, direction, self.rng)
                 self.hops += len(arrived)

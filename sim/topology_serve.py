@@ -131,11 +131,10 @@ def serve_topology_main(shape: str, backend: str = "golden", pcap: str | None = 
     except NotImplementedError as e:
         console.print(f"netagg sim serve --topology: {e}")
         return 2
-    text = json.dumps(fabric.describe())
-    print(text, flush=True)
-    if describe:
+    if describe:                # written before the first line says the fabric is up
         with open(describe, "w") as f:
             f.write(json.dumps(fabric.describe(), indent=1) + "\n")
+    print(json.dumps(fabric.describe()), flush=True)
     for d in fabric.describe()["leaves"]:
         console.print(f"{d['name']}: {d['url']}, uplinks to "
                       + ", ".join(f"{u['spine']} {u['ip']} by port {u['port']}"

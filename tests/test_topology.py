@@ -10,7 +10,7 @@ import pytest
 from netagg.host.errors import NetaggError
 from netagg.host.fabric import Fabric, Placement
 from netagg.sim import wire as W
-from netagg.sim.topology import Link, LinkFaults, Topology
+from netagg.sim.topology import Direction, Link, LinkFaults, Topology
 
 from tests.frames import scapy_frame
 
@@ -30,7 +30,7 @@ def test_the_rack_is_cabled_and_addressed():
             assert table == [4 + i, spine.mac >> 32, spine.mac & 0xFFFFFFFF,
                              W.ip_to_int(spine.ip), W.ROCEV2_PORT]
             link, direction = topo.links[leaf.name, 4 + i]
-            assert (link.b, link.b_port, direction) == (spine.name, leaf.index, "up")
+            assert (link.b, link.b_port, direction) == (spine.name, leaf.index, Direction.UP)
     for spine in topo.spine_nodes:
         [(_, uplinks), (_, ip)] = topo.control(spine.name, [(W.REG_UPLINKS, 0), (W.REG_IP, 0)])
         assert uplinks == 0
@@ -88,15 +88,15 @@ def test_frames_between_switches_are_carried_with_the_link_faults(faults, arrive
         topo.send(topo.host_port("leaf0", 0), frame)
     assert topo.run() == []                             # nothing left by a host port
     link = topo.links["leaf0", 5][0]
-    assert link.frames["up"] == 3 and link.lost == (3 if faults.drop else 0)
+    assert link.frames[Direction.UP] == 3 and link.lost == (3 if faults.drop else 0)
     assert _spine_rx(topo, "spine1", 0) - before == arrive
     assert _spine_rx(topo, "spine0", 0) == 0            # the other spine: nothing
 
 
 def test_a_link_reorders_frames():
     link = Link("leaf0", 4, "spine0", 0, LinkFaults(reorder=1.0))
-    assert link.carry([b"a", b"b"], "up", random.Random(0)) == [b"b", b"a"]
-    assert link.frames == {"up": 2, "down": 0}
+    assert link.carry([b"a", b"b"], Direction.UP, random.Random(0)) == [b"b", b"a"]
+    assert link.frames == {Direction.UP: 2, Direction.DOWN: 0}
 
 
 def test_a_cut_spine_loses_its_frames_and_every_leaf_marks_its_uplink_down():
