@@ -57,18 +57,34 @@ def spray_all(uplinks: int) -> int:
     return W.spray_word([e % uplinks for e in range(W.SPRAY_ENTRIES)])
 
 
+class FabricLiveness(Liveness):
+    """Heartbeats among a leaf's ranks (they are in the leaf); a gone rank named by its world
+    rank and its rank at the leaf."""
+
+    def __init__(self, control, *, placement: Placement, leaf: str, **kw):
+        super().__init__(control, rank=placement.leaf_rank, workers=placement.leaf_workers,
+                         **kw)
+        self.placement, self.leaf = placement, leaf
+
+    def describe(self) -> str:
+        first = self.placement.first
+        names = ", ".join(f"{first + g.rank} (rank {g.rank} at {self.leaf})" for g in self.gone)
+        silent = ", ".join(f"{g.silent:.1f} s" for g in self.gone)
+        return (f"rank{'s' if len(self.gone) > 1 else ''} {names} of job {self.job} gone: "
+                f"heartbeats in {self.leaf} still for {silent} while the other ranks' moved")
+
+
 class FabricEngine(Engine):
     """A worker's engine in a fabric: ImmDt rank `leaf_rank` of its leaf's job, the check
     lane's bit and the fill-in rounds by its world rank among `world` workers, heartbeats
     among the leaf's ranks (the ones its leaf holds)."""
 
-    def __init__(self, transport, *, placement: Placement, job: int, **kw):
+    def __init__(self, transport, *, placement: Placement, leaf: str, job: int, **kw):
         super().__init__(transport, job=job, rank=placement.rank, workers=placement.world,
                          slots=None, **kw)
         self.placement = placement
-        self.liveness = Liveness(self.control, job=job, rank=placement.leaf_rank,
-                                 workers=placement.leaf_workers,
-                                 session_tag=self.session_tag, stats=self.stats)
+        self.liveness = FabricLiveness(self.control, placement=placement, leaf=leaf, job=job,
+                                       session_tag=self.session_tag, stats=self.stats)
 
     def set_job(self, slots: int, credits: int = 0, quorum: int = 0, completed: int = 0,
                 keys: JobKeys | None = None):
@@ -130,7 +146,7 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
     if faults:
         transport = LossyTransport(transport, **faults)
     worker.transport, worker.placement, worker.fabric = transport, where, fabric
-    engine = FabricEngine(transport, placement=where, job=worker.job, qpn=qpn,
+    engine = FabricEngine(transport, placement=where, leaf=leaf.name, job=worker.job, qpn=qpn,
                           timeout=worker.timeout, spray=spray)
     worker.engine = engine
     p = read_params(engine.control)

@@ -99,6 +99,21 @@ def test_a_spine_cut_with_loss_completes_through_pulls():
     assert report["errors"] == [] and report["verified"]
 
 
+def test_a_gone_rank_is_named_by_the_ranks_of_its_leaf():
+    from netagg.host.errors import NetaggRankGone
+    topo = Topology(2, 2)
+    ws = _workers(topo)
+    xs = [np.full(1000, r, np.int32) for r in range(8)]
+    _allreduce(ws, xs)                  # every rank has beaten in this run
+    ws[5].close()
+    handles = {r: ws[r].allreduce_async(xs[r]) for r in (4, 6, 7)}
+    with pytest.raises(NetaggRankGone, match=r"rank 5 \(rank 1 at leaf1\) of job 0 gone"):
+        handles[4].wait(10)
+    for r, w in enumerate(ws):
+        if r != 5:
+            w.close()
+
+
 def test_set_up_errors_name_the_rank_the_job_and_the_switch():
     topo = Topology(2, 2)
     with pytest.raises(NetaggError, match=r"rank 5 of 8 sits on leaf1 .*not on 'leaf0'"):
