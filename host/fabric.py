@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import time
 
 from netagg.host import transport as T
 from netagg.host.errors import NetaggError
@@ -226,15 +225,3 @@ class FabricTransport(T.InProcessTransport):
         with self.hub.lock:
             self.hub.backend.send(self.fabric_port, frame)
 
-
-def wait_until(what, timeout: float, step, message: str):
-    """Call `what()` until it returns something but None, stepping `step()` between tries;
-    NetaggError(`message`) after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = what()
-        if got is not None:
-            return got
-        if time.monotonic() > deadline:
-            raise NetaggError(message)
-        step()
