@@ -24,7 +24,7 @@ marks the uplink down (`REG_UPLINK_DOWN`, as a board ORs in its MAC's link-down)
 slots move to the uplinks that remain.
 
 Backends: "golden" (`sim.golden_leaf.GoldenLeaf` with `uplinks=` for a leaf,
-`sim.golden_leaf.GoldenSpine` for a spine); "rtl" is a NotImplementedError
+`sim.golden_spine.GoldenSpine` for a spine); "rtl" is a NotImplementedError
 until the gateware has a leaf (`topology_rtl_missing`).
 """
 
@@ -129,7 +129,8 @@ def default_mac(role: Role, index: int) -> int:
 def make_switch(backend: str, uplinks: int = 0, **params):
     """A switch of the fabric by backend name: a leaf with `uplinks`, else a spine."""
     if backend == "golden":
-        from netagg.sim.golden_leaf import GoldenLeaf, GoldenSpine
+        from netagg.sim.golden_leaf import GoldenLeaf
+        from netagg.sim.golden_spine import GoldenSpine
         return GoldenLeaf(uplinks=uplinks, **params) if uplinks else GoldenSpine(**params)
     if backend == "rtl":
         raise NotImplementedError(RTL_MISSING)
