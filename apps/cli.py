@@ -89,6 +89,10 @@ def main(argv=None) -> int:
     demo.add_argument("--topology", default=None,
                       help="LEAVESxSPINES (2x2, say): the workers over a simulated leaf and "
                            "spine fabric (golden), their ranks in blocks over the leaves")
+    demo.add_argument("--fabric", default=None,
+                      help="a leaf and spine fabric's description (JSON file, as `sim serve "
+                           "--topology --describe` writes it): worker processes over UDP, each "
+                           "naming its leaf")
     demo.add_argument("--uplink-down-at", type=float, default=None,
                       help="with --topology: the share of the run (0.5: halfway) at which "
                            "every leaf's uplink to the last spine goes down")
@@ -155,6 +159,13 @@ def main(argv=None) -> int:
     if args.command == "scale":
         from netagg.apps.scale.cli import main as scale_main
         return scale_main(args)
+    if args.command == "demo" and args.fabric:
+        from netagg.apps.demo_fabric import demo_described
+        report = demo_described(args.fabric, workers=args.workers, values=args.values,
+                                steps=args.steps, quiet=args.json)
+        if args.json:
+            print(json.dumps(report))
+        return 0 if report["verified"] else 1
     if args.command == "demo" and args.topology:
         from netagg.apps.demo_fabric import demo_fabric
         report = demo_fabric(args.topology, workers=args.workers, values=args.values,

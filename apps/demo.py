@@ -56,16 +56,18 @@ def check_result(result: np.ndarray, inputs: list, sizes: list[int]) -> dict:
 def worker_main(rank: int, world: int, url: str, local_size: int, session: str, values: int,
                 steps: int, seed: int, dtype: str, progress, results, faults=None,
                 timeout: float = 60.0, verify: bool = True, paths: int = 1,
-                spray: str = "round_robin", start=None, bind: str | None = None):
+                spray: str = "round_robin", start=None, bind: str | None = None,
+                fabric: dict | None = None):
     """One worker process: allreduce `values` values in `steps` tensors, report. `start`: a
     barrier the workers pass together once set up, so that the timed allreduce does not
     include the processes' start-up skew (a peer still importing numpy looks to the others
-    like lost packets: they retransmit until it sends)."""
+    like lost packets: they retransmit until it sends). `fabric`: a leaf and spine fabric's
+    description (`host.fabric`), `url` the worker's leaf."""
     from netagg.host import Worker
     try:
         data = demo_data(rank, values, seed, dtype)
         pieces = np.array_split(data, steps)
-        with Worker(rank, world, url, local_size=local_size, session=session,
+        with Worker(rank, world, url, local_size=local_size, session=session, fabric=fabric,
                     timeout=timeout, faults=faults, paths=paths, spray=spray,
                     bind=bind) as w:
             if start is not None:
@@ -96,10 +98,18 @@ def worker_main(rank: int, world: int, url: str, local_size: int, session: str, 
 def run_workers(url: str, *, workers: int, nodes: int, values: int, steps: int = 8,
                 seed: int = 0, dtype: str = "float32", faults=None, timeout: float = 60.0,
                 verify: bool = True, on_progress=None, session: str | None = None,
-                paths: int = 1, spray: str = "round_robin", binds=None) -> dict:
+                paths: int = 1, spray: str = "round_robin", binds=None,
+                fabric: dict | None = None) -> dict:
     """Start the worker processes against `url`, wait for them, gather their reports.
     `paths` / `spray`: each worker sprays its packets over that many UDP source ports.
-    `binds`: local addresses, node i's workers send from `binds[i % len(binds)]`."""
+    `binds`: local addresses, node i's workers send from `binds[i % len(binds)]`. `fabric`:
+    a leaf and spine fabric's description (`host.fabric`; `url` is ignored: each worker
+    names the leaf its rank sits on)."""
+    from netagg.host.fabric import Fabric, Placement
+    urls = [url] * workers
+    if fabric is not None:
+        leaves = Fabric.load(fabric).leaves
+        urls = [leaves[Placement.of(r, workers, len(leaves)).leaf].url for r in range(workers)]
     if workers % nodes:
         raise ValueError(f"{workers} workers do not split into {nodes} nodes")
     ctx = mp.get_context("spawn")
@@ -108,10 +118,11 @@ def run_workers(url: str, *, workers: int, nodes: int, values: int, steps: int =
     start = ctx.Barrier(workers)
     session = session or uuid.uuid4().hex
     procs = [ctx.Process(target=worker_main, daemon=True,
-                         args=(r, workers, url, workers // nodes, session, values, steps, seed,
-                               dtype, progress, results, faults, timeout, verify, paths,
+                         args=(r, workers, urls[r], workers // nodes, session, values, steps,
+                               seed, dtype, progress, results, faults, timeout, verify, paths,
                                spray, start,
-                               binds[r // (workers // nodes) % len(binds)] if binds else None))
+                               binds[r // (workers // nodes) % len(binds)] if binds else None,
+                               fabric))
              for r in range(workers)]
     t0 = time.perf_counter()
     for p in procs:

@@ -9,6 +9,11 @@ for bit). `uplink_down_at` (0..1): once that share of the tensors is complete, t
 spine's links fail and every leaf marks its uplink down (`Topology.cut`), while later
 tensors are in flight; the uses it held complete through the workers' retransmissions.
 
+`demo_described(fabric)`: worker processes over UDP against a fabric that runs elsewhere
+(`netagg sim serve --topology 2x2 --describe fabric.json`, or boards described by hand),
+each naming its leaf (`netagg demo --fabric fabric.json`), checked in the same way
+(`apps.demo.run_workers`).
+
 The report: verified, the time, the partials each leaf sent up each uplink (the spines'
 balance), frames between switches, retransmissions and the leaves' and spines' fabric
 counters.
@@ -108,5 +113,27 @@ def demo_fabric(shape: str = "2x2", workers: int = 8, values: int = 200_000, ste
               f"between        {report['frames_between_switches']:,} frames, "
               f"{report['links_lost']:,} lost\n"
               f"retransmitted  {report['retransmissions']:,}"
+              + "".join(f"\nerror          {e}" for e in report["errors"]))
+    return report
+
+
+def demo_described(fabric, workers: int = 8, values: int = 200_000, steps: int = 8,
+                   quiet: bool = False, timeout: float = 60.0) -> dict:
+    """Worker processes over UDP against the fabric `fabric` describes (`host.fabric`: its
+    JSON, its file or a dict), each naming its leaf; the report of `apps.demo.run_workers`."""
+    from netagg.apps.demo import run_workers
+    from netagg.host.fabric import Fabric
+    from rich.console import Console
+    described = Fabric.load(fabric)
+    console = Console(stderr=True, quiet=quiet)
+    console.print(f"netagg demo: {workers} worker processes over "
+                  + ", ".join(f"{leaf.name} ({leaf.url})" for leaf in described.leaves)
+                  + f" and {len(described.spines)} spines, {values:,} float32 values each")
+    report = run_workers(None, workers=workers, nodes=workers, values=values, steps=steps,
+                         timeout=timeout, fabric=described.to_dict())
+    report["fabric"] = described.to_dict()
+    if not quiet:
+        print(f"verified       {'yes' if report['verified'] else 'NO'} ({workers} workers, "
+              f"{report['seconds']:.2f} s, {report['goodput_MBps']:.2f} MB/s per worker)"
               + "".join(f"\nerror          {e}" for e in report["errors"]))
     return report

@@ -16,7 +16,7 @@ import uuid
 
 import numpy as np
 import pytest
-from netagg.apps.demo_fabric import demo_fabric
+from netagg.apps.demo_fabric import demo_described, demo_fabric
 from netagg.host import Worker
 from netagg.host.errors import NetaggError
 from netagg.sim import wire as W
@@ -170,7 +170,7 @@ def test_a_fabric_server_serves_8_udp_workers_one_endpoint_per_switch():
         assert partials["leaf0"][0] > 0 and partials["leaf1"][1] > 0
 
 
-def test_sim_serve_topology_in_its_own_process_with_8_udp_workers(tmp_path):
+def test_sim_serve_topology_in_its_own_process_with_8_udp_workers_and_processes(tmp_path):
     describe = tmp_path / "fabric.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "netagg.apps.cli", "sim", "serve", "--topology", "2x2",
@@ -185,6 +185,9 @@ def test_sim_serve_topology_in_its_own_process_with_8_udp_workers(tmp_path):
                                            for u in urls)
         assert fabric["leaves"][1]["uplinks"][0]["ip"] == fabric["spines"][0]["ip"]
         _check_udp_run(fabric)
+        report = demo_described(str(describe), workers=8, values=30_000, steps=2, quiet=True,
+                                timeout=30)         # worker processes, `demo --fabric`
+        assert report["errors"] == [] and report["verified"] and report["results_agree"]
     finally:
         proc.terminate()
         proc.wait(10)
