@@ -156,6 +156,12 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
     if where.leaf_workers > p["max_workers"]:
         raise NetaggError(f"{at}: {leaf.name} takes at most {p['max_workers']} workers per job,"
                           f" not {where.leaf_workers}")
+    [(_, uplinks)] = engine.control.request([(W.REG_UPLINKS, 0)])
+    if uplinks != len(fabric.spines):
+        raise NetaggError(f"{at}: {leaf.name} ({leaf.url}) has {uplinks} uplinks, the fabric "
+                          f"{len(fabric.spines)} spines" + (": it is not a leaf (a switch "
+                                                           "without uplinks: a board, the RTL)"
+                                                           if uplinks == 0 else ""))
     worker.lanes = engine.lanes = min(W.MAX_PAYLOAD, p["max_payload"]) // 4 - 1
     if p["ip"] == "0.0.0.0":        # a board's leaf not yet addressed: the description's
         worker._write([(W.REG_IP, W.ip_to_int(leaf.ip)), (W.REG_MAC_HI, leaf.mac >> 32),

@@ -114,6 +114,17 @@ def test_a_gone_rank_is_named_by_the_ranks_of_its_leaf():
             w.close()
 
 
+def test_a_switch_without_uplinks_is_no_leaf():
+    from netagg.sim.golden import GoldenSwitch
+    from netagg.sim.serve import SimServer
+    fabric = Topology(2, 2).describe()
+    with SimServer(GoldenSwitch()).start() as plain:
+        fabric["leaves"][0]["url"] = plain.url
+        with pytest.raises(NetaggError, match=r"rank 0 \(rank 0 at leaf0\): leaf0 .* has 0 "
+                                              r"uplinks, the fabric 2 spines: it is not a leaf"):
+            Worker(0, 8, plain.url, session="s", fabric=fabric, timeout=2)
+
+
 def test_set_up_errors_name_the_rank_the_job_and_the_switch():
     topo = Topology(2, 2)
     with pytest.raises(NetaggError, match=r"rank 5 of 8 sits on leaf1 .*not on 'leaf0'"):
