@@ -56,6 +56,21 @@ def test_int32_sums_are_exact_over_two_leaves_and_the_spines_share_the_uses():
         w.close()
 
 
+def test_a_second_run_reconfigures_every_switch_and_sums_exactly():
+    topo = Topology(2, 2)
+    xs = [np.full(3000, r + 1, np.int32) for r in range(8)]
+    for run in range(2):                # the second run's message numbers start again at 0
+        ws = _workers(topo, session=f"run-{run}")
+        for _ in range(3):
+            for out in _allreduce(ws, xs):
+                assert np.array_equal(out, np.sum(xs, axis=0))
+        for w in ws:
+            w.close()
+    epochs = {name: topo.control(name, [(W.job_reg(0, W.JOB_EPOCH), 0)])[0][1]
+              for name in topo.nodes}
+    assert len(set(epochs.values())) == 1           # one epoch across the fabric
+
+
 def test_float32_is_within_the_fixed_point_bound():
     report = demo_fabric("2x2", workers=8, values=40_000, steps=4,
                          quiet=True)
