@@ -33,8 +33,8 @@ the rank and the job, within the worker's timeout (`NetaggOptions.timeout`, defa
 smaller of the group's timeout and 60 s).
 
 Cost: per process, the worker (a UDP socket and its progress thread), a completion thread
-(`host.torch_work`) and the gloo group's connections; a contiguous tensor is read in place
-and its result copied back once.
+(`host.torch_work`) and the gloo group's connections; a contiguous tensor is read and
+written in place (its result is the worker's `out`), a non-contiguous one copied each way.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ import warnings
 import torch
 import torch.distributed as dist
 from netagg.host.errors import NetaggError
-from netagg.host.torch_tensors import as_array, store_result, switch_op
+from netagg.host.torch_tensors import as_array, in_place_outs, store_result, switch_op
 from netagg.host.torch_work import Completer, NetaggWork, Pending
 from netagg.host.worker import Worker, deadline_ticks
 
@@ -189,13 +189,15 @@ class NetaggProcessGroup(dist.ProcessGroup):
             raise NetaggError(f"netagg rank {self.rank()}: this group does not use the switch")
         dtype = switch_op(tensors, dist.ReduceOp.SUM).dtype
         arrays = [as_array(t) for t in tensors]
+        outs = in_place_outs(tensors, arrays)
 
         def start():
             return self.worker.allreduce_async(arrays, op, dtype, loss_budget=loss_budget,
-                                               priority=priority)
+                                               priority=priority, out=outs)
 
         def finish(results):
-            return [store_result(t, r) for t, r in zip(tensors, results)]
+            return [t if o is not None else store_result(t, r)
+                    for t, r, o in zip(tensors, results, outs)]
 
         pending = Pending(torch.futures.Future(), finish)
         if self.placement.local_size == 1:

@@ -9,8 +9,10 @@ int32 AVG (not an int32), and sparse, non-CPU or mixed-dtype tensor lists go to 
 Tensors become numpy arrays without a copy when they are contiguous (`Tensor.numpy()`
 shares memory): float32, float16 and int32 as they are, bfloat16 (no numpy dtype) as its
 int16 bit pattern with the worker's `dtype="bfloat16"`, which `host.numerics` reads and
-writes exactly. A non-contiguous tensor is copied once each way. Results come back as new
-arrays and are copied into the caller's tensors in place, as torch's all_reduce does.
+writes exactly. The result of a contiguous tensor is written into it in place (its numpy
+view is the worker's `out`, `in_place_outs`), as torch's all_reduce does, without a copy; a
+non-contiguous tensor (or one that shares memory with another of the call) is copied once
+each way, its result into the tensor (`store_result`).
 """
 
 from __future__ import annotations
@@ -55,6 +57,17 @@ def as_array(tensor: torch.Tensor) -> np.ndarray:
     """The tensor's values as the worker takes them (a view when the tensor is contiguous)."""
     t = tensor.detach().contiguous()
     return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()
+
+
+def in_place_outs(tensors, arrays: list[np.ndarray]) -> list[np.ndarray | None]:
+    """The worker's `out` for each tensor: its own array (`as_array`) where that is the
+    tensor's memory (in place), None where the result must be copied in (`store_result`).
+    Tensors that share memory with one another are all copied."""
+    outs = [a if t.is_contiguous() and a.size and a.ctypes.data == t.data_ptr() else None
+            for t, a in zip(tensors, arrays)]
+    if any(np.may_share_memory(a, b) for i, a in enumerate(arrays) for b in arrays[:i]):
+        return [None] * len(arrays)
+    return outs
 
 
 def store_result(tensor: torch.Tensor, result: np.ndarray) -> torch.Tensor:

@@ -87,6 +87,7 @@ from netagg.host.fabric_setup import fabric_worker
 from netagg.host.job_setup import JobSetup
 from netagg.host.lossy import LossyTransport
 from netagg.host.messages import DEFAULT_PRIORITY, Work
+from netagg.host.outputs import outputs
 from netagg.host.progress import Progress
 from netagg.sim import wire as W
 
@@ -290,15 +291,20 @@ class Worker:
     # --- allreduce ----------------------------------------------------------------------
 
     def allreduce(self, arrays, op: str = "sum", dtype=None, timeout: float | None = None, *,
-                  loss_budget=0.0, priority=None):
-        """Blocking allreduce of one array or a list of arrays; returns new arrays.
-        `loss_budget` (fraction of a tensor's data chunks this worker may have dropped,
-        0 <= b < 1) and `priority` (class 0..7, default 4): one value, or one per tensor."""
+                  loss_budget=0.0, priority=None, out=None):
+        """Blocking allreduce of one array or a list of arrays; returns the results: new
+        arrays, or `out`'s. `loss_budget` (fraction of a tensor's data chunks this worker may
+        have dropped, 0 <= b < 1) and `priority` (class 0..7, default 4): one value, or one
+        per tensor. `out`: arrays that receive the results, of the tensors' shapes and
+        dtypes, C-contiguous; each may be its input itself (in place, safe on every path);
+        an overlap with other memory of the call is a ValueError (`host.outputs`)."""
         return self.allreduce_async(arrays, op, dtype, loss_budget=loss_budget,
-                                    priority=priority).wait(timeout)
+                                    priority=priority, out=out).wait(timeout)
 
     def allreduce_async(self, arrays, op: str = "sum", dtype=None, *, loss_budget=0.0,
-                        priority=None) -> Handle:
+                        priority=None, out=None) -> Handle:
+        """`allreduce`, started: the `Handle`'s `wait` returns the results. With `out`, the
+        caller must not read or write it (nor, in place, the input) until then."""
         if self._closed:
             raise NetaggError("this worker is closed")
         single = isinstance(arrays, np.ndarray) or not isinstance(arrays, (list, tuple))
@@ -322,7 +328,7 @@ class Worker:
                 raise ValueError(f"priority must be a class 0..{W.PRIORITY_CLASSES - 1}, "
                                  f"not {p}")
         loss = list(zip((float(b) for b in budgets), (int(p) for p in priorities)))
-        outs = [np.empty(a.shape, a.dtype) for a in arrays]     # C order: reshape(-1) is a view
+        outs = outputs(arrays, out, single)     # C order: reshape(-1) is a view
         if self.local_size == 1:
             works = []
             for a, f, o, lp in zip(arrays, fmts, outs, loss):
