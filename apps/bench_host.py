@@ -3,7 +3,8 @@
 Every figure comes from worker processes on this machine, timed inside each process between
 a barrier all ranks pass together and the end of the operation (the run's time is the
 slowest rank's); CPU is the process's own (`resource.getrusage`: user + system time of all
-its threads, the worker's background progress thread included) over the same interval. The
+its threads, the worker's background progress thread included) over the same interval.
+netagg's allreduces are in place (`allreduce(x, out=x)`), as gloo's `all_reduce` is. The
 switches run as `netagg sim serve` processes of their own on a free 127.x.y.z, gloo over the
 loopback interface: no traffic leaves the machine. Every process runs with one BLAS/OpenMP
 thread, and every wait has a timeout.
@@ -134,7 +135,7 @@ class _NetaggRank:
         before = self.worker.counters()
         self.start.wait(self.timeout)
         with _Meter() as m:
-            self.worker.allreduce(x, timeout=self.timeout)
+            self.worker.allreduce(x, timeout=self.timeout, out=x)
         after = self.worker.counters()
         return m.figures() | {k: after.get(k, 0) - before.get(k, 0)
                               for k in ("packets_sent", "packets_received", "retransmissions")}
@@ -142,8 +143,9 @@ class _NetaggRank:
     def overlap(self, nbytes: int, compute: str, seed: int = 2) -> dict:
         x, w, t = demo_data(self.rank, nbytes // 4, seed), self.worker, self.timeout
         self.start.wait(t)
+        y = x.copy()
         with _Meter() as comm:
-            w.allreduce(x, timeout=t)
+            w.allreduce(y, timeout=t, out=y)
         units = _calibrate(compute, comm.seconds)
         for trial in (True, False):     # a trial at full length corrects the units
             self.start.wait(t)
@@ -153,8 +155,9 @@ class _NetaggRank:
                 units = max(1, round(units * comm.seconds / comp.seconds))
         self.start.wait(t)
         resent = w.counters().get("retransmissions", 0)
+        y[...] = x
         with _Meter() as both:
-            handle = w.allreduce_async(x)
+            handle = w.allreduce_async(y, out=y)
             _compute(compute, units)
             computed = time.perf_counter() - both.t0
             handle.wait(t)
@@ -266,8 +269,7 @@ class _Group(contextlib.AbstractContextManager):
             raise
 
     def _gather(self, what: str) -> list[dict]:
-        replies = []
-        deadline = time.monotonic() + self.timeout
+        replies, deadline = [], time.monotonic() + self.timeout
         while len(replies) < self.world:
             try:
                 replies.append(self.outbox.get(timeout=0.2))

@@ -108,6 +108,40 @@ def test_a_single_process_group_routes_by_dtype_and_op(switch, monkeypatch):
         dist.destroy_process_group()
 
 
+def test_contiguous_tensors_are_written_in_place_without_a_copy(switch, monkeypatch):
+    """A contiguous tensor's own memory is the worker's `out`: its data_ptr is unchanged and
+    no result is copied in (`store_result` is not called); a non-contiguous one is copied.
+    1e-12 beside 1e6 is below the block's fixed-point step: 0 in the result shows that the
+    result, not the input, is what the tensor holds."""
+    from netagg.host import torch_backend
+    from netagg.host.torch_backend import NetaggOptions
+    copies = []
+    store = torch_backend.store_result
+    monkeypatch.setattr(torch_backend, "store_result",
+                        lambda t, r: copies.append(t.shape) or store(t, r))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("netagg", store=dist.HashStore(), rank=0, world_size=1,
+                            pg_options=NetaggOptions(switch=switch, timeout=10.0))
+    try:
+        x = torch.tensor([1e6, 1e-12] * 300, dtype=torch.float32)
+        b = torch.tensor([1e6, 1e-12] * 300, dtype=torch.bfloat16)
+        pointers = [x.data_ptr(), b.data_ptr()]
+        dist.all_reduce(x)
+        dist.all_reduce(b, op=dist.ReduceOp.AVG)
+        assert [x.data_ptr(), b.data_ptr()] == pointers and copies == []
+        for t in (x, b):
+            assert (t[0::2] == 1e6).all() and (t[1::2] == 0).all()
+        work = dist.all_reduce(x, async_op=True)
+        assert work.get_future().wait()[0] is x     # the future's value is the tensor
+        m = torch.arange(600, dtype=torch.float32).reshape(20, 30).t()   # not contiguous
+        dist.all_reduce(m)
+        assert copies == [m.shape]
+        assert torch.equal(m, torch.arange(600, dtype=torch.float32).reshape(20, 30).t())
+    finally:
+        dist.destroy_process_group()
+
+
 def test_netagg_train_runs_small(tmp_path):
     pytest.importorskip("sklearn", reason="pip install -e .[torch]")
     report = torch_runs.train_runs(workers=2, nodes=2, epochs=1, quiet=True, timeout=120)
