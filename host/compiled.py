@@ -68,6 +68,20 @@ def carries(work) -> Fmt | None:
     return fmt
 
 
+def block_proposals(values: np.ndarray, fmt: N.Format, per: int) -> np.ndarray:
+    """`numerics.block_proposals` in one compiled pass over the values (`step_block_top`:
+    the largest magnitude of each block, by the bits), where the library is built and the
+    values are a contiguous 1-D array of a float format it carries; else numerics'."""
+    lib = library()
+    kind = _FORMATS.get(fmt)
+    if lib is None or kind in (None, Fmt.INT32) or values.ndim != 1 or not len(values) \
+            or not values.flags.c_contiguous or values.dtype.name not in _DTYPES[kind]:
+        return N.block_proposals(values, fmt, per)
+    top = np.empty(-(-len(values) // per))
+    lib.step_block_top(_addr(values), int(kind), len(values), per, _addr(top))
+    return N.proposals_of(top)
+
+
 class CompiledStep:
     """The compiled step of one `PlainWindow` (`window`), over its engine's UDP transport."""
 

@@ -175,6 +175,8 @@ def _load() -> ctypes.CDLL | None:
     lib.step_run.argtypes = [ctypes.POINTER(Run)]
     lib.step_run.restype = ctypes.c_int
     lib.step_float16.restype = ctypes.c_int
+    lib.step_block_top.argtypes = [ctypes.c_int64] * 4 + [ctypes.c_void_p]
+    lib.step_block_top.restype = None
     return lib
 
 

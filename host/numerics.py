@@ -146,6 +146,12 @@ def block_proposals(values: np.ndarray, fmt: Format, per: int) -> np.ndarray:
     if full * per < n:
         tail = exact[full * per:]
         top[full] = np.maximum(tail.max(), -tail.min())
+    return proposals_of(top)
+
+
+def proposals_of(top: np.ndarray) -> np.ndarray:
+    """The exponent proposals of blocks whose largest magnitudes are `top` (NaN or an
+    infinity: EXP_NONFINITE)."""
     finite = np.isfinite(top)
     out = np.clip(exponent_of(np.where(finite, top, 0.0)), EXP_MIN, EXP_MAX)
     return np.where(finite, out, EXP_NONFINITE)

@@ -77,7 +77,7 @@ import random
 import time
 
 import numpy as np
-from netagg.host import netif
+from netagg.host import compiled, netif
 from netagg.host import numerics as N
 from netagg.host import transport as T
 from netagg.host.control import SwitchControl, make_transport, read_params
@@ -354,7 +354,7 @@ class Worker:
         """This worker's exponent proposal per block (`numerics.block_proposals`)."""
         if fmt.kind != "fixed":
             return None
-        return N.block_proposals(flat, fmt, self.lanes * self.block)
+        return compiled.block_proposals(flat, fmt, self.lanes * self.block)
 
     def _engine_lock(self):
         """What steps this worker's engine holds while it steps: the progress thread's lock,

@@ -265,3 +265,26 @@ def test_the_compiled_steps_own_crc_is_zlibs(monkeypatch):
     assert np.array_equal(got[0], x)
     assert c["compiled_packets"] > 0.8 * c["packets_sent"]
     assert c.get("retransmissions", 0) == 0 and c.get("window_fallbacks", 0) == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_the_compiled_block_proposals_are_numerics(dtype):
+    """One pass over the bits gives `numerics.block_proposals`, block for block: zeros,
+    subnormals, the largest magnitudes, NaN and infinities of either sign, a short tail."""
+    rng = np.random.default_rng(9)
+    per = N.LANES * N.DEFAULT_BLOCK
+    x = _inputs(rng, "float32", 6 * per + 77).astype(np.float64)
+    x[per:2 * per] = 0.0
+    x[2 * per:3 * per] *= 2.0 ** -140           # subnormal in float32, 0 in the others
+    x[3 * per + 5], x[4 * per + 9], x[5 * per] = np.nan, -np.inf, np.inf
+    x[-1] = -3e38
+    with np.errstate(over="ignore"):            # (float16: the largest become infinities)
+        values = x.astype(np.float32).astype(dtype) if dtype != "bfloat16" else \
+            (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    fmt = {"float32": N.FLOAT32, "float16": N.FLOAT16, "bfloat16": N.BFLOAT16}[dtype]
+    for n in (len(values), per, 1):
+        want = N.block_proposals(values[:n], fmt, per)
+        got = compiled_module.block_proposals(values[:n], fmt, per)
+        assert got.tolist() == want.tolist()
+    assert (want := N.block_proposals(values, fmt, per))[3] == N.EXP_NONFINITE \
+        and want[1] == N.EXP_MIN

@@ -520,6 +520,30 @@ extern "C" int step_float16() {
 #endif
 }
 
+// The largest magnitude of each block of `per` values (`numerics.block_proposals`' `top`,
+// NaN or an infinity where the block holds one) in one pass: the largest of the values'
+// bits without their sign, which orders IEEE magnitudes, NaN above infinity above the rest.
+extern "C" void step_block_top(int64_t values, int64_t fmt, int64_t n, int64_t per,
+                               double *top) {
+    if (n == 0) top[0] = 0.0;
+    for (int64_t lo = 0, b = 0; lo < n; lo += per, b++) {
+        const int64_t hi = std::min(lo + per, n);
+        if (fmt == FMT_FLOAT32) {
+            const uint32_t *x = at<uint32_t>(values);
+            uint32_t m = 0;
+            for (int64_t i = lo; i < hi; i++) m = std::max(m, x[i] & 0x7FFFFFFFu);
+            float f;
+            std::memcpy(&f, &m, 4);
+            top[b] = f;
+        } else {
+            const uint16_t *x = at<uint16_t>(values);
+            uint16_t m = 0;
+            for (int64_t i = lo; i < hi; i++) m = std::max<uint16_t>(m, x[i] & 0x7FFF);
+            top[b] = fmt == FMT_FLOAT16 ? half_value(m) : bf16_value(m);
+        }
+    }
+}
+
 extern "C" int step_run(Run *r) {
     std::unique_ptr<Step> step(new Step(*r));      // (its arrays: not on a thread's stack)
     r->status = step->loop();
