@@ -13,7 +13,9 @@ engine's counters, its credit limit, PSNs and round-trip estimate, the work's ex
 and finished chunks are brought up to date, and what the C++ stopped at is handed to the
 Python path: a datagram it did not take goes through the transport's reading and the
 engine's `_receive_all` (which may leave the window), a non-finite block leaves the window,
-a due message is the engine's `_retransmit`'s, the rest the next Python step's.
+a due message is the engine's `_retransmit`'s, the rest the next Python step's. A heartbeat
+or a read of the beats that falls due (`host.liveness`) is sent between two calls, and the
+run goes on: it costs a return to Python, not a Python step.
 
 It runs only where it can: a `UdpTransport` of one path, a span of one work whose
 sources and tensor are contiguous arrays of a format it carries (int32, float32, float16
@@ -171,6 +173,8 @@ class CompiledStep:
         it handed over, until it stops for something else."""
         w, e, t = self.window, self.engine, self.transport
         while e.window is w and not self.wanted[0]:
+            if e.liveness.next_due <= now:      # a beat or a read of the beats: sent here,
+                e.liveness.watch(e, now)        # and the run goes on (its answer is handed)
             until = min(e.liveness.next_due, now + RUN_SECONDS, *e.control.deadlines())
             span = self._span()
             fmt = span and carries(span.work)

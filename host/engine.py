@@ -216,7 +216,10 @@ class Engine(Taking):
             raise self.failed
         try:
             self._send_ready()
-            wait = min(timeout, max(0.0, self._next_deadline() - time.monotonic()))
+            # (with nothing left to answer, e.g. a run of the compiled step just finished
+            # the last work, the step does not wait at the socket: its waiters are told now)
+            wait = min(timeout, max(0.0, self._next_deadline() - time.monotonic())) \
+                if self.busy() else 0.0
             datagrams = self.transport.recv(wait)
             if datagrams:
                 self._receive_all(datagrams)
