@@ -170,12 +170,14 @@ class CompiledStep:
 
     def run(self, now: float):
         """Run steps in C++ while they are plain (see the module): again after a datagram
-        it handed over, until it stops for something else."""
+        it handed over or a heartbeat that fell due, for up to `RUN_SECONDS` in all, until
+        it stops for something else."""
         w, e, t = self.window, self.engine, self.transport
+        end = now + RUN_SECONDS
         while e.window is w and not self.wanted[0]:
             if e.liveness.next_due <= now:      # a beat or a read of the beats: sent here,
                 e.liveness.watch(e, now)        # and the run goes on (its answer is handed)
-            until = min(e.liveness.next_due, now + RUN_SECONDS, *e.control.deadlines())
+            until = min(e.liveness.next_due, end, *e.control.deadlines())
             span = self._span()
             fmt = span and carries(span.work)
             if until <= now or fmt is None:
@@ -188,6 +190,9 @@ class CompiledStep:
             self._leave(span)
             if status is Status.NONFINITE:
                 w.leave()
+            now = time.monotonic()
+            if status is Status.UNTIL:          # (a beat due: sent above; else it returns)
+                continue
             if status is not Status.HANDED:
                 return
             r = self.r
@@ -196,7 +201,6 @@ class CompiledStep:
             datagrams = t.accept(data, r.rx_seg or None, sender)
             if datagrams:
                 e._receive_all(datagrams)
-            now = time.monotonic()
 
     def _enter(self, span, fmt: Fmt, until: float):
         w, e, r, t = self.window, self.engine, self.r, self.transport

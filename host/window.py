@@ -232,6 +232,18 @@ class PlainWindow:
                 and self.engine.stats["packets_sent"] != sent:
             self.compiled.run(time.monotonic())     # (after a tensor's exponent messages)
 
+    def lead(self, now: float):
+        """Send the exponent messages of a work just submitted to an idle window, now, from
+        the caller's thread (the compiled step leaves a tensor's first messages to Python):
+        they leave before the background thread wakes, whose first run is then compiled.
+        Nothing else can start before their results (the data chunks need them)."""
+        if self.compiled is None or self.taken or (self.cur >= 0).any() or not self.spans:
+            return
+        span = self.spans[-1]
+        waiting = self.next[self.next < self.total]
+        if span.leading and len(waiting) and waiting.min() >= span.first:
+            self._start(now)
+
     def _start(self, now: float):
         e = self.engine
         free = np.flatnonzero((self.cur < 0) & (self.next < self.total))

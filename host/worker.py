@@ -303,8 +303,7 @@ class Worker:
 
     def allreduce_async(self, arrays, op: str = "sum", dtype=None, *, loss_budget=0.0,
                         priority=None, out=None) -> Handle:
-        """`allreduce`, started: the `Handle`'s `wait` returns the results. With `out`, the
-        caller must not read or write it (nor, in place, the input) until then."""
+        """`allreduce`, started; `out` (in place: the input) is the handle's until `wait`."""
         if self._closed:
             raise NetaggError("this worker is closed")
         single = isinstance(arrays, np.ndarray) or not isinstance(arrays, (list, tuple))
@@ -369,6 +368,8 @@ class Worker:
         with self._engine_lock():
             for w in works:
                 self.engine.submit(w)
+            if self.progress is not None and self.engine.window is not None:
+                self.engine.window.lead(time.monotonic())
         if self.progress is not None:
             self.progress.kick()
 
