@@ -253,6 +253,53 @@ def test_a_caller_that_wants_the_engine_has_the_compiled_run_return():
     assert seen == [1] and cell[0] == 0
 
 
+def test_a_waiting_caller_leaves_the_engine_to_the_compiled_run():
+    """`wait` sleeps on the progress thread's `finished` condition and never takes the
+    engine's lock (which would cut the compiled run short); the result is there when it
+    returns."""
+    rng = np.random.default_rng(11)
+    x = _inputs(rng, "int32", 255 * 2000)
+    with SimServer(make_backend("echo")).start() as server, \
+            Worker(0, 1, server.url, session=uuid.uuid4().hex, timeout=20) as w:
+        lock, takers = w.progress.lock, []
+        acquire = lock.acquire
+
+        def counted(*args, **kw):
+            takers.append(threading.current_thread() is threading.main_thread())
+            return acquire(*args, **kw)
+        handle = w.allreduce_async(x)
+        lock.acquire = counted
+        got = handle.wait(30)
+        lock.acquire = acquire
+    assert np.array_equal(got, x)
+    assert takers and not any(takers)       # the progress thread's steps only
+
+
+def test_the_caller_sends_a_fresh_tensors_exponent_messages(monkeypatch):
+    """At submission to an idle window, the caller's thread sends the tensor's exponent
+    messages (`PlainWindow.lead`), before the progress thread steps: with the thread not
+    woken, they are out (and nothing else: the data waits for their results); woken, the
+    allreduce completes."""
+    x = _inputs(np.random.default_rng(12), "float32", 255 * 600)
+    with SimServer(make_backend("echo")).start() as server, \
+            Worker(0, 1, server.url, session=uuid.uuid4().hex, timeout=20) as w:
+        want = w.allreduce(x, timeout=30)
+        e = w.engine
+        # the thread sees nothing to do: it idles, and does not step
+        monkeypatch.setattr(e, "busy", lambda: False)
+        monkeypatch.setattr(e.liveness, "beat_due", lambda now: False)
+        time.sleep(0.1)
+        before = w.counters()["packets_sent"]
+        handle = w.allreduce_async(x)
+        time.sleep(0.1)
+        sent = w.counters()["packets_sent"] - before
+        monkeypatch.undo()
+        w.progress.kick()
+        got = handle.wait(30)
+    assert sent == 1                # one exponent message: 64 slots, blocks of 256 chunks
+    assert got.tobytes() == want.tobytes()
+
+
 def test_the_compiled_steps_own_crc_is_zlibs(monkeypatch):
     """Without zlib-ng's CRC-32 to call, the C++ computes the ICRCs itself: the switch takes
     every contribution (a bad ICRC is dropped, and would time out), the results are
