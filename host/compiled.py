@@ -237,7 +237,8 @@ class CompiledStep:
         r.rto, r.psn, r.until = e.rtt.rto, e.psns.psn, until
         self.known_before = span.known.copy()
         for name in ("packets_sent", "packets_received", "credit_waits", "tensor_bytes",
-                     "chunks_done", "nsamples", "rx_len", "rx_from", "rx_seg", "gso_failed"):
+                     "chunks_done", "nsamples", "rx_len", "rx_from", "rx_seg", "gso_failed",
+                     "gso_runs"):
             setattr(r, name, 0)
         r.max_inflight, r.progress_at = e.stats["max_inflight"], 0.0
 
@@ -280,6 +281,7 @@ class CompiledStep:
         stats["max_inflight"] = max(stats["max_inflight"], r.max_inflight)
         if r.gso_failed:
             self.transport.runs.gso = False
+        self.transport.runs.runs += r.gso_runs     # (the worker's `gso_runs` counter)
         e.psns.psn = r.psn
         e.limit = max(e.limit, r.limit)
         for i in range(max(0, r.nsamples - SAMPLES), r.nsamples):     # the latest, in order

@@ -97,7 +97,7 @@ RUN_FIELDS = [
     ("status", _I), ("packets_sent", _I), ("packets_received", _I), ("credit_waits", _I),
     ("max_inflight", _I), ("tensor_bytes", _I), ("chunks_done", _I), ("progress_at", _D),
     ("nsamples", _I), ("rx_len", _I), ("rx_from", _I), ("rx_seg", _I), ("rx_ip", _I),
-    ("rx_port", _I), ("gso_failed", _I),
+    ("rx_port", _I), ("gso_failed", _I), ("gso_runs", _I),
 ]
 
 

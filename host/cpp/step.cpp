@@ -328,6 +328,7 @@ struct Step {
             ssize_t sent;
             do sent = sendmsg(int(r.fd), &msg, 0); while (sent < 0 && errno == EINTR);
             if (r.renumber) renumber(first, rows);
+            if (sent >= 0) r.gso_runs++;
             if (sent >= 0 || errno == EAGAIN || errno == EWOULDBLOCK) continue;
             r.gso = 0;                  // no GSO here: one by one from now on
             r.gso_failed = 1;
