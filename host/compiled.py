@@ -202,8 +202,11 @@ class CompiledStep:
             if datagrams:
                 e._receive_all(datagrams)
 
-    def _enter(self, span, fmt: Fmt, until: float):
-        w, e, r, t = self.window, self.engine, self.r, self.transport
+    def adopt(self, span, fmt: Fmt):
+        """Take `span` as the one the next calls run: its arrays, its tensors' addresses,
+        its DSCP and the check lane's tags from each slot's next use on (`PlainWindow.lead`
+        has the caller's thread do it at submission; else the first call of the span)."""
+        r, t = self.r, self.transport
         if span is not self.span:
             self.span, work = span, span.work
             for b, x in work.exponents.items():     # (the span's own record of them)
@@ -221,6 +224,10 @@ class CompiledStep:
             r.mean, r.world_size = int(work.mean), work.world_size
             t._set_tos(0, int(span.dscp[-1]))
             self._tags()
+
+    def _enter(self, span, fmt: Fmt, until: float):
+        w, e, r, t = self.window, self.engine, self.r, self.transport
+        self.adopt(span, fmt)
         writer = e.writer
         r.fd = t.sock.fileno()
         r.gso, r.renumber = int(t.runs.gso), int(t.runs.renumber)

@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 from netagg.host import numerics as N
-from netagg.host.compiled import CompiledStep
+from netagg.host.compiled import CompiledStep, carries
 from netagg.host.messages import (
     EXPONENT_CLASS,
     Work,
@@ -235,14 +235,18 @@ class PlainWindow:
     def lead(self, now: float):
         """Send the exponent messages of a work just submitted to an idle window, now, from
         the caller's thread (the compiled step leaves a tensor's first messages to Python):
-        they leave before the background thread wakes, whose first run is then compiled.
-        Nothing else can start before their results (the data chunks need them)."""
+        they leave before the background thread wakes, whose first run is then compiled,
+        on the span the caller's thread has set it up for (`CompiledStep.adopt`). Nothing
+        else can start before their results (the data chunks need them)."""
         if self.compiled is None or self.taken or (self.cur >= 0).any() or not self.spans:
             return
         span = self.spans[-1]
         waiting = self.next[self.next < self.total]
         if span.leading and len(waiting) and waiting.min() >= span.first:
             self._start(now)
+            fmt = carries(span.work)
+            if fmt is not None:
+                self.compiled.adopt(span, fmt)
 
     def _start(self, now: float):
         e = self.engine
