@@ -20,6 +20,12 @@ datagram when it starts it and writes its sums when it takes its result, the sam
 The hierarchical path copies the inputs into the node's shared memory at the call, and
 writes `out` from the shared result at the end.
 
+Across calls (`racing`): a flat allreduce started while earlier ones of the worker are in
+flight first waits for each that writes memory this call reads or writes (its `out`), or
+reads memory this call writes (its sources): results are written chunk by chunk as they
+arrive, so a second allreduce of an array the first writes in place would otherwise read a
+mixture (torch orders two all_reduce calls on one tensor the same way).
+
 Refused with a ValueError that names the tensor and what is wrong: an `out` of another
 shape or dtype, not C-contiguous, read-only, not a numpy array, or one that shares memory
 with another tensor's input or output, or with part of its own input (a shifted view, whose
@@ -84,3 +90,12 @@ def outputs(arrays: list[np.ndarray], out, single: bool) -> list[np.ndarray]:
                 raise ValueError(f"out for tensor {i} shares memory with the out for "
                                  f"tensor {j}")
     return outs
+
+
+def racing(works: list, arrays: list[np.ndarray], outs: list[np.ndarray]) -> list:
+    """The works among `works` (submitted, not done) that a call of `arrays` into `outs`
+    must wait for: an earlier `out` that overlaps this call's inputs or outputs, or an
+    earlier source that overlaps its outputs."""
+    return [w for w in works if not w.done and (
+        any(_overlaps(w.out, x) for x in (*arrays, *outs))
+        or any(_overlaps(s, o) for s in w.sources for o in outs))]

@@ -84,10 +84,11 @@ from netagg.host.control import SwitchControl, make_transport, read_params
 from netagg.host.engine import Engine
 from netagg.host.errors import NetaggError, NetaggTimeout
 from netagg.host.fabric_setup import fabric_worker
+from netagg.host.hierarchical import Handle, hierarchical
 from netagg.host.job_setup import JobSetup
 from netagg.host.lossy import LossyTransport
 from netagg.host.messages import DEFAULT_PRIORITY, Work
-from netagg.host.outputs import outputs
+from netagg.host.outputs import outputs, racing
 from netagg.host.progress import Progress
 from netagg.sim import wire as W
 
@@ -116,42 +117,6 @@ def _per_tensor(value, n: int, name: str) -> list:
             raise ValueError(f"{name} has {len(value)} values for {n} tensors")
         return list(value)
     return [value] * n
-
-
-class Handle:
-    """A pending allreduce; `wait()` returns the result (an array, or a list for a list)."""
-
-    def __init__(self, worker, works, outs, single, finish=None):
-        self.worker, self.works, self.outs, self.single = worker, works, outs, single
-        self._finish = finish
-        self._result = None
-        self._done = False
-        self.error = None           # the node's step failed (hierarchical)
-
-    def stats(self) -> list[dict]:
-        """Per tensor (shard) of this worker: chunks, droppable chunks and droppable packets
-        sent, contributions lost from its sums, chunks scaled up and chunks filled in."""
-        return [w.stats() for w in self.works]
-
-    def done(self) -> bool:
-        if not self._done and self._finish is None:
-            self.worker._progress(0.0)
-        return all(w.done for w in self.works) and self._finish is None
-
-    def wait(self, timeout: float | None = None):
-        if self._done:
-            return self._result
-        if self._finish is not None:
-            self._finish(self)
-        if self.error is not None:
-            raise self.error
-        self.worker._wait_works(self.works, timeout)
-        for w in self.works:
-            if w.error is not None:
-                raise w.error
-        self._done = True
-        self._result = self.outs[0] if self.single else self.outs
-        return self._result
 
 
 class Worker:
@@ -186,6 +151,7 @@ class Worker:
             else fraction_bits
         self.block = block
         self._pending = []          # hierarchical handles, in submission order
+        self._in_flight = []        # flat works submitted, until done (`outputs.racing`)
         self._closed = False
         T.Sprayer(paths, spray)        # checks both before any socket opens
         self.fabric = self.placement = None
@@ -296,8 +262,9 @@ class Worker:
         arrays, or `out`'s. `loss_budget` (fraction of a tensor's data chunks this worker may
         have dropped, 0 <= b < 1) and `priority` (class 0..7, default 4): one value, or one
         per tensor. `out`: arrays that receive the results, of the tensors' shapes and
-        dtypes, C-contiguous; each may be its input itself (in place, safe on every path);
-        an overlap with other memory of the call is a ValueError (`host.outputs`)."""
+        dtypes, C-contiguous; each may be its input itself (in place). An overlap with
+        other memory of the call is a ValueError; a call waits first for the allreduces in
+        flight that write what it reads or writes, or read what it writes (`host.outputs`)."""
         return self.allreduce_async(arrays, op, dtype, loss_budget=loss_budget,
                                     priority=priority, out=out).wait(timeout)
 
@@ -329,6 +296,10 @@ class Worker:
         loss = list(zip((float(b) for b in budgets), (int(p) for p in priorities)))
         outs = outputs(arrays, out, single)     # C order: reshape(-1) is a view
         if self.local_size == 1:
+            self._in_flight = [w for w in self._in_flight if not w.done]
+            earlier = racing(self._in_flight, arrays, outs)
+            if earlier:                 # they write what this call reads, or the reverse
+                self._wait_works(earlier, self.timeout)
             works = []
             for a, f, o, lp in zip(arrays, fmts, outs, loss):
                 flat = np.ascontiguousarray(a).reshape(-1)
@@ -337,6 +308,7 @@ class Worker:
                 works.append(self._work(f, [flat], o.reshape(-1), op == "mean",
                                         [self._proposals(flat, f)], lp))
             self._submit(works)
+            self._in_flight += works
             return Handle(self, works, outs, single)
         while self._pending:            # one hierarchical step at a time: they share memory
             self._pending[0].wait()
@@ -407,67 +379,7 @@ class Worker:
     # --- hierarchical -------------------------------------------------------------------
 
     def _hierarchical(self, arrays, fmts, outs, mean, single, loss) -> Handle:
-        sizes = [a.nbytes for a in arrays]
-        offsets = np.cumsum([0] + [-(-s // 64) * 64 for s in sizes]).tolist()
-        total = offsets[-1]
-        region = self.shm.region(total)          # same sizes on every local worker
-        for a, off in zip(arrays, offsets):
-            view = region.input(self.local_rank, off, a)
-            view[...] = np.ascontiguousarray(a).reshape(-1)
-        self.shm.arrive()
-
-        def step(handle):
-            while self._pending and self._pending[0] is not handle:
-                self._pending[0].wait()
-            self.shm.wait_all()
-            works = []
-            per = self.lanes * self.block
-            for a, f, off, lp in zip(arrays, fmts, offsets, loss):
-                if self.engine is None:     # not one of the node's leaders
-                    break
-                n = a.size
-                blocks = -(-n // per)
-                b0 = blocks * self.local_rank // self.leaders
-                b1 = blocks * (self.local_rank + 1) // self.leaders
-                lo, hi = b0 * per, min(b1 * per, n)
-                if hi <= lo:
-                    continue
-                sources = [region.input(i, off, a)[lo:hi] for i in range(self.local_size)]
-                out = region.result(off, a)[lo:hi]
-                works.append(self._work(f, sources, out, mean,
-                                        [self._proposals(s, f) for s in sources], lp))
-            self._submit(works)
-            handle.works = works
-            try:
-                self._wait_works(works, None)
-                error = next((w.error for w in works if w.error is not None), None)
-            except BaseException as e:
-                error = e
-            self.shm.arrive(failed=error is not None)   # the others must not take the result
-            if error is not None:
-                raise error
-            self.shm.wait_all()     # raises for a local worker that failed or is gone
-            for a, o, off in zip(arrays, outs, offsets):
-                o.reshape(-1)[...] = region.result(off, a)
-            self.shm.arrive()       # everyone has copied out: the region may be reused
-            self.shm.wait_all()
-
-        def finish(handle):
-            """The node's step, once: a step that failed stays failed (its handle's `wait`
-            raises its error again) and leaves the worker's pending steps."""
-            try:
-                step(handle)
-            except BaseException as e:
-                handle.error = e
-                raise
-            finally:
-                handle._finish = None
-                if handle in self._pending:
-                    self._pending.remove(handle)
-
-        handle = Handle(self, [], outs, single, finish)
-        self._pending.append(handle)
-        return handle
+        return hierarchical(self, arrays, fmts, outs, mean, single, loss)
 
     # --- the rest -----------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ ValueError that names what is wrong."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import numpy as np
@@ -172,6 +173,47 @@ def test_in_place_over_udp_is_numpys_sum(compiled, dtype, monkeypatch):
     assert all(np.array_equal(x, expected) for x in arrays)
     sent = sum(c.get("compiled_packets", 0) for _, c in out)
     assert (sent > 0) == compiled
+
+
+@pytest.mark.parametrize("second", ["reads", "writes"])
+@pytest.mark.parametrize("udp", [False, True], ids=["in-process", "udp"])
+def test_an_allreduce_of_memory_one_in_flight_writes_waits_for_it(second, udp):
+    """allreduce_async(x, out=x) then, before its wait, an allreduce that reads x (or one
+    of y written into x): the second runs after the first, so it sees the first's sums,
+    over lossy, reordering links (results arrive chunk by chunk)."""
+    rng = np.random.default_rng(12)
+    n = 255 * 6 + 5         # fewer chunks than slots: the second starts beside the first
+    xs, ys = ints(rng, n, 2), ints(rng, n, 2)
+    first = numpy_sum(xs)
+    faults = dict(drop=0.05, reorder=0.2, max_delay=0.01)
+
+    def start(w, r):
+        h1 = w.allreduce_async(xs[r], out=xs[r])
+        return h1, lambda: w.allreduce_async(xs[r]) if second == "reads" else \
+            w.allreduce_async(ys[r], out=xs[r])
+    if udp:
+        session = uuid.uuid4().hex
+        with SimServer(make_backend("golden")).start() as server:
+            done = threading.Barrier(2)
+
+            def rank(r):        # (open until both are done: a closed rank's beat stops)
+                with Worker(r, 2, server.url, session=session, timeout=20,
+                            faults=dict(faults, seed=r)) as w:
+                    h1, then = start(w, r)
+                    h2 = then()
+                    got = h1.wait(30), h2.wait(30)
+                    done.wait(30)
+                    return got
+            out = in_threads(rank, 2)
+    else:       # every rank's first allreduce, then every rank's second
+        ws = workers(2, timeout=20, faults=dict(faults, seed=3))
+        firsts = [start(w, r) for r, w in enumerate(ws)]
+        seconds = [then() for _, then in firsts]
+        out = [(h1.wait(30), h2.wait(30)) for (h1, _), h2 in zip(firsts, seconds)]
+        close(ws)
+    expected = 2 * first if second == "reads" else numpy_sum(ys)
+    assert all(np.array_equal(got, expected) for _, got in out)
+    assert all(np.array_equal(x, first if second == "reads" else expected) for x in xs)
 
 
 def test_out_into_other_arrays_leaves_the_inputs():
