@@ -179,6 +179,11 @@ class Placement:
         return cls(rank, world, leaf, rank - first, first,
                    (leaf + 1) * world // leaves - first)
 
+    @staticmethod
+    def ranks_of(leaf: int, world: int, leaves: int) -> range:
+        """The world ranks leaf `leaf` of `leaves` holds."""
+        return range(leaf * world // leaves, (leaf + 1) * world // leaves)
+
 
 # --- in process ----------------------------------------------------------------------------
 

@@ -43,8 +43,9 @@ from netagg.host.control import ControlChannel, read_params
 from netagg.host.engine import Engine
 from netagg.host.errors import NetaggError
 from netagg.host.fabric import Fabric, Placement
+from netagg.host.fabric_liveness import FabricLiveness
 from netagg.host.job_setup import JobSetup
-from netagg.host.liveness import Liveness
+from netagg.host.liveness import COUNT_BITS, MARK
 from netagg.host.lossy import LossyTransport
 from netagg.host.progress import Progress
 from netagg.host.session import JobKeys, fresh_epoch
@@ -55,23 +56,6 @@ from netagg.sim import wire as W
 def spray_all(uplinks: int) -> int:
     """JOB_SPRAY with the slots dealt round robin over every uplink."""
     return W.spray_word([e % uplinks for e in range(W.SPRAY_ENTRIES)])
-
-
-class FabricLiveness(Liveness):
-    """Heartbeats among a leaf's ranks (they are in the leaf); a gone rank named by its world
-    rank and its rank at the leaf."""
-
-    def __init__(self, control, *, placement: Placement, leaf: str, **kw):
-        super().__init__(control, rank=placement.leaf_rank, workers=placement.leaf_workers,
-                         **kw)
-        self.placement, self.leaf = placement, leaf
-
-    def describe(self) -> str:
-        first = self.placement.first
-        names = ", ".join(f"{first + g.rank} (rank {g.rank} at {self.leaf})" for g in self.gone)
-        silent = ", ".join(f"{g.silent:.1f} s" for g in self.gone)
-        return (f"rank{'s' if len(self.gone) > 1 else ''} {names} of job {self.job} gone: "
-                f"heartbeats in {self.leaf} still for {silent} while the other ranks' moved")
 
 
 class FabricEngine(Engine):
@@ -85,6 +69,11 @@ class FabricEngine(Engine):
         self.placement = placement
         self.liveness = FabricLiveness(self.control, placement=placement, leaf=leaf, job=job,
                                        session_tag=self.session_tag, stats=self.stats)
+
+    def close(self):
+        """Close what the engine holds beside its transport: the channels to the other
+        leaves."""
+        self.liveness.close()
 
     def set_job(self, slots: int, credits: int = 0, quorum: int = 0, completed: int = 0,
                 keys: JobKeys | None = None):
@@ -117,6 +106,8 @@ def fabric_worker(worker, fabric, switch, *, slots, slot_base, credits, quorum, 
                     credits=credits, quorum=quorum, paths=paths, spray=spray, bind=bind,
                     faults=faults, qpn=qpn)
     except BaseException:
+        if worker.engine is not None:
+            worker.engine.close()
         if worker.transport is not None:
             worker.transport.close()
         raise
@@ -170,6 +161,11 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
     worker.switch_params = p
     transport.attach_switch(p["ports"], p["port"])
     transport.result_source = W.Endpoint(p["ip"], p["udp_sport"])
+    for lf, other in enumerate(fabric.leaves):
+        if lf != where.leaf:
+            ranks = Placement.ranks_of(lf, worker.world_size, len(fabric.leaves))
+            engine.liveness.add_leaf(lf, other.name, ranks.start, len(ranks),
+                                     _channel(worker, fabric, other, ip, LEAF_PORTS + lf))
     per_job = p["slots"] // p["jobs"]
     count = per_job if slots is None else slots
     base = worker.job * per_job if slot_base is None else slot_base
@@ -191,12 +187,12 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
     credits = count if credits is None else credits
     if credits > 0xFFFF:
         raise NetaggError(f"{at}: {credits} credits do not fit in JOB_CREDITS (16 bits)")
-    spines = [_spine_channel(worker, fabric, s, ip) for s in range(len(fabric.spines))]
+    spines = [_channel(worker, fabric, spine, ip, SPINE_PORTS + s)
+              for s, spine in enumerate(fabric.spines)]
     try:
         if worker.rank == 0:
             epoch = fresh_epoch()
-            for s, channel in enumerate(spines):
-                _claim_spine(worker, fabric, s, channel, base, count, epoch)
+            _claim_spines(worker, fabric, spines, base, count, epoch)
         else:
             epoch = _spines_epoch(worker, fabric, spines, at)
     finally:
@@ -212,14 +208,45 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
     engine.set_job(count, credits, quorum, keys=keys)
 
 
-def _spine_channel(worker, fabric: Fabric, s: int, ip: str) -> ControlChannel:
-    """A control channel of the worker's own to spine `s` (UDP from its address, or in
-    process from its IPv4 address and a UDP port of its own)."""
-    spine = fabric.spines[s]
-    transport = fabric.transport(spine, ip, udp_port=W.ROCEV2_PORT + 1 + s,
+SPINE_PORTS = W.ROCEV2_PORT + 1                 # in process: a worker's UDP port to spine s
+LEAF_PORTS = SPINE_PORTS + W.MAX_UPLINKS        # and to leaf l (its beats)
+
+
+def _channel(worker, fabric: Fabric, switch, ip: str, udp_port: int) -> ControlChannel:
+    """A control channel of the worker's own to another switch of the fabric (UDP from its
+    address, or in process from its IPv4 address and UDP port `udp_port`)."""
+    transport = fabric.transport(switch, ip, udp_port=udp_port,
                                  bind=worker.transport.local.ip
-                                 if spine.url.startswith("udp://") else None)
+                                 if switch.url.startswith("udp://") else None)
     return ControlChannel(transport, timeout=worker.timeout)
+
+
+def _claim_spines(worker, fabric: Fabric, spines: list[ControlChannel], base: int, count: int,
+                  epoch: int):
+    """The world's rank 0 configures every spine's job in turn; a spine that refuses leaves
+    none claimed: the jobs of the spines before it are disabled again (as their owner may),
+    and the error names the spine and why."""
+    for s, channel in enumerate(spines):
+        try:
+            _claim_spine(worker, fabric, s, channel, base, count, epoch)
+        except NetaggError as e:
+            released = _release(worker.job, fabric, spines[:s])
+            raise NetaggError(f"rank 0: {e}" + (f"; the jobs it had claimed at {released} are "
+                                                f"disabled again" if released else "")) from e
+
+
+def _release(job: int, fabric: Fabric, channels: list[ControlChannel]) -> str:
+    """Disable `job` at the first switches of the fabric's spines (their owner's write); the
+    names of those that are (or a note of those that refused)."""
+    names = []
+    for s, channel in enumerate(channels):
+        name = fabric.spines[s].name
+        try:
+            [(_, config)] = channel.request([(W.job_reg(job, W.JOB_CONFIG) | W.WRITE, 0)])
+            names.append(name if not config >> 31 else f"{name} (refused)")
+        except NetaggError:
+            names.append(f"{name} (no answer)")
+    return ", ".join(names)
 
 
 def _claim_spine(worker, fabric: Fabric, s: int, channel: ControlChannel, base: int,
@@ -248,13 +275,20 @@ def _claim_spine(worker, fabric: Fabric, s: int, channel: ControlChannel, base: 
 
 
 def _spines_epoch(worker, fabric: Fabric, spines: list[ControlChannel], at: str) -> int:
-    """A leaf's first rank: the epoch every spine's job was configured with by this session's
-    rank 0, once they all read so (waiting up to the worker's timeout)."""
+    """A leaf's first rank: the epoch every spine's job was configured with by this run's
+    rank 0 (waiting up to the worker's timeout). The spines' one epoch, with their R_Keys the
+    session's KEY of it, is this run's once the world's rank 0 is seen beating with it: its
+    BEAT in leaf 0 carries the epoch's mark (`host.liveness`) and its count moves between two
+    reads. An earlier run of the same session left its spines with its own epoch, but its
+    rank 0's beat stands still (its process is gone); this run's rank 0 beats with the mark
+    only after it configured every spine with its fresh epoch."""
     j = worker.job
     reads = [(W.job_reg(j, W.JOB_CONFIG), 0), (W.job_reg(j, W.JOB_EPOCH), 0),
              (W.worker_reg(j, 0, W.WORKER_RKEY), 0)]
+    leaf0 = next(w.control for w in worker.engine.liveness.watches if w.leaf == 0)
     deadline = time.monotonic() + worker.timeout
     waiting = "no answer"
+    beat = None                         # rank 0's beat in leaf 0 with the spines' epoch's mark
     while True:
         epochs = set()
         for s, channel in enumerate(spines):
@@ -268,10 +302,22 @@ def _spines_epoch(worker, fabric: Fabric, spines: list[ControlChannel], at: str)
             epochs.add(epoch)
         else:
             if len(epochs) == 1:
-                return epochs.pop()
-            waiting = "the spines' jobs hold different epochs"
+                epoch = next(iter(epochs))
+                mark = JobKeys.derive(worker.session, j, epoch).tag & MARK or 1
+                [(_, now)] = leaf0.request([(W.beat_reg(j, 0), 0)])
+                if now >> COUNT_BITS != mark:
+                    beat = None
+                    waiting = (f"the spines hold epoch {epoch:#010x}, but rank 0 does not "
+                               f"beat with it in {fabric.leaves[0].name} (an earlier run's "
+                               f"configuration, this run's rank 0 not yet there)")
+                elif beat is not None and beat != now:
+                    return epoch
+                else:
+                    beat = now
+                    waiting = (f"rank 0's heartbeat in {fabric.leaves[0].name} does not move "
+                               f"(an earlier run's rank 0, gone)")
+            else:
+                waiting = "the spines' jobs hold different epochs"
         if time.monotonic() > deadline:
             raise NetaggError(f"{at}: waited {worker.timeout:.0f} s for the spines: {waiting}")
-        spines[0].step(0.02)
         time.sleep(0.02)
-

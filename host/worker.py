@@ -407,6 +407,7 @@ class Worker:
         driver = self.transport.driver
         if driver is not None and self.engine in driver.engines:
             driver.engines.remove(self.engine)
+        getattr(self.engine, "close", lambda: None)()    # a fabric's: its other channels
         self.transport.close()
         if self.shm is not None:
             self.shm.close()

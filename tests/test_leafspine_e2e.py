@@ -12,12 +12,13 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import uuid
 
 import numpy as np
 import pytest
 from netagg.apps.demo_fabric import demo_described, demo_fabric
-from netagg.host import Worker
+from netagg.host import Worker, liveness
 from netagg.host.errors import NetaggError
 from netagg.sim import wire as W
 from netagg.sim.topology import LinkFaults, Topology
@@ -114,19 +115,55 @@ def test_a_spine_cut_with_loss_completes_through_pulls():
     assert report["errors"] == [] and report["verified"]
 
 
-def test_a_gone_rank_is_named_by_the_ranks_of_its_leaf():
+def test_a_gone_rank_is_named_by_every_rank_of_every_leaf_within_the_bound():
     from netagg.host.errors import NetaggRankGone
     topo = Topology(2, 2)
     ws = _workers(topo)
     xs = [np.full(1000, r, np.int32) for r in range(8)]
     _allreduce(ws, xs)                  # every rank has beaten in this run
-    ws[5].close()
-    handles = {r: ws[r].allreduce_async(xs[r]) for r in (4, 6, 7)}
-    with pytest.raises(NetaggRankGone, match=r"rank 5 \(rank 1 at leaf1\) of job 0 gone"):
-        handles[4].wait(10)
+    ws[5].close()                       # rank 1 at leaf1: its process gone for good
+    gone_at = time.monotonic()
+    handles = {r: w.allreduce_async(xs[r]) for r, w in enumerate(ws) if r != 5}
+    named = {}
+    for r, h in handles.items():        # leaf0's ranks included: the heartbeats are leaf1's
+        with pytest.raises(NetaggRankGone, match=r"rank 5 \(rank 1 at leaf1\) of job 0 gone: "
+                                              r"heartbeats in leaf1 still") as e:
+            h.wait(10)
+        named[r] = time.monotonic() - gone_at
+        assert e.value.ranks == (5,) and f"rank {r} (rank {r % 4} at leaf{r // 4})" in str(e.value)
+    assert max(named.values()) < liveness.DEAD_AFTER + 2 * liveness.READ_PERIOD + 1.0
     for r, w in enumerate(ws):
         if r != 5:
             w.close()
+
+
+def test_a_second_run_of_the_same_session_waits_for_its_own_rank_0():
+    """The first run's spines stay configured with its epoch; the second run's leaf1 first
+    rank comes before its rank 0 and does not take that epoch: it waits for rank 0's."""
+    topo = Topology(2, 2)
+    xs = [np.full(2000, r + 1, np.int32) for r in range(8)]
+    first = _workers(topo, session="same")
+    _allreduce(first, xs)
+    old = topo.control("spine0", [(W.job_reg(0, W.JOB_EPOCH), 0)])[0][1]
+    for w in first:
+        w.close()
+    early = {}
+    thread = threading.Thread(target=lambda: early.update(
+        w=Worker(4, 8, None, session="same", fabric=topo, timeout=30)))
+    thread.start()
+    time.sleep(0.5)                                 # leaf1's first rank reads the old spines
+    assert thread.is_alive()                        # and waits
+    ws = [Worker(r, 8, None, session="same", fabric=topo, timeout=30) for r in range(4)]
+    thread.join(30)
+    ws += [early["w"]] + [Worker(r, 8, None, session="same", fabric=topo, timeout=30)
+                          for r in range(5, 8)]
+    epochs = {name: topo.control(name, [(W.job_reg(0, W.JOB_EPOCH), 0)])[0][1]
+              for name in topo.nodes}
+    assert len(set(epochs.values())) == 1 and old not in epochs.values()
+    for out in _allreduce(ws, xs):
+        assert np.array_equal(out, np.sum(xs, axis=0))
+    for w in ws:
+        w.close()
 
 
 def test_a_switch_without_uplinks_is_no_leaf():
@@ -147,10 +184,15 @@ def test_set_up_errors_name_the_rank_the_job_and_the_switch():
     other = [(W.job_reg(0, W.JOB_SLOT_BASE), 0), (W.job_reg(0, W.JOB_SLOT_COUNT), 4),
              (W.job_reg(0, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=2))]
     topo.control("spine1", [(a | W.WRITE, v) for a, v in other])     # someone else's job
-    with pytest.raises(NetaggError, match=r"job 0 at spine1 is enabled by 10\.250\.255\.254"):
+    with pytest.raises(NetaggError, match=r"rank 0: job 0 at spine1 is enabled by "
+                                          r"10\.250\.255\.254.*; the jobs it had claimed at "
+                                          r"spine0 are disabled again"):
         Worker(0, 8, None, session="s", fabric=topo, timeout=2)
+    config = {name: topo.control(name, [(W.job_reg(0, W.JOB_CONFIG), 0)])[0][1]
+              for name in ("spine0", "spine1")}
+    assert config["spine0"] == 0 and config["spine1"] >> 31     # no half-claimed fabric
     with pytest.raises(NetaggError, match=r"rank 4 \(rank 0 at leaf1\): waited 1 s for the "
-                                          r"spines: spine1's job 0 was not configured"):
+                                          r"spines: spine0's job 0 was not configured"):
         Worker(4, 8, None, session="s", fabric=topo, timeout=1)
 
 
