@@ -238,6 +238,47 @@ def test_a_fabric_server_serves_8_udp_workers_one_endpoint_per_switch():
         assert partials["leaf0"][0] > 0 and partials["leaf1"][1] > 0
 
 
+def test_a_gone_rank_on_leaf1_is_named_by_leaf0s_udp_workers():
+    """`sim serve --topology 2x2`'s server, 8 UDP workers in threads: rank 6 (rank 2 at
+    leaf1) closes after a first allreduce; the others' next one fails naming it in ~2 s."""
+    from netagg.host.errors import NetaggRankGone
+    from netagg.sim.topology_serve import FabricServer
+    session, gone = uuid.uuid4().hex, 6
+    first, closed = threading.Barrier(8), threading.Event()
+    errors, named = {}, {}
+
+    def run(rank, fabric):
+        leaf = fabric["leaves"][rank // 4]["url"]
+        with Worker(rank, 8, leaf, session=session, fabric=fabric, timeout=30) as w:
+            x = np.full(4000, rank, np.int32)
+            w.allreduce(x)
+            first.wait(30)
+            if rank == gone:
+                w.close()
+                closed.set()
+                return
+            closed.wait(30)
+            start = time.monotonic()
+            try:
+                w.allreduce(x, timeout=20)
+            except NetaggRankGone as e:
+                named[rank] = (str(e), e.ranks, time.monotonic() - start)
+            except Exception as e:
+                errors[rank] = repr(e)
+
+    with FabricServer(2, 2).start() as server:
+        fabric = server.describe()
+        threads = [threading.Thread(target=run, args=(r, fabric)) for r in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert errors == {} and sorted(named) == [0, 1, 2, 3, 4, 5, 7]
+    for rank, (text, ranks, after) in named.items():
+        assert ranks == (gone,) and "rank 6 (rank 2 at leaf1) of job 0 gone" in text
+        assert after < liveness.DEAD_AFTER + 2 * liveness.READ_PERIOD + 1.0, (rank, after)
+
+
 def test_sim_serve_topology_in_its_own_process_with_8_udp_workers_and_processes(tmp_path):
     describe = tmp_path / "fabric.json"
     proc = subprocess.Popen(
