@@ -19,9 +19,13 @@ delivered inside, round after round until none is in flight, each link (`Link`) 
 duplicate and reorder them (`LinkFaults`), and counted per link and direction (`Link.frames`;
 a leaf's frames up an uplink are its partials: the balance of the spines' load).
 
+`tap`, when set, sees every frame that enters a link between switches, as (link, direction,
+frame), before the link's faults, and loses it by returning True (the tests' probe).
+
 `cut(spine)` fails a spine's links: every frame on them is lost from then on, and each leaf
 marks the uplink down (`REG_UPLINK_DOWN`, as a board ORs in its MAC's link-down), so that its
-slots move to the uplinks that remain.
+slots move to the uplinks that remain (`mark_down=False`: the links only; `restore`
+mends them).
 
 Backends: "golden" (`sim.golden_leaf.GoldenLeaf` with `uplinks=` for a leaf,
 `sim.golden_spine.GoldenSpine` for a spine); "rtl" is a NotImplementedError
@@ -33,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from netagg.sim import wire as W
 
@@ -188,6 +192,7 @@ class Topology:
         self._out: list[tuple[str, int, bytes]] = []     # frames out of host ports
         self._psn = 0
         self.hops = 0                                     # frames delivered between switches
+        self.tap: Callable[[Link, Direction, bytes], bool] | None = None
         self._cable()
 
     # --- the wiring -------------------------------------------------------------------------
@@ -253,16 +258,25 @@ class Topology:
         for link in self.link_list if links is None else links:
             link.faults = faults
 
-    def cut(self, spine: int):
+    def cut(self, spine: int, mark_down: bool = True):
         """Spine `spine`'s links fail: their frames are lost, and every leaf marks the uplink
-        down (REG_UPLINK_DOWN bit `spine`), as a board's MAC reports a link down."""
+        down (REG_UPLINK_DOWN bit `spine`), as a board's MAC reports a link down; without
+        `mark_down` the leaves do not know yet (a spine gone silent)."""
         for link in self.link_list:
             if link.b == f"spine{spine}":
                 link.cut = True
+        if not mark_down:
+            return
         for leaf in self.leaf_nodes:
             [(_, down)] = self.control(leaf.name, [(W.REG_UPLINK_DOWN, 0)])
             self.control(leaf.name, [(W.REG_UPLINK_DOWN | W.WRITE, down | 1 << spine)],
                          check=True)
+
+    def restore(self, spine: int):
+        """Spine `spine`'s links carry frames again (what the leaves mark is theirs)."""
+        for link in self.link_list:
+            if link.b == f"spine{spine}":
+                link.cut = False
 
     def partials(self) -> dict[str, list[int]]:
         """Frames each leaf sent up each uplink (its partials, first sends and resends)."""
@@ -322,6 +336,8 @@ class Topology:
             busy = []
             for (name, port), frames in carried.items():
                 link, direction = self.links[name, port]
+                if self.tap is not None:
+                    frames = [f for f in frames if not self.tap(link, direction, f)]
                 far, far_port = (link.b, link.b_port) if direction is Direction.UP else \
                     (link.a, link.a_port)
                 arrived = link.carry(frames, direction, self.rng)

@@ -1,23 +1,32 @@
-"""A leaf/spine network of golden switches for the tests (`sim.golden_leaf`): leaves with
-local workers and one uplink per spine, wired by a tiny router that can drop, duplicate and
-reorder frames on every link, and workers that send their uses as hosts do (a use of a slot
-only after the result of the slot's previous use; every use not answered is sent again each
-round) and check every result they get against numpy's sums.
+"""The golden leaf's tests on the fabric's network (`sim.topology.Topology`, golden leaves and
+spines, its cabling and links): what only those tests need on top of it. A test-side job
+set-up (job 0 at every switch, configured by control records as the tests' own frames
+need it: scapy-built workers with fixed addresses, keys and buffers), the workers' links
+(each a `sim.topology.Link` between the worker and its leaf port, with the topology's
+`LinkFaults`), and workers that send their uses as hosts do (a use of a slot only after the
+result of the slot's previous use; every use not answered is sent again each round) and
+check every result they get against numpy's sums.
 
-Wiring: leaf l's local worker r on its port r, its uplink i on port `workers + i` to spine i's
-port l. Job 0 at every switch; each spine's job 0 has the leaves as workers (rank l = leaf
-l). Contributions are built by scapy (`tests.switch_traffic.Worker`); the use a result
+Worker r of leaf l sits on the leaf's port r (the topology's downlinks: as many as the
+largest leaf's workers); the topology's uplink i is port `downlinks + i`, to spine i's port
+l. Contributions are built by scapy (`tests.switch_traffic.Worker`); the use a result
 answers is read from its RETH.va (the offset encodes the use and slot)."""
 
 from __future__ import annotations
 
 import dataclasses
-import random
 
 import numpy as np
 from netagg.sim import wire as W
-from netagg.sim.golden_leaf import GoldenLeaf
-from netagg.sim.golden_spine import GoldenSpine
+from netagg.sim.topology import (
+    Direction,
+    Link,
+    LinkFaults,
+    Role,
+    Topology,
+    default_ip,
+    default_mac,
+)
 
 from tests.switch_traffic import Worker, control_frame, job_config_records, job_key
 
@@ -27,19 +36,19 @@ CHUNK = 4096                      # bytes between two uses' offsets in a worker'
 
 
 def leaf_ip(l: int) -> str:
-    return f"10.0.1.{l + 1}"
+    return default_ip(Role.LEAF, l)
 
 
 def spine_ip(s: int) -> str:
-    return f"10.0.2.{s + 1}"
+    return default_ip(Role.SPINE, s)
 
 
 def leaf_mac(l: int) -> int:
-    return 0x02AA00000100 | l
+    return default_mac(Role.LEAF, l)
 
 
 def spine_mac(s: int) -> int:
-    return 0x02AA00000200 | s
+    return default_mac(Role.SPINE, s)
 
 
 def control(sw, records, port: int = 0) -> list[int]:
@@ -48,137 +57,113 @@ def control(sw, records, port: int = 0) -> list[int]:
     return [v for _, v in W.unpack_records(W.parse_frame(reply).payload)]
 
 
-@dataclasses.dataclass
-class Link:
-    """Where a frame that leaves a switch's port goes: a worker (leaf, rank) or a switch's
-    port (kind "leaf"/"spine", index, port)."""
-
-    kind: str
-    index: int
-    port: int
-
-
-class Fabric:
-    """`leaves` leaves of `workers` local workers each (a list: per leaf), `spines` spines.
-    `loss`, `dup`, `swap`: per frame on every link, the chance it is lost, delivered twice,
-    or delivered after the frames behind it."""
+class Net:
+    """A `Topology` of `leaves` leaves and `spines` spines with `workers` workers per leaf (a
+    list: per leaf) and job 0 set up at every switch; `set_faults` puts the same faults on
+    every link, the workers' included. `leaf`, `spine`: the golden switches; `inbox`: the
+    frames the workers got, as (leaf, rank, frame)."""
 
     def __init__(self, *, leaves: int = 2, spines: int = 1, workers=2, slots: int = 8,
                  lanes: int = 16, seed: int = 0, quorum: int = 0, credits: int = 0):
-        self.rng = random.Random(seed)
         self.workers = [workers] * leaves if isinstance(workers, int) else list(workers)
-        self.slots, self.lanes, self.spine_count = slots, lanes, spines
-        self.loss = self.dup = self.swap = 0.0
-        ports = max(max(self.workers) + spines, leaves, 2)
-        self.leaf = [GoldenLeaf(ports=ports, jobs=1, max_workers=8, slots=slots, uplinks=spines)
-                     for _ in range(leaves)]
-        self.spine = [GoldenSpine(ports=ports, jobs=1, max_workers=8, slots=slots)
-                      for _ in range(spines)]
-        self.dead: set[int] = set()            # spines that send and take nothing
+        self.slots, self.lanes = slots, lanes
+        self.topology = Topology(leaves, spines, downlinks=max(max(self.workers), 1), jobs=1,
+                                 max_workers=8, slots=slots, seed=seed)
+        self.leaf = [n.switch for n in self.topology.leaf_nodes]
+        self.spine = [n.switch for n in self.topology.spine_nodes]
         self.hosts = [[Worker(job=JOB, rank=r, ip=f"10.{l + 1}.0.{r + 10}",
                               mac=0x020000000000 | l << 8 | r, udp_port=0xC100 + r, port=r,
                               qpn=0x100 + 16 * l + r, rkey=0xAB00 + r,
                               va=(l + 1) << 40 | (r + 1) << 32, slot_count=slots,
                               key=job_key(JOB)) for r in range(n)]
                       for l, n in enumerate(self.workers)]
-        for l, sw in enumerate(self.leaf):
-            self._configure_leaf(l, sw, quorum, credits)
-        for s, sw in enumerate(self.spine):
-            self._configure_spine(s, sw)
-        self.flight: list[tuple[Link, bytes]] = []
+        self.host_links = {(l, r): Link(f"host{l}.{r}", 0, f"leaf{l}", r)
+                           for l, n in enumerate(self.workers) for r in range(n)}
+        for l in range(leaves):
+            self._set_up_leaf(l, quorum, credits)
+        for s in range(spines):
+            self._set_up_spine(s)
+        self.outbox: list[tuple[int, int, bytes]] = []    # to the leaves' ports, not yet in
         self.inbox: list[tuple[int, int, bytes]] = []     # (leaf, rank, frame) at workers
-        self.sent_up = [[0] * spines for _ in range(leaves)]   # partials per leaf and uplink
-        self.cut = None             # (link, frame) -> True: the frame is lost (a test's tap)
 
-    def _configure_leaf(self, l: int, sw: GoldenLeaf, quorum: int, credits: int):
-        n = self.workers[l]
-        recs = [(W.WRITE | W.REG_MAC_HI, leaf_mac(l) >> 32),
-                (W.WRITE | W.REG_MAC_LO, leaf_mac(l) & 0xFFFFFFFF),
-                (W.WRITE | W.REG_IP, W.ip_to_int(leaf_ip(l)))]
-        for i in range(self.spine_count):
-            recs += [(W.WRITE | W.uplink_reg(i, W.UPLINK_PORT), n + i),
-                     (W.WRITE | W.uplink_reg(i, W.UPLINK_MAC_HI), spine_mac(i) >> 32),
-                     (W.WRITE | W.uplink_reg(i, W.UPLINK_MAC_LO), spine_mac(i) & 0xFFFFFFFF),
-                     (W.WRITE | W.uplink_reg(i, W.UPLINK_IP), W.ip_to_int(spine_ip(i))),
-                     (W.WRITE | W.uplink_reg(i, W.UPLINK_UDP_PORT), W.ROCEV2_PORT)]
-        control(sw, recs)
-        control(sw, job_config_records(JOB, self.hosts[l], 0, self.slots, credits, quorum))
-        spray = W.spray_word([e % max(self.spine_count, 1) for e in range(W.SPRAY_ENTRIES)])
-        control(sw, [(W.WRITE | W.job_reg(JOB, W.JOB_PARENT_KEY), SPINE_KEY),
-                     (W.WRITE | W.job_reg(JOB, W.JOB_SPRAY), spray),
-                     (W.WRITE | W.job_reg(JOB, W.JOB_PARENT), W.PARENT.pack(enable=1, rank=l))])
+    def _set_up_leaf(self, l: int, quorum: int, credits: int):
+        spray = W.spray_word([e % len(self.spine) for e in range(W.SPRAY_ENTRIES)])
+        self.topology.control(f"leaf{l}", job_config_records(
+            JOB, self.hosts[l], 0, self.slots, credits, quorum) + [
+            (W.WRITE | W.job_reg(JOB, W.JOB_PARENT_KEY), SPINE_KEY),
+            (W.WRITE | W.job_reg(JOB, W.JOB_SPRAY), spray),
+            (W.WRITE | W.job_reg(JOB, W.JOB_PARENT), W.PARENT.pack(enable=1, rank=l))])
 
-    def _configure_spine(self, s: int, sw: GoldenSpine):
-        control(sw, [(W.WRITE | W.REG_MAC_HI, spine_mac(s) >> 32),
-                     (W.WRITE | W.REG_MAC_LO, spine_mac(s) & 0xFFFFFFFF),
-                     (W.WRITE | W.REG_IP, W.ip_to_int(spine_ip(s)))])
+    def _set_up_spine(self, s: int):
         leaves = [Worker(job=JOB, rank=l, ip=leaf_ip(l), mac=leaf_mac(l), udp_port=W.ROCEV2_PORT,
                          port=l, qpn=W.UPLINK_QPN, rkey=SPINE_KEY, va=0, key=SPINE_KEY)
                   for l in range(len(self.leaf))]
-        recs = job_config_records(JOB, leaves, 0, self.slots)
-        recs[-1] = (recs[-1][0], W.CONFIG.pack(enable=1, partials=1, workers=len(leaves)))
-        control(sw, recs)
+        records = job_config_records(JOB, leaves, 0, self.slots)
+        records[-1] = (records[-1][0], W.CONFIG.pack(enable=1, partials=1, workers=len(leaves)))
+        self.topology.control(f"spine{s}", records)
 
-    # --- the router ---------------------------------------------------------------------------
+    # --- the network ------------------------------------------------------------------------
 
-    def _out(self, kind: str, index: int, frames):
-        for port, frame in frames:
-            if kind == "leaf":
-                n = self.workers[index]
-                if port < n:
-                    link = Link("worker", index, port)
-                else:
-                    self.sent_up[index][port - n] += 1
-                    link = Link("spine", port - n, index)
-            else:
-                link = Link("leaf", port, self.workers[port] + index)
-            self.flight.append((link, frame))
+    def set_faults(self, faults: LinkFaults):
+        """The same faults on every link: between the switches and the workers' own."""
+        self.topology.set_faults(faults)
+        for link in self.host_links.values():
+            link.faults = faults
 
     def send(self, l: int, r: int, frame: bytes):
-        """A worker's frame into its leaf's port."""
-        self.flight.append((Link("leaf", l, r), frame))
+        """A worker's frame toward its leaf's port (it goes in at `drain`)."""
+        self.outbox.append((l, r, frame))
 
-    def deliver(self, link: Link, frame: bytes):
-        """A frame at the end of its link: a dead spine's frames in flight are lost too."""
-        if self.cut is not None and self.cut(link, frame):
-            return
-        if link.kind == "leaf" and link.port - self.workers[link.index] in self.dead:
-            return
-        if link.kind == "worker":
-            self.inbox.append((link.index, link.port, frame))
-        elif link.kind == "leaf":
-            self._out("leaf", link.index, self.leaf[link.index].receive(link.port, frame))
-        elif link.index not in self.dead:
-            self._out("spine", link.index, self.spine[link.index].receive(link.port, frame))
+    def drain(self):
+        """Carry the workers' frames over their links, run the fabric until no frame is in
+        flight between switches, and carry what leaves the leaves to the workers (`inbox`)."""
+        rng = self.topology.rng
+        outbox, self.outbox = self.outbox, []
+        for (l, r), link in self.host_links.items():
+            frames = [f for ll, rr, f in outbox if (ll, rr) == (l, r)]
+            for frame in link.carry(frames, Direction.UP, rng) if frames else []:
+                self.topology.send_to(f"leaf{l}", r, frame)
+        out: dict[tuple[int, int], list[bytes]] = {}
+        for name, port, frame in self.topology.run_by_switch():
+            if name.startswith("leaf") and (int(name[4:]), port) in self.host_links:
+                out.setdefault((int(name[4:]), port), []).append(frame)
+        for (l, r), frames in out.items():
+            self.inbox += [(l, r, f) for f in
+                           self.host_links[l, r].carry(frames, Direction.DOWN, rng)]
 
-    def drain(self, limit: int = 100000):
-        """Deliver every frame in flight (and what they cause), with loss, duplication and
-        reordering."""
-        rng = self.rng
-        for _ in range(limit):
-            if not self.flight:
-                return
-            i = rng.randrange(min(len(self.flight), 4)) if rng.random() < self.swap else 0
-            link, frame = self.flight.pop(i)
-            if rng.random() < self.loss:
-                continue
-            self.deliver(link, frame)
-            if rng.random() < self.dup:
-                self.flight.append((link, frame))
-        raise AssertionError("the network does not quiesce")
+    def silence(self, spine: int, silent: bool = True):
+        """Spine `spine` sends and takes nothing (its links lose every frame), and the leaves
+        do not know; or it is back."""
+        if silent:
+            self.topology.cut(spine, mark_down=False)
+        else:
+            self.topology.restore(spine)
 
     def mark_down(self, uplinks: int):
         """Every leaf's REG_UPLINK_DOWN, as the fabric's manager writes it."""
-        for sw in self.leaf:
-            assert control(sw, [(W.WRITE | W.REG_UPLINK_DOWN, uplinks)]) == [uplinks]
+        for node in self.topology.leaf_nodes:
+            self.topology.control(node.name, [(W.WRITE | W.REG_UPLINK_DOWN, uplinks)],
+                                  check=True)
+
+    @property
+    def sent_up(self) -> list[list[int]]:
+        """Frames each leaf sent up each uplink (per leaf, per uplink)."""
+        partials = self.topology.partials()
+        return [partials[f"leaf{l}"] for l in range(len(self.leaf))]
+
+    def tap(self) -> list[tuple[Link, Direction, bytes]]:
+        """The frames that enter a link between switches from now on (appended as they go)."""
+        seen = []
+        self.topology.tap = lambda link, direction, frame: seen.append((link, direction, frame))
+        return seen
 
 
 @dataclasses.dataclass
 class Job:
-    """`uses` uses of every slot by every worker of a fabric, as hosts run them, each
+    """`uses` uses of every slot by every worker of a network, as hosts run them, each
     result checked against numpy."""
 
-    net: Fabric
+    net: Net
     uses: int
     seed: int = 0
     high: int = 1 << 20           # lanes in [-high, high)
@@ -247,4 +232,3 @@ class Job:
 
     def pending(self) -> dict:
         return {k: u for k, u in self.cur.items() if u < self.uses}
-

@@ -1,45 +1,47 @@
 """Uplink failure in networks of golden leaves and spines (docs/leafspine.md, "Uplink
-failure"; tests/leafspine_net.py): a spine that sent a use's result to one leaf only and
-goes silent, uplinks marked down mid-run (the spine dead, or alive and marked up again
-later) under loss, duplication and reordering, and every uplink down. Every use completes,
-each worker's result checked against numpy's sums."""
+failure"; the fabric's network, sim/topology.py, with tests/leafspine_net.py's job): a spine
+that sent a use's result to one leaf only and goes silent, uplinks marked down mid-run (the
+spine dead, or alive and marked up again later) under loss, duplication and reordering, and
+every uplink down. Every use completes, each worker's result checked against numpy's
+sums."""
 
 import random
 
 import pytest
 from netagg.sim import wire as W
 from netagg.sim.golden_leaf_registers import CopyState
+from netagg.sim.topology import Direction, LinkFaults
 
-from tests.leafspine_net import JOB, Fabric, Job
+from tests.leafspine_net import JOB, Job, Net
 
 
 def counters(sw) -> dict:
     return sw.counters()["jobs"][JOB]
 
 
-def cut_after_first_result(net: Fabric, spine: int, leaf: int) -> dict:
-    """Arm the network so that `spine`'s first result to `leaf` is lost and the spine dies
-    at that moment (its frames in flight are lost too); what was cut, once it is."""
+def cut_after_first_result(net: Net, spine: int, leaf: int) -> dict:
+    """Arm the network so that `spine`'s first result to `leaf` is lost and the spine goes
+    silent at that moment (its frames in flight are lost too); what was cut, once it is."""
     cut = {}
 
-    def lose(link, frame):
-        if cut or link.kind != "leaf" or link.index != leaf:
+    def lose(link, direction, frame):
+        if cut or direction is not Direction.DOWN or link.a != f"leaf{leaf}":
             return False
-        if link.port != net.workers[leaf] + spine or not W.parse_frame(frame).payload:
+        if link.b != f"spine{spine}" or not W.parse_frame(frame).payload:
             return False
         pkt = W.parse_frame(frame)
         imm = W.unpack_imm(W.RESULT_IMM, pkt.imm)
         cut.update(slot=imm["slot"], version=imm["version"], msn=W.split_va(pkt.va)[0])
-        net.dead.add(spine)
+        net.silence(spine)
         return True
 
-    net.cut = lose
+    net.topology.tap = lose
     return cut
 
 
 @pytest.mark.parametrize("leaves", [2, 3])
 def test_spine_silent_after_one_leaf_got_the_result(leaves):
-    net = Fabric(leaves=leaves, spines=2)
+    net = Net(leaves=leaves, spines=2)
     job = Job(net, uses=4)
     job.round()                                   # use 0 everywhere
     cut = cut_after_first_result(net, spine=0, leaf=leaves - 1)
@@ -65,13 +67,13 @@ def test_uplink_marked_down_mid_run_under_loss(dies, seed):
     """Spine 0 dies (or is only marked down, and up again later) at a random round; the
     leaves mark it down a round later; loss, duplication and reordering on every link."""
     rng = random.Random(seed)
-    net = Fabric(spines=2, seed=seed)
-    net.loss, net.dup, net.swap = 0.1, 0.1, 0.3
+    net = Net(spines=2, seed=seed)
+    net.set_faults(LinkFaults(drop=0.1, duplicate=0.1, reorder=0.3))
     job = Job(net, uses=6, seed=seed)
     fail, back = rng.randrange(1, 4), rng.randrange(5, 8)
     for n in range(1, 300):
         if n == fail and dies:
-            net.dead.add(0)
+            net.silence(0)
         if n == fail + 1:
             net.mark_down(0b01)
         if n == back and not dies:
@@ -85,7 +87,7 @@ def test_uplink_marked_down_mid_run_under_loss(dies, seed):
 
 
 def test_every_uplink_down_waits_then_completes():
-    net = Fabric(spines=2)
+    net = Net(spines=2)
     job = Job(net, uses=2)
     net.mark_down(0b11)
     job.round()

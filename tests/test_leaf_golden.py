@@ -1,10 +1,11 @@
 """The golden leaf and spine (sim/golden_leaf.py, docs/leafspine.md) in networks of golden
-switches (tests/leafspine_net.py): sums exact against numpy through one and two spines,
-partials' counts and overflow carried and added, the frames between switches as scapy reads
-them, parent results refused when late or foreign, a local retransmission re-sending the
-partial (UPSTREAM) or replaying the final (DONE), a spine's finals and given-up uses, loss,
-duplication and reordering on every link, SPRAY's balance, and the registers of switches with
-and without uplinks. Uplink failure: tests/test_leaf_failure.py."""
+switches (the fabric's network, sim/topology.py, with tests/leafspine_net.py's job): sums
+exact against numpy through one and two spines, partials' counts and overflow carried and
+added, the frames between switches as scapy reads them, parent results refused when late or
+foreign, a local retransmission re-sending the partial (UPSTREAM) or replaying the final
+(DONE), a spine's finals and given-up uses, loss, duplication and reordering on every link,
+SPRAY's balance, and the registers of switches with and without uplinks. Uplink failure:
+tests/test_leaf_failure.py."""
 
 import random
 
@@ -16,6 +17,7 @@ from netagg.sim.golden_leaf import GoldenLeaf
 from netagg.sim.golden_leaf_registers import CopyState
 from netagg.sim.golden_spine import GoldenSpine
 from netagg.sim.scapy_frames import RETH, ImmDt
+from netagg.sim.topology import Direction, LinkFaults
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 
@@ -24,8 +26,8 @@ from tests.leafspine_net import (
     CHUNK,
     JOB,
     SPINE_KEY,
-    Fabric,
     Job,
+    Net,
     control,
     leaf_ip,
     leaf_mac,
@@ -44,7 +46,7 @@ def read(frame: bytes):
     return pkt, RETH(body[:16]), ImmDt(body[16:20]).data, np.frombuffer(body[20:], "<i4")
 
 
-def one_use(net: Fabric, values, use: int = 0, slot: int = 0, exponent: int = 0) -> list:
+def one_use(net: Net, values, use: int = 0, slot: int = 0, exponent: int = 0) -> list:
     """Every worker's contribution of `values[leaf][rank]` to `use` of `slot`, delivered;
     the frames the workers got, as (leaf, rank, frame)."""
     for l, ranks in enumerate(values):
@@ -59,11 +61,9 @@ def one_use(net: Fabric, values, use: int = 0, slot: int = 0, exponent: int = 0)
     return inbox
 
 
-def taps(net: Fabric) -> list:
-    """The frames delivered from now on, as (link, frame)."""
-    seen = []
-    net.cut = lambda link, frame: seen.append((link, frame))
-    return seen
+def leaf_of(link) -> int:
+    """The leaf at a link's end between switches (its `a`)."""
+    return int(link.a.removeprefix("leaf"))
 
 
 def job_counters(sw) -> dict:
@@ -72,7 +72,7 @@ def job_counters(sw) -> dict:
 
 @pytest.mark.parametrize("spines", [1, 2])
 def test_sums_exact_through_spines(spines):
-    net = Fabric(spines=spines, workers=[2, 3])
+    net = Net(spines=spines, workers=[2, 3])
     job = Job(net, uses=4)
     assert job.run() == 4                      # a use a round: nothing lost, nothing waits
     assert job.results == 4 * 8 * 5            # each checked: numpy's sums, count 5
@@ -86,20 +86,19 @@ def test_sums_exact_through_spines(spines):
 
 
 def test_partials_count_overflow_and_msn():
-    net = Fabric(workers=[2, 3], lanes=4)
-    seen = taps(net)
+    net = Net(workers=[2, 3], lanes=4)
+    seen = net.tap()
     half = 1 << 29
     leaf0 = [[INT32_MAX, half, 1, -1], [1, half, 2, -2]]      # lane 0 saturates at the leaf
     leaf1 = [[0, half, 3, 0]] * 3                             # lane 1 saturates at the spine
     inbox = one_use(net, [leaf0, leaf1], use=1, slot=5)
     expected = [INT32_MAX, INT32_MAX, 12, -3]
     msn = 1 * net.slots + 5
-    up = [(link, f) for link, f in seen if link.kind == "spine"]
-    down = [(link, f) for link, f in seen if link.kind == "leaf" and link.port >= 2
-            and link.port >= net.workers[link.index]]
+    up = [(link, f) for link, d, f in seen if d is Direction.UP]
+    down = [(link, f) for link, d, f in seen if d is Direction.DOWN]
     assert len(up) == 2 and len(down) == 2
     for link, frame in up:
-        l = 0 if link.port == 0 else 1
+        l = leaf_of(link)
         pkt, reth, imm, lanes = read(frame)
         part = W.unpack_imm(W.PARTIAL, pkt[BTH].psn)
         assert (part["count"], part["overflow"], part["resent"], part["final"]) == \
@@ -119,7 +118,7 @@ def test_partials_count_overflow_and_msn():
         res = W.unpack_imm(W.RESULT_IMM, imm)
         assert pkt[BTH].dqpn == W.UPLINK_QPN and reth.rkey == SPINE_KEY
         assert W.split_va(reth.va) == (msn, CHUNK * msn)         # the use's msn, not an address
-        assert pkt[IP].src == spine_ip(0) and pkt[IP].dst == leaf_ip(link.index)
+        assert pkt[IP].src == spine_ip(0) and pkt[IP].dst == leaf_ip(leaf_of(link))
         assert (res["count"], res["overflow"], res["slot"], res["version"]) == (5, 1, 5, 1)
         np.testing.assert_array_equal(lanes, expected)
     assert len(inbox) == 5
@@ -134,13 +133,13 @@ def test_partials_count_overflow_and_msn():
 
 
 def test_null_at_a_leaf_counts_out_of_the_partial():
-    net = Fabric(lanes=2)
+    net = Net(lanes=2)
     values = {(0, 0): [7, 7], (0, 1): [5, 6], (1, 0): [1, 2], (1, 1): [3, 4]}
     for (l, r), lanes in values.items():
         frame = net.hosts[l][r].contribution(0, 0, 0, np.array(lanes, np.int32), 0, msn=0,
                                              droppable=True)
         if (l, r) == (0, 0):            # its payload dropped by priority at the leaf
-            net._out("leaf", 0, net.leaf[0].receive(0, frame, null=True))
+            net.leaf[0].send(0, frame, null=True)
         else:
             net.send(l, r, frame)
     net.drain()
@@ -152,7 +151,7 @@ def test_null_at_a_leaf_counts_out_of_the_partial():
 
 
 def test_quorum_and_deadline_at_a_leaf_count_its_local_contributions():
-    net = Fabric(lanes=2, quorum=1)                    # a use of each leaf closes at one
+    net = Net(lanes=2, quorum=1)                    # a use of each leaf closes at one
     inbox = one_use(net, [[[1, 2]], [[10, 20]]])
     assert sorted((l, r) for l, r, _ in inbox) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     for _, _, frame in inbox:
@@ -164,8 +163,8 @@ def test_quorum_and_deadline_at_a_leaf_count_its_local_contributions():
     assert [(l, r) for l, r, _ in net.inbox] == [(0, 1)]
     np.testing.assert_array_equal(read(net.inbox[0][2])[3], [11, 22])
 
-    net = Fabric(lanes=2)
-    control(net.leaf[0], [(W.WRITE | W.job_reg(JOB, W.JOB_DEADLINE), 1)])
+    net = Net(lanes=2)
+    net.topology.control("leaf0", [(W.WRITE | W.job_reg(JOB, W.JOB_DEADLINE), 1)], check=True)
     first = net.hosts[0][0].contribution(0, 0, 0, np.array([1, 2], np.int32), 0, msn=0)
     inbox = one_use(net, [[], [[10, 20], [30, 40]]])
     net.send(0, 0, first)
@@ -183,12 +182,12 @@ def test_quorum_and_deadline_at_a_leaf_count_its_local_contributions():
 
 
 def test_parent_results_are_never_dropped_by_priority():
-    net = Fabric(lanes=2)
+    net = Net(lanes=2)
     for leaf in net.leaf:                 # every droppable frame would lose its payload
         control(leaf, [(W.WRITE | W.drop_threshold(c), 0) for c in range(W.PRIORITY_CLASSES)])
-    seen = taps(net)
+    seen = net.tap()
     inbox = one_use(net, [[[1, 2], [3, 4]], [[5, 6], [7, 8]]], exponent=1)
-    down = [f for link, f in seen if link.kind == "leaf" and link.port >= 2]
+    down = [f for _, d, f in seen if d is Direction.DOWN]
     # a result's exponent 1 sets the bit a contribution's ImmDt calls droppable
     assert all(W.unpack_imm(W.REQUEST_IMM, read(f)[2])["droppable"] for f in down)
     assert not any(net.leaf[0].drops_payload(f, 1 << 20) for f in down)
@@ -199,12 +198,12 @@ def test_parent_results_are_never_dropped_by_priority():
 
 
 def test_late_and_foreign_parent_results_refused():
-    net = Fabric()
-    seen = taps(net)
+    net = Net()
+    seen = net.tap()
     job = Job(net, uses=3)
     job.run()
-    down = [(link, f) for link, f in seen
-            if link.kind == "leaf" and link.index == 0 and link.port == 2]
+    down = [(link, f) for link, d, f in seen
+            if d is Direction.DOWN and leaf_of(link) == 0 and link.a_port == 2]
     first, last = down[0][1], down[-1][1]
     leaf = net.leaf[0]
     assert leaf.receive(2, first) == []               # use 0's: the copy has moved on
@@ -228,30 +227,30 @@ def test_late_and_foreign_parent_results_refused():
 
 
 def test_retransmission_resends_upstream_and_replays_done():
-    net = Fabric()
-    net.dead = {0}
+    net = Net()
+    net.silence(0)
     job = Job(net, uses=1)
     job.round()
     assert net.sent_up == [[8], [8]] and not job.results
     assert all(leaf.state[s][0].state is CopyState.UPSTREAM
                for leaf in net.leaf for s in range(8))
-    seen = taps(net)
+    seen = net.tap()
     job.round()                                     # every worker's retransmission
-    up = [f for link, f in seen if link.kind == "spine"]
+    up = [f for _, d, f in seen if d is Direction.UP]
     assert len(up) == 32 and job_counters(net.leaf[0])["resends"] == 16
     for frame in up:
         assert W.unpack_imm(W.PARTIAL, read(frame)[0][BTH].psn)["resent"] == 1
-    net.dead = set()
+    net.silence(0, False)
     job.run()
     spine = job_counters(net.spine[0])
     assert spine["pulls"] > 0 and spine["completed"] == 8
     assert sum(job_counters(leaf)["pulled"] for leaf in net.leaf) > 0
-    seen = taps(net)
+    seen = net.tap()
     net.send(0, 1, job.contribution(0, 1, 0, 3))          # a retransmission in DONE
     net.drain()
     assert [(l, r) for l, r, _ in net.inbox] == [(0, 1)]
     job.check(0, 1, net.inbox[0][2])
-    assert not [f for link, f in seen if link.kind == "spine"]
+    assert not [f for _, d, f in seen if d is Direction.UP]
     assert job_counters(net.leaf[0])["replays"] == 1
 
 
@@ -269,7 +268,7 @@ def partial(l: int, msn: int, lanes, *, count: int, final: int = 0, resent: int 
 
 
 def test_spine_final_completes_as_it_is_and_later_use_replaces_older():
-    spine = Fabric(leaves=3).spine[0]
+    spine = Net(leaves=3).spine[0]
     assert spine.receive(0, partial(0, 0, [1, 2], count=2)) == []
     out = spine.receive(2, partial(2, 0, [100, 200], count=7, final=1))
     assert sorted(port for port, _ in out) == [0, 1, 2]
@@ -297,8 +296,8 @@ def test_spine_final_completes_as_it_is_and_later_use_replaces_older():
 @pytest.mark.parametrize("spines", [1, 2])
 @pytest.mark.parametrize("seed", range(12))
 def test_loss_duplication_reordering(spines, seed):
-    net = Fabric(spines=spines, seed=seed)
-    net.loss, net.dup, net.swap = 0.1, 0.1, 0.3
+    net = Net(spines=spines, seed=seed)
+    net.set_faults(LinkFaults(drop=0.1, duplicate=0.1, reorder=0.3))
     job = Job(net, uses=4, seed=seed)
     job.run()
     assert job.results >= 4 * 8 * 4
@@ -307,14 +306,14 @@ def test_loss_duplication_reordering(spines, seed):
 
 @pytest.mark.parametrize("uplinks", [2, 4])
 def test_spray_balance(uplinks):
-    net = Fabric(spines=uplinks, slots=64)
+    net = Net(spines=uplinks, slots=64)
     Job(net, uses=2).run()
     for counts in net.sent_up:
         mean = sum(counts) / uplinks
         assert all(abs(c - mean) <= 0.05 * mean for c in counts), counts
     assert [job_counters(s)["contributions"] for s in net.spine] == [2 * 64 * 2 // uplinks] * \
         uplinks
-    net = Fabric(spines=uplinks, slots=64)
+    net = Net(spines=uplinks, slots=64)
     net.mark_down(0b10)                       # uplink 1's slots go to uplink 2 (or 0)
     Job(net, uses=2).run()
     share = 2 * 64 // uplinks
