@@ -13,23 +13,30 @@ its check lane carries the world rank's bit, so the spines' results hold the wor
    CONFIG.partials set; the slot range of its own leaf's job; CREDITS 0 (a spine sees the
    uses of the slots sprayed to it only, while message numbers count all of the job's: the
    leaves' credits bound the uses open) and no quorum or deadline (the leaves close their
-   local uses; a spine waits for every leaf's partial).
+   local uses; a spine waits for every leaf's partial). A spine that refuses it is named
+   with the reason, and the spines it configured before are disabled again (no half-claimed
+   fabric).
 2. Each leaf's first rank (the world's rank 0 after the spines) waits until every spine reads
    as configured for this session (enabled, CONFIG.partials, one epoch whose key is the
-   leaves' R_Keys) and configures its leaf's job with that epoch (so one key and one tag for
-   the whole fabric): its local ranks, credits, quorum and deadline as on one switch, and the
-   parent: JOB_PARENT (enable, rank = the leaf's index), JOB_PARENT_KEY (the spines' KEY, the
-   leaf job's own as the epoch is the same) and JOB_SPRAY (slot s up uplink s % uplinks).
+   leaves' R_Keys) and the world's rank 0 beats with that epoch (`_spines_epoch`: its BEAT
+   in leaf 0 carries the epoch's mark and moves), and configures its leaf's job with that
+   epoch (so one key and one tag for the whole fabric): its local ranks, credits, quorum and
+   deadline as on one switch, and the parent: JOB_PARENT (enable, rank = the leaf's index),
+   JOB_PARENT_KEY (the spines' KEY, the leaf job's own as the epoch is the same) and
+   JOB_SPRAY (slot s up uplink s % uplinks).
 3. The leaf's other ranks join it as on one switch (`JobSetup.rank_check`).
+
+One run's spines only: an earlier run of the same session string may have left the spines
+configured with its epoch, whose keys match the session as well; its rank 0 is gone, so its
+beat in leaf 0 stands still, while this run's rank 0 beats with its own fresh epoch only
+after it has configured every spine with it. A leaf's first rank that comes first waits.
 
 No quorum (a leaf's QUORUM counts its local contributions, the hosts' fill-in rounds a quorum
 of the world's ranks: they disagree); a deadline closes a use short at a leaf, its partial
 carries the smaller count, and the hosts fill in as on one switch (every rank sends in the
-fill-in round, so every leaf completes it). Liveness watches a leaf's own ranks (their
-heartbeats are in their leaf): a rank gone on another leaf shows as the bounded wait's
-timeout. A leaf's first rank takes the spines' epoch as this run's when their R_Keys match
-the session: a fresh session string per run (the demo's) keeps an earlier run's spines from
-passing for this one's.
+fill-in round, so every leaf completes it). Liveness spans the leaves
+(`host.fabric_liveness`): every worker reads every leaf's heartbeats, through a control
+channel of its own to each other leaf, and names a rank gone on any of them.
 
 Ownership is as on one switch: the world's rank 0 owns the spines' jobs, each leaf's first
 rank its leaf's. Errors name the rank, the job and the switch.
