@@ -243,8 +243,8 @@ def _claim_spines(worker, fabric: Fabric, spines: list[ControlChannel], base: in
 
 
 def _release(job: int, fabric: Fabric, channels: list[ControlChannel]) -> str:
-    """Disable `job` at the first switches of the fabric's spines (their owner's write); the
-    names of those that are (or a note of those that refused)."""
+    """Disable `job` at the fabric's first `len(channels)` spines, through `channels` (their
+    owner's CONFIG write); their names, each that refused or did not answer noted."""
     names = []
     for s, channel in enumerate(channels):
         name = fabric.spines[s].name
