@@ -152,6 +152,9 @@ def main(argv=None) -> int:
     fuzz.add_argument("--minimise", action="store_true",
                       help="shrink the first difference to the fewest frames that show it")
     fuzz.add_argument("--json", action="store_true", help="print one JSON object")
+    fuzz.add_argument("--spine", action="store_true",
+                      help="a switch built as a spine against the golden spine, on leaves' "
+                           "partials")
     from netagg.apps.scale.cli import add_parser as add_scale
     add_scale(sub)
     args = parser.parse_args(argv)
@@ -201,7 +204,8 @@ def main(argv=None) -> int:
         return 0
     if args.command == "fuzz":
         from netagg.sim.fuzz import main as fuzz_main
-        return fuzz_main(args.frames, args.seed, args.json, args.width, args.minimise)
+        return fuzz_main(args.frames, args.seed, args.json, args.width, args.minimise,
+                         spine=args.spine)
     if args.command == "probe":
         from netagg.apps.probe import probe_main
         return probe_main(args.url, args.json, args.timeout)

@@ -61,22 +61,28 @@ from .aggregator_records import Records
 from .aggregator_sums import Sums
 from .beat import FrameStream
 from .control import JOB_EVENTS, PORT_EVENTS, JobTable, RecordPort
+from .fabric import NO_FABRIC, Fabric
 from .ingress import ingress_header
 
 
 class Aggregator(wiring.Component):
     def __init__(self, *, ports: int, width: int, jobs: int, max_workers: int, slots: int,
-                 max_payload: int):
+                 max_payload: int, fabric: Fabric = NO_FABRIC):
         if max_payload * 8 < width:
             raise ValueError("the aggregator's width must not exceed the largest payload")
         self.ports, self.width, self.jobs = ports, width, jobs
         self.max_workers, self.slots, self.max_payload = max_workers, slots, max_payload
+        self.fabric = fabric
+        more = {} if not fabric.any else {
+            "fabric_events": Out(max(len(fabric.events), 1)).array(jobs),
+        }
         super().__init__({
+            **more,
             "header": In(stream.Signature(ingress_header(ports))),
             "payload": In(FrameStream(width)).array(ports),
-            "table": In(JobTable(jobs, max_workers)),
+            "table": In(JobTable(jobs, max_workers, fabric)),
             "control": Out(RecordPort(ports)),   # a control request's records applied
-            "egress": Out(stream.Signature(egress_beat(width, ports, max_workers))),
+            "egress": Out(stream.Signature(egress_beat(width, ports, max_workers, fabric))),
             "reply_dropped": Out(ports),  # a port's control request got no reply
             "port_events": Out(len(PORT_EVENTS)).array(ports),
             "job_events": Out(len(JOB_EVENTS)).array(jobs),
@@ -89,19 +95,23 @@ class Aggregator(wiring.Component):
         m.submodules.state = state = Memory(shape=slot_state(MW), depth=slots, init=[])
         state_wr = state.write_port()
         state_rd = state.read_port(transparent_for=(state_wr,))
+        F = self.fabric
         m.submodules.commands = commands = fifo.SyncFIFOBuffered(
-            width=command(P, slots, MW).size, depth=4)
+            width=command(P, slots, MW, F).size, depth=4)
         go = commands.w_rdy             # lookup and decide move together, or wait
 
         m.submodules.lookup = lookup = Lookup(
-            ports=P, jobs=J, max_workers=MW, slots=slots, max_payload=self.max_payload)
-        m.submodules.decide = decide = Decide(ports=P, jobs=J, max_workers=MW, slots=slots)
+            ports=P, jobs=J, max_workers=MW, slots=slots, max_payload=self.max_payload,
+            fabric=F)
+        m.submodules.decide = decide = Decide(ports=P, jobs=J, max_workers=MW, slots=slots,
+                                              fabric=F)
         m.submodules.sums = sums = Sums(
             ports=P, width=self.width, max_workers=MW, slots=slots,
-            max_payload=self.max_payload)
+            max_payload=self.max_payload, fabric=F)
         m.submodules.records = records = Records(
-            ports=P, width=self.width, max_workers=MW, slots=slots)
-        m.submodules.clearing = clearing = Clearing(jobs=J, max_workers=MW, slots=slots)
+            ports=P, width=self.width, max_workers=MW, slots=slots, fabric=F)
+        m.submodules.clearing = clearing = Clearing(jobs=J, max_workers=MW, slots=slots,
+                                                    fabric=F)
         table = wiring.flipped(self.table)
         wiring.connect(m, table, lookup.table, decide.table, clearing.table)
         wiring.connect(m, wiring.flipped(self.header), lookup.header)
@@ -166,5 +176,7 @@ class Aggregator(wiring.Component):
         for j in range(self.jobs):
             with m.If(decide.decided & (b.imm.job == j)):
                 m.d.comb += self.job_events[j].eq(decide.job_event)
+                if self.fabric.any:
+                    m.d.comb += self.fabric_events[j].eq(decide.fabric_event)
             with m.If(sums.overflowed & (sums.overflowed_job == j)):
                 m.d.comb += self.job_events[j][JOB_EVENTS.index("overflows")].eq(1)

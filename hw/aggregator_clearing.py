@@ -16,13 +16,15 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from .control import JobTable
+from .fabric import NO_FABRIC, Fabric
 
 
 class Clearing(wiring.Component):
-    def __init__(self, *, jobs: int, max_workers: int, slots: int):
+    def __init__(self, *, jobs: int, max_workers: int, slots: int,
+                 fabric: Fabric = NO_FABRIC):
         self.jobs, self.slots = jobs, slots
         super().__init__({
-            "table": In(JobTable(jobs, max_workers)),
+            "table": In(JobTable(jobs, max_workers, fabric)),
             "served": In(1),              # a control request's reply has left
             "busy": Out(1),
             "release": Out(1),            # the control request is over

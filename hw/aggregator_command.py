@@ -12,6 +12,7 @@ from amaranth.lib import data
 from . import headers as H
 from . import regmap as R
 from .beat import BeatLayout
+from .fabric import NO_FABRIC, Fabric, descriptor_fields
 
 MAX_CONTROL_PAYLOAD = H.MAX_CONTROL_RECORDS * H.CONTROL_RECORD.length     # 512 bytes
 
@@ -25,21 +26,23 @@ class Action(enum.IntEnum):
     CLOSE = 5        # send the sums to every worker: a use closed short at its deadline
 
 
-def result_descriptor(max_workers: int):
+def result_descriptor(max_workers: int, fabric: Fabric = NO_FABRIC):
     """What an egress port needs to address a result or a control reply (whose addresses
-    its port's ingress holds)."""
+    its port's ingress holds); on a spine, more (`hw.fabric.descriptor_fields`)."""
     return data.StructLayout({
         "control": 1,
         "job": 4, "dests": max_workers, "slot": 12, "version": 1, "count": 6,
         "exponent": signed(8), "overflow": 1, "offset": 32, "length": 11, "psn": 24,
+        **descriptor_fields(fabric),
     })
 
 
-def egress_beat(width: int, ports: int, max_workers: int):
+def egress_beat(width: int, ports: int, max_workers: int, fabric: Fabric = NO_FABRIC):
     """A result's payload beat, the ports that send it, and (on the last beat) its
     descriptor."""
     return data.StructLayout({
-        "beat": BeatLayout(width), "ports": ports, "desc": result_descriptor(max_workers),
+        "beat": BeatLayout(width), "ports": ports,
+        "desc": result_descriptor(max_workers, fabric),
     })
 
 
@@ -64,12 +67,12 @@ def sums_row(lanes: int):
     })
 
 
-def command(ports: int, slots: int, max_workers: int):
+def command(ports: int, slots: int, max_workers: int, fabric: Fabric = NO_FABRIC):
     """What to do with a packet's payload: its `action`; the ingress `port` it comes from;
     whether it has a payload to take (`has_payload`) and whether it is a null contribution's,
     made of zeros (`null`); the slot (`index`); and whether beats go out (`emit`), from which
     `ports`, with which descriptor (`desc`)."""
     return data.StructLayout({
         "action": Action, "port": range(max(ports, 2)), "has_payload": 1, "emit": 1, "null": 1,
-        "index": range(slots), "ports": ports, "desc": result_descriptor(max_workers),
+        "index": range(slots), "ports": ports, "desc": result_descriptor(max_workers, fabric),
     })

@@ -21,7 +21,9 @@ the packet is decided); the stage moves with the lookup stage when `go` (the com
 has room).
 """
 
-from amaranth import Array, Const, Module, Mux, Signal, signed
+import dataclasses
+
+from amaranth import Array, Const, Module, Mux, Signal, Value, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -30,6 +32,7 @@ from . import regmap as R
 from .aggregator_command import Action, command, slot_state
 from .aggregator_lookup import Look, looked_up
 from .control import JOB_EVENTS, PORT_EVENTS, JobTable
+from .fabric import NO_FABRIC, Fabric
 
 # The counter of each verdict of the lookup stage that drops the packet.
 DROPPED = {
@@ -47,17 +50,34 @@ def state_write(slots: int, max_workers: int):
         {"addr": range(slots), "data": slot_state(max_workers), "en": 1})
 
 
+@dataclasses.dataclass(frozen=True)
+class SpineFrame:
+    """A spine's contribution as the decide stage reads it: its PARTIAL (BTH.psn) and, for
+    a job that takes partials, whether it is a final, a re-send, and whether it gives up the
+    use in progress of its copy for a later one (`abandon`)."""
+    part: data.View
+    final: Value
+    resent: Value
+    abandon: Value
+
+
 class Decide(wiring.Component):
-    def __init__(self, *, ports: int, jobs: int, max_workers: int, slots: int):
+    def __init__(self, *, ports: int, jobs: int, max_workers: int, slots: int,
+                 fabric: Fabric = NO_FABRIC):
         self.ports, self.jobs, self.max_workers, self.slots = ports, jobs, max_workers, slots
+        self.fabric = fabric
+        more = {} if not fabric.any else {
+            "fabric_event": Out(max(len(fabric.events), 1)),    # with `decided`
+        }
         super().__init__({
+            **more,
             "i": In(stream.Signature(looked_up(ports, slots))),
             "go": In(1),                  # the command queue has room: take `i`
             "copies": In(slot_state(max_workers)),   # the state of `i`'s slot
             "now": In(R.DEADLINE_BITS),   # the switch's tick count
-            "table": In(JobTable(jobs, max_workers)),
+            "table": In(JobTable(jobs, max_workers, fabric)),
             "state": Out(state_write(slots, max_workers)),
-            "command": Out(command(ports, slots, max_workers)),
+            "command": Out(command(ports, slots, max_workers, fabric)),
             "decided": Out(1),            # a packet decided, its command queued
             "unserved": Out(1),           # a control request dropped
             "port_event": Out(len(PORT_EVENTS)),    # with `decided`
@@ -103,6 +123,9 @@ class Decide(wiring.Component):
         distance = Signal(signed(16))       # of this message from the copy's use
         m.d.comb += distance.eq(va.msn[:16] - mine.msn)
 
+        spine = None
+        if self.fabric.spine:
+            spine = self._spine(m, b_job, mine, distance, new_count, new_data, va)
         with m.Switch(b_look):
             for look, counter in DROPPED.items():
                 with m.Case(look):
@@ -114,7 +137,7 @@ class Decide(wiring.Component):
                 ]
             with m.Case(Look.AGGREGATE):
                 self._aggregate(m, mine, new_state[version], bit, distance, new_count,
-                                new_data, finishes, limit, b_job, update, va.msn)
+                                new_data, finishes, limit, b_job, update, va.msn, spine)
         decided = self.decided
         m.d.comb += [
             decided.eq(self.go & self.i.valid),
@@ -125,16 +148,40 @@ class Decide(wiring.Component):
         return m
 
     def _count(self, name):
-        """The packet's event `name`, of its port or of its job."""
+        """The packet's event `name`, of its port or of its job (a fabric switch's too)."""
         if name in PORT_EVENTS:
             return self.port_event[PORT_EVENTS.index(name)].eq(1)
+        if name in self.fabric.events:
+            return self.fabric_event[self.fabric.events.index(name)].eq(1)
         return self.job_event[JOB_EVENTS.index(name)].eq(1)
 
+    def _spine(self, m, b_job, mine, distance, new_count, new_data, va):
+        """What a spine's job (CONFIG.partials) changes: a contribution is a leaf's partial
+        (BTH.psn `PARTIAL`), whose count the data count adds and whose overflow the sums
+        take; a later use of a copy in progress gives that use up (`abandon`) and begins;
+        results carry the use's CONTRIBUTION_VA. Its `SpineFrame`."""
+        b = self.i.payload.header
+        part = H.PARTIAL(b.bth.psn)
+        partials = b_job.partials
+        abandon = Signal()
+        m.d.comb += abandon.eq(partials & (mine.count != 0) & (distance > 0))
+        with m.If(abandon):
+            m.d.comb += new_count.eq(1)
+        m.d.comb += new_data.eq(Mux((mine.count == 0) | abandon, 0, mine.data)
+                                + Mux(partials, part.count, ~b.null))
+        desc = self.command.desc
+        m.d.comb += [desc.fabric_va.eq(partials), desc.msn.eq(va.msn),
+                     desc.overflow.eq(partials & part.overflow)]
+        with m.If(desc.pull & (self.command.action == Action.DRAIN)):
+            m.d.comb += self.command.has_payload.eq(b.payload_length != 0)
+        return SpineFrame(part=part, final=partials & part.final,
+                          resent=partials & part.resent, abandon=abandon)
+
     def _aggregate(self, m, mine, new, bit, distance, new_count, new_data, finishes, limit,
-                   b_job, update, msn):
+                   b_job, update, msn, spine):
         """A contribution that passed the lookup's checks, against its copy (`mine`): a
         replay, a drop, or a contribution that updates the copy (`new`) and may complete
-        the use."""
+        the use; on a spine (`spine`, a `SpineFrame`), a partial."""
         MW = self.max_workers
         b = self.i.payload.header
         cmd = self.command
@@ -144,6 +191,10 @@ class Decide(wiring.Component):
         idle = mine.count == 0              # no use in progress: the last one completed
         fresh = mine.bitmap == 0            # never used since the job's slots were cleared
         new_use = idle & (fresh | (distance > 0))
+        if spine is not None:
+            # a final of the use's length is no duplicate: it completes the use as it is
+            seen = seen & ~(spine.final & (mine.length == self.i.payload.header.payload_length))
+            new_use = new_use | spine.abandon
         age = Signal(R.DEADLINE_BITS)
         m.d.comb += age.eq(self.now - mine.begun)
         late = (b_job.deadline != 0) & (age >= b_job.deadline)
@@ -173,6 +224,9 @@ class Decide(wiring.Component):
             ]
         with m.Elif(~new_use & seen):
             m.d.comb += count("duplicates")
+            if spine is not None:
+                with m.If(spine.resent):
+                    self._pull(m, mine.bitmap, b_job, limit)
         with m.Elif(~new_use & (mine.length != b.payload_length)):
             m.d.comb += count("drop_bad_length")
         with m.Else():
@@ -192,3 +246,39 @@ class Decide(wiring.Component):
                     desc.dests.eq((Const(1, MW + 1) << self.i.payload.workers) - 1),
                     cmd.ports.eq(self.i.payload.completion_ports),
                 ]
+            if spine is not None:
+                self._spine_use(m, mine, new, bit, new_use, finishes, limit, b_job, spine)
+
+    def _spine_use(self, m, mine, new, bit, new_use, finishes, limit, b_job, spine):
+        """A spine's partial taken into its copy (`new`): one that gives a use up counts
+        `abandoned`; a final completes the use with its sums, count, exponent and overflow
+        as they are (`finals`); a resent partial that leaves the use in progress pulls the
+        leaves missing from it."""
+        MW = self.max_workers
+        cmd, desc, count = self.command, self.command.desc, self._count
+        with m.If(spine.abandon):
+            m.d.comb += count("abandoned")
+        with m.If(spine.final):
+            m.d.comb += [
+                count("finals"), count("completed"), cmd.emit.eq(1),
+                cmd.action.eq(Action.OVERWRITE), new.count.eq(0),
+                new.data.eq(spine.part.count), desc.count.eq(spine.part.count),
+                new.bitmap.eq(Mux(new_use, bit, mine.bitmap | bit)),
+                desc.dests.eq((Const(1, MW + 1) << self.i.payload.workers) - 1),
+                cmd.ports.eq(self.i.payload.completion_ports),
+                limit.eq(b_job.completed + b_job.credits + 1),
+            ]
+        with m.Elif(spine.resent & ~finishes):
+            self._pull(m, new.bitmap, b_job, limit)
+
+    def _pull(self, m, bitmap, b_job, limit):
+        """A spine's pulls of the use to every leaf of the job whose bit is clear in
+        `bitmap`: one payload-less result frame each, from the packet's last beat."""
+        MW = self.max_workers
+        cmd, desc = self.command, self.command.desc
+        m.d.comb += [
+            cmd.emit.eq(1), desc.pull.eq(1), desc.count.eq(0),
+            desc.dests.eq(((Const(1, MW + 1) << self.i.payload.workers) - 1) & ~bitmap),
+            cmd.ports.eq(self.i.payload.completion_ports),
+            limit.eq(b_job.completed + b_job.credits),
+        ]

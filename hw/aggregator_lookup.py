@@ -27,6 +27,7 @@ from amaranth.lib.wiring import In, Out
 from . import headers as H
 from .aggregator_command import MAX_CONTROL_PAYLOAD
 from .control import JobTable
+from .fabric import NO_FABRIC, Fabric
 from .ingress import ingress_header
 
 
@@ -54,13 +55,13 @@ def looked_up(ports: int, slots: int):
 
 class Lookup(wiring.Component):
     def __init__(self, *, ports: int, jobs: int, max_workers: int, slots: int,
-                 max_payload: int):
+                 max_payload: int, fabric: Fabric = NO_FABRIC):
         self.ports, self.jobs, self.max_workers = ports, jobs, max_workers
         self.slots, self.max_payload = slots, max_payload
         super().__init__({
             "header": In(stream.Signature(ingress_header(ports))),
             "barrier": In(1),             # a control request is being served: take none
-            "table": In(JobTable(jobs, max_workers)),
+            "table": In(JobTable(jobs, max_workers, fabric)),
             "completing": In(1),          # the packet in decide completes a use of its job
             "completing_job": In(H.REQUEST_IMM.wire_fields["job"]),
             "request": Out(1),            # a control request was taken (raises the barrier)

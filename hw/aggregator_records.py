@@ -20,13 +20,15 @@ from . import headers as H
 from .aggregator_command import Action, command
 from .beat import BeatLayout, FrameStream
 from .control import RecordPort
+from .fabric import NO_FABRIC, Fabric
 
 
 class Records(wiring.Component):
-    def __init__(self, *, ports: int, width: int, max_workers: int, slots: int):
+    def __init__(self, *, ports: int, width: int, max_workers: int, slots: int,
+                 fabric: Fabric = NO_FABRIC):
         self.width = width
         super().__init__({
-            "head": In(stream.Signature(command(ports, slots, max_workers))),
+            "head": In(stream.Signature(command(ports, slots, max_workers, fabric))),
             "request": In(FrameStream(width)),
             "reply": Out(FrameStream(width)),
             "control": Out(RecordPort(ports)),

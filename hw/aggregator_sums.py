@@ -25,20 +25,22 @@ from amaranth.lib.wiring import In, Out
 
 from .aggregator_command import Action, command, egress_beat, result_descriptor, sums_row
 from .beat import BeatLayout, FrameStream
+from .fabric import NO_FABRIC, Fabric
 
 
 class Sums(wiring.Component):
     def __init__(self, *, ports: int, width: int, max_workers: int, slots: int,
-                 max_payload: int):
+                 max_payload: int, fabric: Fabric = NO_FABRIC):
         self.ports, self.width, self.max_workers = ports, width, max_workers
+        self.fabric = fabric
         self.slots, self.max_payload = slots, max_payload
         self.rows = max_payload * 8 // width
         super().__init__({
-            "head": In(stream.Signature(command(ports, slots, max_workers))),
+            "head": In(stream.Signature(command(ports, slots, max_workers, fabric))),
             "payload": In(FrameStream(width)).array(ports),
             "request": Out(FrameStream(width)),    # a control request's beats
             "reply": In(FrameStream(width)),       # ... and its reply's
-            "egress": Out(stream.Signature(egress_beat(width, ports, max_workers))),
+            "egress": Out(stream.Signature(egress_beat(width, ports, max_workers, fabric))),
             "overflowed": Out(1),                  # a completion's sums saturated
             "overflowed_job": Out(4),
         })
@@ -51,7 +53,7 @@ class Sums(wiring.Component):
         sums_wr = sums.write_port()
         sums_rd = sums.read_port(transparent_for=(sums_wr,))
 
-        c = Signal(command(P, self.slots, MW))
+        c = Signal(command(P, self.slots, MW, self.fabric))
         m.d.comb += c.eq(self.head.payload)
         row = Signal(range(self.rows))
         source, source_valid, take_source = self._source(m, c, row)
@@ -61,11 +63,14 @@ class Sums(wiring.Component):
         d_action = Signal(Action)
         d_beat = Signal(BeatLayout(self.width), reset_less=True)
         d_ports = Signal(P, reset_less=True)
-        d_desc = Signal(result_descriptor(MW), reset_less=True)
+        d_desc = Signal(result_descriptor(MW, self.fabric), reset_less=True)
         d_row_addr = Signal(range(self.slots * 2 * self.rows), reset_less=True)
         d_overflow = Signal()       # a lane of an earlier row of this packet saturated
         d_direct = d_action == Action.CONTROL    # d_beat is a control reply, not a row
-        advance = ~d_valid | ~d_emit | self.egress.ready
+        d_out = d_emit      # the beat goes out (a spine's pull: its last, emptied, alone)
+        if self.fabric.spine:
+            d_out = d_emit & (~d_desc.pull | d_beat.last)
+        advance = ~d_valid | ~d_out | self.egress.ready
 
         new = self._add(m, sums_rd.data, d_action, d_beat, d_desc)
         m.d.comb += [
@@ -75,7 +80,7 @@ class Sums(wiring.Component):
         ]
         out = self.egress.payload
         m.d.comb += [
-            self.egress.valid.eq(d_valid & d_emit),
+            self.egress.valid.eq(d_valid & d_out),
             out.ports.eq(d_ports), out.desc.eq(d_desc),
             out.desc.overflow.eq(d_overflow | new.overflow), out.desc.exponent.eq(new.exponent),
             out.beat.keep.eq(d_beat.keep), out.beat.last.eq(d_beat.last),
@@ -83,13 +88,19 @@ class Sums(wiring.Component):
         ]
         completes = ((d_action == Action.OVERWRITE) | (d_action == Action.ADD)
                      | (d_action == Action.CLOSE))
+        if self.fabric.spine:
+            completes = completes & ~d_desc.pull
         m.d.comb += [
-            self.overflowed.eq(d_valid & advance & d_emit & d_beat.last & completes
+            self.overflowed.eq(d_valid & advance & d_out & d_beat.last & completes
                                & (d_overflow | new.overflow)),
             self.overflowed_job.eq(d_desc.job),
         ]
         with m.If(d_valid & d_direct):
             m.d.comb += [out.desc.overflow.eq(0), out.desc.exponent.eq(0)]
+        if self.fabric.spine:
+            with m.If(d_desc.pull):     # a pull: no payload, count, exponent nor overflow
+                m.d.comb += [out.desc.overflow.eq(0), out.desc.exponent.eq(0),
+                             out.beat.keep.eq(0)]
         with m.If(advance):
             m.d.sync += d_valid.eq(0)
             with m.If(d_valid):
@@ -173,14 +184,20 @@ class Sums(wiring.Component):
                         saturated[i].eq(high | low),
                         new.lanes[i].eq(Mux(high, (1 << 31) - 1, Mux(low, -(1 << 31), total))),
                     ]
+                # a spine's partial brings its leaf's overflow (the descriptor's)
+                added_overflow = old.overflow | saturated.any()
+                if self.fabric.spine:
+                    added_overflow = added_overflow | d_desc.overflow
                 with m.If(d_action == Action.ADD):
                     m.d.comb += [
-                        new.overflow.eq(old.overflow | saturated.any()),
+                        new.overflow.eq(added_overflow),
                         new.exponent.eq(Mux(old.exponent > d_desc.exponent, old.exponent,
                                             d_desc.exponent)),
                     ]
                 with m.Else():
                     m.d.comb += new.exponent.eq(d_desc.exponent)
+                    if self.fabric.spine:
+                        m.d.comb += new.overflow.eq(d_desc.overflow)
             with m.Default():
                 m.d.comb += new.eq(old)
         return new

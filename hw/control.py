@@ -51,6 +51,7 @@ from amaranth.utils import bits_for, ceil_log2, exact_log2
 
 from . import regmap as R
 from .counters import CounterBank
+from .fabric import NO_FABRIC, SENT_COUNTERS, Fabric, job_layout
 from .headers import Verdict
 
 JOB = data.StructLayout({
@@ -75,14 +76,14 @@ JOB_EVENTS = tuple(c for c in R.JOB_COUNTERS if c not in ("results", *REFUSALS))
 ADDRESSES = data.StructLayout({"mac": 48, "ip": 32, "udp_sport": 16})
 
 
-def JobTable(jobs: int, max_workers: int) -> wiring.Signature:
+def JobTable(jobs: int, max_workers: int, fabric: Fabric = NO_FABRIC) -> wiring.Signature:
     """The job table as its readers see it, every entry at once (`Control` drives it): each
-    job's entry; each worker's switch port and IP, at job * max_workers + rank; and `cleared`,
-    high in the cycle a record wrote job `cleared_job`'s CONFIG (its slots are to be
-    cleared)."""
+    job's entry (`hw.fabric.job_layout`); each worker's switch port and IP, at job *
+    max_workers + rank; and `cleared`, high in the cycle a record wrote job `cleared_job`'s
+    CONFIG (its slots are to be cleared)."""
     entries = jobs * max_workers
     return wiring.Signature({
-        "job": Out(JOB).array(jobs),
+        "job": Out(job_layout(JOB, fabric)).array(jobs),
         "worker_port": Out(4).array(entries),
         "worker_ip": Out(32).array(entries),
         "cleared": Out(1),
@@ -114,16 +115,24 @@ def WorkerRead(entries: int) -> wiring.Signature:
 
 class Control(wiring.Component):
     def __init__(self, *, ports: int, jobs: int, max_workers: int, slots: int, width: int,
-                 max_payload: int, readers: int = 1, mac: int = 0, ip: int = 0):
+                 max_payload: int, readers: int = 1, mac: int = 0, ip: int = 0,
+                 fabric: Fabric = NO_FABRIC):
         if not 0 <= mac < 1 << 48 or not 0 <= ip < 1 << 32:
             raise ValueError(f"mac {mac:#x} or ip {ip:#x} does not fit in 48 or 32 bits")
         self.ports, self.jobs, self.max_workers = ports, jobs, max_workers
         self.slots, self.width, self.max_payload = slots, width, max_payload
         self.reset_mac, self.reset_ip = mac, ip
+        self.fabric = fabric
         entries = jobs * max_workers
+        more = {} if not fabric.any else {
+            # a fabric switch's job events (`Fabric.events`) and frames sent (SENT_COUNTERS)
+            "fabric_events": In(max(len(fabric.events), 1)).array(jobs),
+            "sent": In(range(ports + 1)).array(jobs * len(SENT_COUNTERS)),
+        }
         super().__init__({
+            **more,
             "records": In(RecordPort(ports)),
-            "table": Out(JobTable(jobs, max_workers)),
+            "table": Out(JobTable(jobs, max_workers, fabric)),
             "readers": In(WorkerRead(entries)).array(readers),
             "addresses": Out(ADDRESSES),
             "thresholds": Out(16).array(R.PRIORITY_CLASSES),
@@ -142,7 +151,7 @@ class Control(wiring.Component):
         manager = Signal(32)
         owners = [Signal(32, name=f"job{j}_owner") for j in range(self.jobs)]
 
-        jobs = [Signal(JOB, name=f"job{j}") for j in range(self.jobs)]
+        jobs = [Signal(job_layout(JOB, self.fabric), name=f"job{j}") for j in range(self.jobs)]
         # Who may write what, judged in the cycle before a record is applied (`_judge`).
         source = Signal(32)             # the request's source IPv4 address
         m.d.comb += source.eq(Array(self.request_sources)[self.records.request_port])
@@ -223,6 +232,11 @@ class Control(wiring.Component):
                      for name in R.JOB_COUNTERS]
         pad = ([0] * (16 - len(port_steps)), [0] * (16 - len(job_steps)))
         steps = (port_steps + pad[0]) * self.ports + (job_steps + pad[1]) * self.jobs
+        fabric_base = len(steps)        # a fabric switch's: 16 more per job, after these
+        if self.fabric.any:
+            fabric_steps = [self.ports if name in SENT_COUNTERS else 1
+                            for name in R.FABRIC_COUNTERS]
+            steps += (fabric_steps + [0] * (16 - len(fabric_steps))) * self.jobs
         m.submodules.counters = counters = CounterBank(steps)
         for p in range(self.ports):
             for k, name in enumerate(R.PORT_COUNTERS):
@@ -239,6 +253,8 @@ class Control(wiring.Component):
                     step = (self.results[j] if name == "results"
                             else self.job_events[j][JOB_EVENTS.index(name)])
                     m.d.comb += counters.step[16 * (self.ports + j) + k].eq(step)
+        if self.fabric.any:
+            self._fabric_steps(m, counters, fabric_base)
         assert max(len(R.PORT_COUNTERS), len(R.JOB_COUNTERS)) <= 16
         in_ports, port, number = _region(rec.addr, R.PORT_COUNTERS_BASE,
                                          R.PORT_COUNTERS_STRIDE, self.ports)
@@ -246,6 +262,13 @@ class Control(wiring.Component):
                                            R.JOB_COUNTERS_STRIDE, self.jobs)
         port_counter = in_ports & (number < len(R.PORT_COUNTERS))
         job_counter = in_jobs & (job_number < len(R.JOB_COUNTERS))
+        job_address = Cat(job_number[:4], job + self.ports)
+        if self.fabric.any:
+            assert R.FABRIC_COUNTERS_OFFSET == 16 and len(R.FABRIC_COUNTERS) <= 16
+            fabric_counter = in_jobs & job_number[4] & (job_number[:4] < len(R.FABRIC_COUNTERS))
+            job_counter = job_counter | fabric_counter
+            job_address = Mux(fabric_counter, fabric_base + job * 16 + job_number[:4],
+                              job_address)
         refusing = refused.any()        # a record refused: denied (by port) or refused (by job)
         m.d.comb += [
             counters.read.eq((rec.en & (port_counter | job_counter)) | denied | refusing),
@@ -255,8 +278,7 @@ class Control(wiring.Component):
                             self.records.request_port),
                 Mux(refusing, Cat(Const(R.JOB_COUNTERS.index("config_refused"), 4),
                                   at.job + self.ports),
-                    Mux(port_counter, Cat(number[:4], port),
-                        Cat(job_number[:4], job + self.ports))))),
+                    Mux(port_counter, Cat(number[:4], port), job_address)))),
         ]
 
         # Records: read any register; write the writable ones. The store holds the
@@ -286,7 +308,7 @@ class Control(wiring.Component):
                             m.d.comb += switch_denied.eq(write & ~r.allowed)
             for j, job in enumerate(jobs):
                 with m.Case(R.job_reg(j, R.JOB_CONFIG)):
-                    m.d.comb += self.records.rdata.eq(Cat(job.workers, Const(0, 25), job.enable))
+                    m.d.comb += self.records.rdata.eq(self._config(job))
                     enabling = rec.wdata[31]
                     with m.If(write & job_ok[j] & enabling & ~range_ok[j]):
                         m.d.comb += refused[j].eq(1)
@@ -298,6 +320,9 @@ class Control(wiring.Component):
                             job.completed.eq(0),
                             owners[j].eq(Mux(enabling, Mux(job.enable, owners[j], source), 0)),
                         ]
+                        if self.fabric.spine:
+                            partials = R.CONFIG.bits("partials")[0]
+                            m.d.sync += job.partials.eq(rec.wdata[partials])
                         m.d.comb += [self.table.cleared.eq(1), self.table.cleared_job.eq(j)]
         # The store's word comes in the record's second cycle: the word as it was, or what
         # the record wrote, which the record still holds then (a block RAM's read port that
@@ -318,6 +343,25 @@ class Control(wiring.Component):
         with m.If(from_store):
             m.d.comb += self.records.rdata.eq(Mux(stored, store_data, store_rd.data))
         return m
+
+    def _config(self, job):
+        """A job's CONFIG as a read shows it (CONFIG.partials on a spine)."""
+        if self.fabric.spine:
+            return Cat(job.workers, Const(0, 24), job.partials, job.enable)
+        return Cat(job.workers, Const(0, 25), job.enable)
+
+    def _fabric_steps(self, m, counters, base):
+        """A fabric switch's job counters (FABRIC_COUNTERS), at `base` + 16 j + their index:
+        its job events and the frames its egress ports sent."""
+        for j in range(self.jobs):
+            for k, name in enumerate(R.FABRIC_COUNTERS):
+                if name in self.fabric.events:
+                    step = self.fabric_events[j][self.fabric.events.index(name)]
+                elif name in SENT_COUNTERS:
+                    step = self.sent[j * len(SENT_COUNTERS) + SENT_COUNTERS.index(name)]
+                else:
+                    continue
+                m.d.comb += counters.step[base + 16 * j + k].eq(step)
 
     def _judge(self, m, source, manager, owners, jobs):
         """Registered each cycle from the request's source, the manager, the owners and the

@@ -27,24 +27,31 @@ from .aggregator_command import egress_beat, result_descriptor
 from .beat import BeatLayout, FrameStream
 from .control import ADDRESSES, JobTable, WorkerRead
 from .deparser import Deparser
+from .fabric import NO_FABRIC, Fabric
 from .gearbox import Narrow
 from .ingress import REPLY_TO
 
 
 class Egress(wiring.Component):
     def __init__(self, *, port: int, ports: int, width: int, factor: int, jobs: int,
-                 max_workers: int, capacity: int = 4096, icrc: str = "engine"):
+                 max_workers: int, capacity: int = 4096, icrc: str = "engine",
+                 fabric: Fabric = NO_FABRIC):
         self.port, self.ports, self.width, self.factor = port, ports, width, factor
+        self.fabric = fabric
         self.jobs, self.max_workers = jobs, max_workers
         self.icrc = icrc
         wide = width * factor
         self.depth = capacity // (wide // 8)
         if self.depth < 2 or self.depth & (self.depth - 1):
             raise ValueError(f"egress capacity {capacity} must be a power of two of 2+ beats")
+        more = {} if not fabric.spine else {
+            "pull": Out(1),                       # ... and it was a spine's pull
+        }
         super().__init__({
-            "i": In(stream.Signature(egress_beat(wide, ports, max_workers))),
+            **more,
+            "i": In(stream.Signature(egress_beat(wide, ports, max_workers, fabric))),
             "reply_to": In(REPLY_TO),             # the control reply's addresses
-            "table": In(JobTable(jobs, max_workers)),     # which ports the workers are on
+            "table": In(JobTable(jobs, max_workers, fabric)),    # which ports the workers are on
             "workers": Out(WorkerRead(jobs * max_workers)),   # the entry of a destination
             "addresses": In(ADDRESSES),           # the switch's, the source of results
             "reply_sent": Out(1),                 # its header went to the deparser
@@ -62,7 +69,7 @@ class Egress(wiring.Component):
         m.submodules.ring = ring = Memory(shape=BeatLayout(wide), depth=self.depth, init=[])
         ring_wr, ring_rd = ring.write_port(), ring.read_port()
         entry_layout = data.StructLayout(
-            {"desc": result_descriptor(MW), "start": ptr, "beats": ptr})
+            {"desc": result_descriptor(MW, self.fabric), "start": ptr, "beats": ptr})
         m.submodules.descriptors = descriptors = fifo.SyncFIFOBuffered(
             width=entry_layout.size, depth=8)
         m.submodules.narrow = narrow = Narrow(self.width, self.factor)
@@ -138,6 +145,13 @@ class Egress(wiring.Component):
                 header.reth.va.eq(worker.va + desc.offset), header.reth.rkey.eq(worker.rkey),
                 header.reth.dma_length.eq(desc.length), header.immdt.data.eq(imm.as_value()),
             ]
+            if self.fabric.spine:
+                # a spine's result or pull: RETH.va the use's CONTRIBUTION_VA; a pull has no
+                # payload
+                with m.If(desc.fabric_va):
+                    m.d.comb += header.reth.va.eq(Cat(desc.offset, desc.msn))
+                with m.If(desc.pull):
+                    m.d.comb += [header.payload_length.eq(0), header.reth.dma_length.eq(0)]
 
         # The payload of the packet being sent, read again from the ring.
         read_ptr, to_read = Signal(ptr), Signal(ptr)
@@ -164,6 +178,11 @@ class Egress(wiring.Component):
                      self.reply_sent.eq(sent & desc.control)]
         with m.If(sent):
             m.d.sync += [header_sent.eq(1), read_ptr.eq(head.start), to_read.eq(head.beats)]
+        if self.fabric.spine:
+            m.d.comb += [self.pull.eq(sent & desc.pull),
+                         self.result.eq(sent & ~desc.control & ~desc.pull)]
+            with m.If(sent & desc.pull):            # its stored beat is not sent
+                m.d.sync += to_read.eq(0)
         done_reading = header_sent & (to_read == 0)
         with m.If(descriptors.r_rdy & ~loaded):
             m.d.sync += [loaded.eq(1), remaining.eq(Mux(desc.control, 1, desc.dests & on_port)),

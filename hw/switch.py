@@ -35,6 +35,7 @@ from .aggregator import Aggregator
 from .beat import FrameStream, check_icrc, check_width
 from .control import PORT_EVENTS, Control
 from .egress import Egress
+from .fabric import Fabric
 from .ingress import TIME_WIDTH, Ingress
 
 
@@ -78,7 +79,7 @@ class Switch(wiring.Component):
     def __init__(self, *, ports: int = 4, width: int = 64, jobs: int = 4, max_workers: int = 8,
                  slots: int = 64, max_payload: int = H.MAX_PAYLOAD, queue_capacity: int = 4096,
                  egress_capacity: int = 4096, header_entries: int = 32, icrc: str = "engine",
-                 mac: int = 0, ip: int = 0):
+                 mac: int = 0, ip: int = 0, spine: bool = False, uplinks: int = 0):
         if not 2 <= ports <= 16:
             raise ValueError(f"ports must be 2..16, not {ports}")
         if (not 1 <= jobs <= H.MAX_JOBS or not 1 <= max_workers <= H.MAX_WORKERS
@@ -95,6 +96,7 @@ class Switch(wiring.Component):
         self.header_entries = header_entries
         self.icrc = check_icrc(icrc)
         self.mac, self.ip = mac, ip         # reset values of the switch's own addresses
+        self.fabric = Fabric(spine=spine, uplinks=uplinks)
         super().__init__({
             "rx": In(FrameStream(width, checked=icrc == "mac")).array(ports),
             "tx": Out(FrameStream(width)).array(ports),
@@ -109,7 +111,8 @@ class Switch(wiring.Component):
         wide = self.width * self.factor
         m.submodules.control = control = Control(
             ports=P, jobs=J, max_workers=MW, slots=self.slots, width=self.width,
-            max_payload=self.max_payload, readers=P, mac=self.mac, ip=self.ip)
+            max_payload=self.max_payload, readers=P, mac=self.mac, ip=self.ip,
+            fabric=self.fabric)
         time = Signal(TIME_WIDTH)
         m.d.sync += time.eq(time + 1)
 
@@ -132,7 +135,7 @@ class Switch(wiring.Component):
         m.submodules.arbiter = arbiter = Arbiter(ingress[0].header.payload.shape(), P)
         m.submodules.aggregator = aggregator = Aggregator(
             ports=P, width=wide, jobs=J, max_workers=MW, slots=self.slots,
-            max_payload=self.max_payload)
+            max_payload=self.max_payload, fabric=self.fabric)
         wiring.connect(m, aggregator.control, control.records)
         m.d.comb += aggregator.tick.eq(self.tick)
         for p in range(P):
@@ -143,7 +146,8 @@ class Switch(wiring.Component):
         egress = []
         for p in range(P):
             port = Egress(port=p, ports=P, width=self.width, factor=self.factor, jobs=J,
-                          max_workers=MW, capacity=self.egress_capacity, icrc=self.icrc)
+                          max_workers=MW, capacity=self.egress_capacity, icrc=self.icrc,
+                          fabric=self.fabric)
             m.submodules[f"egress{p}"] = port
             wiring.connect(m, port.workers, control.readers[p])
             m.d.comb += port.addresses.eq(control.addresses)
@@ -177,5 +181,10 @@ class Switch(wiring.Component):
                 control.results[j].eq(sum(
                     (port.result & (port.result_job == j)) for port in egress)),
             ]
+            if self.fabric.any:
+                m.d.comb += control.fabric_events[j].eq(aggregator.fabric_events[j])
+            if self.fabric.spine:
+                m.d.comb += control.sent[j].eq(sum(
+                    (port.pull & (port.result_job == j)) for port in egress))
         return m
 

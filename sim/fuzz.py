@@ -38,6 +38,7 @@ import numpy as np
 from netagg.sim import wire as W
 from netagg.sim.codec import OK, contribution, decode
 from netagg.sim.fuzz_mutations import Mutator
+from netagg.sim.fuzz_spine import partial_of
 from netagg.sim.fuzz_traffic import HOST, SWITCH, Frame, Kind, Traffic, reads, register_names
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
@@ -49,11 +50,17 @@ LATE_CYCLES = 1 << 16         # how long to wait for a frame the golden model se
 
 def stream(seed: int, frames: int, *, ports: int = 4, jobs: int = 4, max_workers: int = 8,
            slots: int = 64, max_payload: int = W.MAX_PAYLOAD,
-           mutation_rate: float = MUTATION_RATE) -> Iterator[Frame]:
-    """`frames` frames of good traffic and mutations, the same for the same seed."""
+           mutation_rate: float = MUTATION_RATE, spine: bool = False) -> Iterator[Frame]:
+    """`frames` frames of good traffic and mutations, the same for the same seed; with
+    `spine`, leaves' partials to a spine (`sim.fuzz_spine`)."""
     rng = random.Random(seed)
-    traffic = Traffic(rng, ports, jobs, max_workers, slots, max_payload)
-    mutator = Mutator(rng, ports, jobs, max_workers, HOST, SWITCH, traffic.keys)
+    if spine:
+        from netagg.sim.fuzz_spine import spine_parts
+        traffic, mutator = spine_parts(rng, ports, jobs, max_workers, slots, max_payload, HOST,
+                                       SWITCH)
+    else:
+        traffic = Traffic(rng, ports, jobs, max_workers, slots, max_payload)
+        mutator = Mutator(rng, ports, jobs, max_workers, HOST, SWITCH, traffic.keys)
     recent: list[Frame] = []
     sent = 0
 
@@ -161,6 +168,7 @@ class Ledger:
         req = request[1]
         counters = g.job_counters[req.job]
         before = counters["contributions"], counters["completed"]
+        partials = getattr(g.job[req.job], "partials", False)     # a spine's job
         nulls = g.port_counters[port]["drop_priority"]
         out = g.receive(port, frame)
         key = (g.job[req.job].slot_base + req.slot, req.version)
@@ -168,12 +176,13 @@ class Ledger:
             if counters["completed"] != before[1]:      # closed short at its deadline
                 self._done(key)
             return out
-        if g.state[key[0]][key[1]].bitmap == 1 << req.rank:       # a new use begins
-            self.open[key] = []
         data = g.port_counters[port]["drop_priority"] == nulls
         payload = frame[header.start:header.start + header.length] if data else \
             bytes(header.length)
-        self.open[key].append((np.frombuffer(payload, "<i4").astype(np.int64), data))
+        part = partial_of(frame) if partials else {"final": 0, "count": int(data)}
+        if g.state[key[0]][key[1]].bitmap == 1 << req.rank or part["final"]:
+            self.open[key] = []           # a new use begins, or a final is the use's sums
+        self.open[key].append((np.frombuffer(payload, "<i4").astype(np.int64), part["count"]))
         if counters["completed"] != before[1]:
             self._done(key)
         return out
@@ -181,7 +190,7 @@ class Ledger:
     def _done(self, key: tuple[int, int]):
         """The use open in slot copy `key` completed: what its results carry."""
         lanes = [lanes for lanes, _ in self.open[key]]
-        done = (_saturated_sum(lanes).tobytes(), sum(d for _, d in self.open[key]))
+        done = (_saturated_sum(lanes).tobytes(), sum(d for _, d in self.open[key]) & 0x3F)
         self.done[key] = self.done.get(key, [])[-3:] + [done]
 
     def wrong(self, frame: bytes) -> bool | None:
@@ -191,8 +200,8 @@ class Ledger:
             packet = W.parse_frame(frame)
         except W.WireError:
             return None
-        if packet.opcode != W.OP_RESULT or packet.imm is None:
-            return None
+        if packet.opcode != W.OP_RESULT or packet.imm is None or not packet.payload:
+            return None                   # not a result (a spine's pull has no payload)
         job, count, version, slot, _, _ = W.unpack_result_imm(packet.imm)
         if job >= self.golden.jobs:
             return True
@@ -352,23 +361,34 @@ def minimise(rtl, make_golden, frames: list[Frame], batch: int | None = None) ->
     return frames
 
 
+def golden_of(width: int = 64, spine: bool = False):
+    """The golden model the fuzzer compares the RTL with: `GoldenSwitch`, or with `spine`
+    `GoldenSpine`."""
+    if spine:
+        from netagg.sim.golden_spine import GoldenSpine
+        return GoldenSpine(width=width)
+    from netagg.sim.golden import GoldenSwitch
+    return GoldenSwitch(width=width)
+
+
 def main(frames: int, seed: int, as_json: bool = False, width: int = 64,
-         shrink: bool = False) -> int:
+         shrink: bool = False, spine: bool = False) -> int:
     """`netagg fuzz`: the summary (one JSON object with `as_json`), and the first difference
-    minimised with `shrink`; exit status 1 on any difference or wrong sum."""
+    minimised with `shrink`; exit status 1 on any difference or wrong sum. With `spine`, a
+    switch built as a spine against `GoldenSpine`, on leaves' partials."""
     import json
 
-    from netagg.sim.golden import GoldenSwitch
     from netagg.sim.model import make_switch
 
-    with make_switch(width=width) as rtl:
-        s = Comparer(rtl, GoldenSwitch(width=width), seed).run(stream(seed, frames))
+    with make_switch(width=width, **({"spine": True} if spine else {})) as rtl:
+        s = Comparer(rtl, golden_of(width, spine), seed).run(
+            stream(seed, frames, spine=spine))
         if shrink and s.details:
             first = s.details[0].index          # -1: the read after the stream
             upto = first + 8 if first >= 0 else None          # its batch included
-            prefix = list(itertools.islice(stream(seed, frames), upto))
+            prefix = list(itertools.islice(stream(seed, frames, spine=spine), upto))
             s.minimised = [{"port": f.port, "kind": f.kind.value, "note": f.note,
                             "data": f.data.hex()}
-                           for f in minimise(rtl, lambda: GoldenSwitch(width=width), prefix)]
+                           for f in minimise(rtl, lambda: golden_of(width, spine), prefix)]
     print(json.dumps(s.json()) if as_json else s.text())
     return 1 if s.differences or s.wrong_sums else 0

@@ -145,7 +145,14 @@ def reads(ports: int, jobs: int, max_workers: int, rng: random.Random,
 
 
 class Traffic:
-    """Good traffic, an epoch at a time (see the module's docstring)."""
+    """Good traffic, an epoch at a time (see the module's docstring). A subclass may set
+    `config` (more CONFIG fields its jobs are enabled with), `qpn` (its members' QPN, else
+    random) and `skip` (the chance that a member's contribution to a use is left out, so
+    that the use stays in progress), and make contributions of its own (`_contribution`)."""
+
+    config: dict = {}
+    qpn: int | None = None
+    skip = 0.0
 
     def __init__(self, rng: random.Random, ports: int, jobs: int, max_workers: int,
                  slots: int, max_payload: int):
@@ -162,8 +169,9 @@ class Traffic:
         rng = self.rng
         endpoint = W.Endpoint(f"10.{job + 1}.{self.epochs % 200}.{rank + 10}",
                               0xC100 + 16 * job + rank, 0x020000000000 | (job << 8) | rank)
-        return Member(job, rank, rng.randrange(self.ports), endpoint, rng.randrange(1, 1 << 24),
-                      tag, rng.getrandbits(64), key)
+        port, qpn = rng.randrange(self.ports), rng.randrange(1, 1 << 24)
+        return Member(job, rank, port, endpoint, qpn if self.qpn is None else self.qpn, tag,
+                      rng.getrandbits(64), key)
 
     def _control(self, m: Member, records) -> Frame:
         records = [(a | W.WRITE, v) for a, v in records]
@@ -197,7 +205,7 @@ class Traffic:
             (W.job_reg(job, W.JOB_DEADLINE), self.rng.choice((0, 0, 1, 2, 3)))]
             + [(W.worker_reg(job, m.rank, W.WORKER_IP), 0) for m in members[1:]]
             + self._row(job, members[0])
-            + [(W.job_reg(job, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=n)),
+            + [(W.job_reg(job, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=n, **self.config)),
                (W.job_reg(job, W.JOB_EPOCH), self.rng.getrandbits(32)),
                (W.job_reg(job, W.JOB_KEY), members[0].key)]
             + [(W.worker_reg(job, m.rank, W.WORKER_RKEY), m.rkey) for m in members])
@@ -321,6 +329,8 @@ class Traffic:
                 for slot in range(count):
                     n = rng.choice((1, 2, 3, 4, 8, 16, 31, 64, 128, self.lanes))
                     for m in members:
+                        if self.skip and rng.random() < self.skip:
+                            continue
                         lanes = self.np_rng.integers(-(1 << 24), 1 << 24, n, dtype="<i4")
                         batch.append(self._contribution(m, slot, use, count, lanes,
                                                         rng.randint(-8, 8)))

@@ -147,7 +147,7 @@ class GoldenLeaf(LeafRegisters, GoldenSwitch):
             copy.exponent = max(copy.exponent, exponent)
             copy.bitmap |= bit
             copy.count += 1
-            copy.data += part.count
+            copy.data = (copy.data + part.count) & 0x3F     # RESULT_IMM.count's 6 bits
         counters["contributions"] += 1
         if part.final:
             fabric["finals"] += 1
