@@ -311,10 +311,11 @@ def bench_allreduce(sizes, workers: int = 4, backend: str = "golden", transports
                           f"({r['seconds']:.3f} s, {r['retransmissions']} retransmissions)")
     if simulator:
         from netagg.sim import model
+        from netagg.sim.model_traffic import switch_traffic
         with console.status("the switch RTL driven from Python and from a C++ loop ..."):
             params = dict(RTL_PARAMS)
             out["simulator"] = model.bench(
-                "switch", traffic=model.switch_traffic(params["ports"]), **params)
+                "switch", traffic=switch_traffic(params["ports"]), **params)
         sim = out["simulator"]
         console.print(f"simulator: {sim['python_cycles_per_s']:,} cycles/s driven from Python, "
                       f"{sim['cpp_cycles_per_s']:,} in a C++ loop: ratio {sim['ratio']}")

@@ -41,15 +41,15 @@ record addresses (one comparator for every entry). A refused write leaves the re
 it was and bumps `control_denied` (the request's port) or `config_refused` (the job).
 """
 
-import dataclasses
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal, Value
+from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
-from amaranth.utils import bits_for, ceil_log2, exact_log2
+from amaranth.utils import bits_for
 
 from . import regmap as R
+from .control_registers import RecordAddress, Register, region
 from .counters import CounterBank
 from .fabric import NO_FABRIC, SENT_COUNTERS, Fabric, job_layout
 from .headers import Verdict
@@ -256,9 +256,9 @@ class Control(wiring.Component):
         if self.fabric.any:
             self._fabric_steps(m, counters, fabric_base)
         assert max(len(R.PORT_COUNTERS), len(R.JOB_COUNTERS)) <= 16
-        in_ports, port, number = _region(rec.addr, R.PORT_COUNTERS_BASE,
+        in_ports, port, number = region(rec.addr, R.PORT_COUNTERS_BASE,
                                          R.PORT_COUNTERS_STRIDE, self.ports)
-        in_jobs, job, job_number = _region(rec.addr, R.JOB_COUNTERS_BASE,
+        in_jobs, job, job_number = region(rec.addr, R.JOB_COUNTERS_BASE,
                                            R.JOB_COUNTERS_STRIDE, self.jobs)
         port_counter = in_ports & (number < len(R.PORT_COUNTERS))
         job_counter = in_jobs & (job_number < len(R.JOB_COUNTERS))
@@ -399,11 +399,11 @@ class Control(wiring.Component):
     def _decode(self, addr) -> "RecordAddress":
         """Where a record's address falls in the jobs' blocks, the workers' entries and the
         heartbeats, from `hw.regmap`'s bases and strides."""
-        job_inside, job, offset = _region(addr, R.JOB_BASE, R.JOB_STRIDE, self.jobs)
+        job_inside, job, offset = region(addr, R.JOB_BASE, R.JOB_STRIDE, self.jobs)
         below_entries = offset < R.WORKER_BASE
-        entry_inside, rank, field = _region(offset, R.WORKER_BASE, R.WORKER_STRIDE,
+        entry_inside, rank, field = region(offset, R.WORKER_BASE, R.WORKER_STRIDE,
                                             self.max_workers)
-        beat_inside, beat_job, beat_rank = _region(addr, R.BEAT_BASE, R.BEAT_STRIDE, self.jobs)
+        beat_inside, beat_job, beat_rank = region(addr, R.BEAT_BASE, R.BEAT_STRIDE, self.jobs)
         return RecordAddress(
             in_block=job_inside & (below_entries | entry_inside),
             in_entry=job_inside & ~below_entries & entry_inside,
@@ -466,52 +466,3 @@ class Control(wiring.Component):
                 with m.If(at.field == R.WORKER_IP):
                     m.d.sync += ip.eq(wdata)
         return entry_ok
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Register:
-    """A register as Control keeps it: its address and what a read shows (`value`); the
-    field a write sets (None: read only), whether the request may write it (`allowed`) and
-    whether it is fixed now (`fixed`: the write is refused and counted); and `copy`, when a
-    read shows the store's copy of the field as last written instead (its reset value), or
-    None."""
-    addr: int
-    value: Value
-    field: Value | None = None
-    allowed: Value = dataclasses.field(default_factory=lambda: Const(1))
-    fixed: Value = dataclasses.field(default_factory=lambda: Const(0))
-    copy: int | None = None
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class RecordAddress:
-    """A record's address decoded (Amaranth values): in a job's block (its registers or a
-    worker entry of a rank it may have), in a worker entry; the job, the rank and the entry's
-    field it names; in the heartbeats, and the heartbeat's index (job * max_workers + rank)."""
-    in_block: Value
-    in_entry: Value
-    job: Value
-    rank: Value
-    field: Value
-    in_beats: Value
-    beat: Value
-
-
-def _region(addr: Value, base: int, stride: int, count: int) -> tuple[Value, Value, Value]:
-    """Whether `addr` is in `count` blocks of `stride` (a power of 2) words from `base`, which
-    block, and the offset in it. On a base aligned to the blocks' span, a slice of the
-    address's bits; else the block number is the address's high bits less base's."""
-    shift, bits = exact_log2(stride), ceil_log2(count)
-    if base % stride:
-        raise ValueError(f"{base:#x} is not a multiple of its stride {stride:#x}")
-    if base % (stride << bits) == 0:
-        high = addr[shift + bits:]
-        number = addr[shift: shift + bits]
-        inside = (high == base >> (shift + bits)) & (number < count)
-    else:
-        number = (addr[shift:] - (base >> shift))[:len(addr) - shift]
-        inside = number < count
-        if (base >> shift) + count > 1 << (len(addr) - shift):
-            raise ValueError(f"{count} blocks of {stride:#x} from {base:#x} pass the address")
-        number = number[:bits]
-    return inside, number, addr[:shift]

@@ -43,11 +43,13 @@ import random
 import time
 from pathlib import Path
 
+from . import wire as W
 from .verilated import ContractError, Harness, LoadedModel, build_library, check_port
 
 # Part of every model's key: bump it when what this module writes for the harness
 # (netagg_ports.h) or expects of it changes.
 HARNESS_ABI = 2
+RECEIVE_IDLE = 600          # quiet cycles that end a `receive` (a control request's records)
 BENCH_KEY = 0x5EEDC0DE      # the benchmarks' job's KEY, every contribution's RETH.rkey
 _PORT_SIGNALS = ("rx{i}_tdata", "rx{i}_tkeep", "rx{i}_tlast", "rx{i}_tvalid", "rx{i}_tready",
                  "tx{i}_tdata", "tx{i}_tkeep", "tx{i}_tlast", "tx{i}_tvalid", "tx{i}_tready")
@@ -418,10 +420,13 @@ class RtlSwitch(SwitchModel):
         self.reset()
         self.busy = False           # the switch may still hold work: run again
         self._sent = False
+        self._control = False       # a control request sent since the last run
 
     def send(self, port: int, frame: bytes) -> None:
         super().send(port, frame)
         self._sent = True
+        # a control request's records take longer than a quiet `run`: its run waits longer
+        self._control |= len(frame) > W.BTH_OFFSET and frame[W.BTH_OFFSET] == W.OP_CONTROL
 
     def run(self, max_cycles: int = 10_000_000,
             idle_cycles: int = 64) -> list[tuple[int, bytes]]:
@@ -432,9 +437,21 @@ class RtlSwitch(SwitchModel):
         if not (self._sent or self.busy):
             return []
         self._sent = False
+        if self._control:
+            idle_cycles, self._control = max(idle_cycles, RECEIVE_IDLE), False
         frames = super().run(max_cycles, idle_cycles)
         self.busy = bool(frames)
         return frames
+
+    def receive(self, port: int, frame: bytes) -> list[tuple[int, bytes]]:
+        """One frame in and every frame it makes out (the golden model's `receive`), for a
+        network that delivers one frame at a time: clocks until the switch is quiet for
+        longer than a control request of 64 records takes."""
+        self.send(port, frame)
+        out = self.run(idle_cycles=RECEIVE_IDLE)
+        while self.busy:
+            out += self.run(idle_cycles=RECEIVE_IDLE)
+        return out
 
     SLICE = 1024          # cycles per `advance`
 
@@ -448,42 +465,13 @@ class RtlSwitch(SwitchModel):
         return frames
 
 
-def make_switch(**params) -> RtlSwitch:
-    """The RTL backend of `netagg sim serve --backend rtl` and of the host's tests."""
+def make_switch(*, spine: bool = False, uplinks: int = 0, **params) -> RtlSwitch:
+    """The RTL backend of `netagg sim serve --backend rtl`, of the host's tests and of a
+    fabric's switches: `spine`, a switch whose jobs may take leaves' partials (CONFIG.partials,
+    docs/leafspine.md); `uplinks`, a leaf's (`hw.switch.Switch`'s parameters; each build is
+    cached apart, and a switch built as neither is the one the boards carry)."""
+    if spine:
+        params["spine"] = True
+    if uplinks:
+        params["uplinks"] = uplinks
     return RtlSwitch(**params)
-
-
-def switch_traffic(ports: int = 4, slots: int = 16, lanes: int = 256) -> list[tuple[int, bytes]]:
-    """Real aggregation traffic for `bench`: a control request that configures job 0 with
-    one worker per port (and clears its slots), then one contribution of `lanes` int32 lanes
-    from every worker for each of `slots` slots. Replayed, it aggregates afresh each time."""
-    import numpy as np
-    from netagg.sim import wire as W
-
-    host = W.Endpoint("10.0.9.9", 0xD000, 0x02BB00000009)
-    switch = W.Endpoint("10.0.0.1", W.ROCEV2_PORT, 0x02AA00000001)
-    workers = [W.Endpoint(f"10.1.0.{10 + r}", 0xC100 + r, 0x020000000100 | r)
-               for r in range(ports)]
-    records = [(W.WRITE | W.job_reg(0, W.JOB_CONFIG), 0),      # its range is fixed while enabled
-               (W.WRITE | W.job_reg(0, W.JOB_SLOT_BASE), 0),
-               (W.WRITE | W.job_reg(0, W.JOB_SLOT_COUNT), slots)]
-    for r, w in enumerate(workers):
-        records += [
-            (W.WRITE | W.worker_reg(0, r, W.WORKER_PORT),
-             W.WORKER_ENDPOINT.pack(switch_port=r, udp_port=w.port)),
-            (W.WRITE | W.worker_reg(0, r, W.WORKER_MAC_LO), w.mac & 0xFFFFFFFF),
-            (W.WRITE | W.worker_reg(0, r, W.WORKER_MAC_HI), w.mac >> 32),
-            (W.WRITE | W.worker_reg(0, r, W.WORKER_IP), W.ip_to_int(w.ip)),
-        ]
-    records.append((W.WRITE | W.job_reg(0, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=ports)))
-    records.append((W.WRITE | W.job_reg(0, W.JOB_KEY), BENCH_KEY))
-    traffic = [(0, W.control_request(records, 0, host, switch).frame())]
-    payload = np.arange(lanes, dtype="<i4").tobytes()
-    for s in range(slots):
-        for r, w in enumerate(workers):
-            # the slot's use 0 after CONFIG: msn = use * slots + slot
-            packet = W.contribution(job=0, rank=r, slot=s, version=0, offset=len(payload) * s,
-                                    lanes=payload, psn=s, msn=s, key=BENCH_KEY, src=w,
-                                    dst=switch)
-            traffic.append((r, packet.frame()))
-    return traffic

@@ -60,15 +60,17 @@ def control(sw, records, port: int = 0) -> list[int]:
 class Net:
     """A `Topology` of `leaves` leaves and `spines` spines with `workers` workers per leaf (a
     list: per leaf) and job 0 set up at every switch; `set_faults` puts the same faults on
-    every link, the workers' included. `leaf`, `spine`: the golden switches; `inbox`: the
-    frames the workers got, as (leaf, rank, frame)."""
+    every link, the workers' included. `leaf`, `spine`: the golden switches (or `make`'s,
+    the topology's: the RTL's, say); `inbox`: the frames the workers got, as (leaf, rank,
+    frame)."""
 
     def __init__(self, *, leaves: int = 2, spines: int = 1, workers=2, slots: int = 8,
-                 lanes: int = 16, seed: int = 0, quorum: int = 0, credits: int = 0):
+                 lanes: int = 16, seed: int = 0, quorum: int = 0, credits: int = 0,
+                 make=None):
         self.workers = [workers] * leaves if isinstance(workers, int) else list(workers)
         self.slots, self.lanes = slots, lanes
         self.topology = Topology(leaves, spines, downlinks=max(max(self.workers), 1), jobs=1,
-                                 max_workers=8, slots=slots, seed=seed)
+                                 max_workers=8, slots=slots, seed=seed, make=make)
         self.leaf = [n.switch for n in self.topology.leaf_nodes]
         self.spine = [n.switch for n in self.topology.spine_nodes]
         self.hosts = [[Worker(job=JOB, rank=r, ip=f"10.{l + 1}.0.{r + 10}",

@@ -1,0 +1,187 @@
+"""The RTL spine (`hw.switch.Switch(spine=True)`, docs/leafspine.md) against the golden
+spine: the fuzzer's spine mode (sim/fuzz_spine.py: leaves' partials, finals, resent partials
+and their pulls, given-up uses, mutated PARTIAL fields) with no difference, and a single
+switch's RTL caught by it; scapy-built partials through both spines (a final completes as it
+is, a later use gives one up, a resent partial pulls the leaves missing, results and pulls
+carry the use's msn in RETH.va); and golden leaves summing exactly through an RTL spine
+under loss, duplication and reordering."""
+
+import collections
+
+import numpy as np
+import pytest
+from netagg.sim import wire as W
+from netagg.sim.fuzz import Comparer, stream
+from netagg.sim.fuzz_mutations import get_field, set_field
+from netagg.sim.fuzz_spine import PARTIAL_FIELDS
+from netagg.sim.golden_spine import GoldenSpine
+from netagg.sim.scapy_frames import RETH, ImmDt
+from netagg.sim.topology import LinkFaults
+from scapy.contrib.roce import BTH
+
+from tests.leafspine_net import JOB, Job, Net
+from tests.switch_traffic import dissect
+from tests.test_fuzz import InOrderGolden
+from tests.test_leaf_golden import partial
+
+FRAMES = 3000
+LEAVES, SLOTS = 3, 8                    # the fabric of the RTL spine's tests (`Net`)
+
+
+class InOrderSpine(InOrderGolden, GoldenSpine):
+    """The golden spine in the RTL's place (frames applied in the switch's commit order)."""
+
+
+@pytest.fixture(scope="module")
+def rtl_spine():
+    """An RTL switch built as a spine, the fuzzer's parameters."""
+    from netagg.sim.model import make_switch
+
+    with make_switch(spine=True) as rtl:
+        yield rtl
+
+
+@pytest.fixture(scope="module")
+def small_spine():
+    """An RTL spine as `Net(leaves=LEAVES)`'s topology makes spine 0 (its ports, job,
+    slots, MAC and IP)."""
+    from netagg.sim.model import make_switch
+    from netagg.sim.topology import Role, default_ip, default_mac
+
+    with make_switch(spine=True, ports=LEAVES + 1, jobs=1, max_workers=8, slots=SLOTS,
+                     mac=default_mac(Role.SPINE, 0),
+                     ip=W.ip_to_int(default_ip(Role.SPINE, 0))) as rtl:
+        yield rtl
+
+
+def with_rtl_spine(rtl):
+    """A topology's `make` whose spine is `rtl` (reset), its leaves golden."""
+    from netagg.sim.golden_leaf import GoldenLeaf
+
+    rtl.reset()
+
+    def make(uplinks=0, **params):
+        return GoldenLeaf(uplinks=uplinks, **params) if uplinks else rtl
+    return make
+
+
+def _totals(golden) -> collections.Counter:
+    total = collections.Counter()
+    for counters in golden.counters()["jobs"]:
+        total.update(counters)
+    return total
+
+
+# --- the fuzzer's spine mode -------------------------------------------------------------
+
+def test_the_golden_spine_against_itself_pulls_finals_and_gives_up():
+    golden = GoldenSpine()
+    s = Comparer(InOrderSpine(), golden, seed=2).run(stream(2, FRAMES, spine=True))
+    assert (s.differences, s.wrong_sums) == (0, 0) and s.results > 200
+    total = _totals(golden)
+    assert total["pulls"] > 20 and total["finals"] > 10 and total["abandoned"] > 3
+    assert total["completed"] > 100 and total["overflows"] > 0
+
+
+@pytest.mark.parametrize("field", PARTIAL_FIELDS, ids=lambda f: f.name)
+def test_the_partial_fields_are_where_scapy_reads_bth_psn(field):
+    good = next(f.data for f in stream(1, 50, spine=True) if f.data[W.BTH_OFFSET] == 0x2B)
+    buf = bytearray(good)
+    value = (1 << field.width) - 2 if field.width > 1 else 1
+    set_field(buf, field, value)
+    assert get_field(bytes(buf), field) == value
+    name = field.name.split(".")[1]
+    assert W.unpack_imm(W.PARTIAL, dissect(bytes(buf))[BTH].psn)[name] == value
+
+
+def test_rtl_spine_equals_golden_spine_on_fuzzed_frames(rtl_spine):
+    rtl_spine.reset()
+    golden = GoldenSpine()
+    s = Comparer(rtl_spine, golden, seed=21).run(stream(21, FRAMES, spine=True))
+    assert s.differences == 0 and s.wrong_sums == 0, s.text()
+    assert s.frames == FRAMES and s.results > 200 and s.counters > 10000
+    total = _totals(golden)            # and the RTL's: every counter was read and compared
+    assert total["pulls"] > 20 and total["finals"] > 10 and total["abandoned"] > 3
+
+
+@pytest.mark.slow
+def test_rtl_spine_equals_golden_spine_on_many_fuzzed_frames(rtl_spine):
+    rtl_spine.reset()
+    s = Comparer(rtl_spine, GoldenSpine(), seed=22).run(stream(22, 200_000, spine=True))
+    assert s.differences == 0 and s.wrong_sums == 0, s.text()
+
+
+def test_a_single_switch_is_caught_as_no_spine(rtl_model):
+    """The default RTL (no spine: CONFIG.partials reads 0, a partial counts 1, no pulls)
+    differs from the golden spine on the spine's traffic."""
+    rtl_model.reset()
+    s = Comparer(rtl_model, GoldenSpine(), seed=23).run(stream(23, 600, spine=True))
+    assert s.differences > 0
+    assert any("CONFIG" in d.note or "pulls" in d.note for d in s.details) or \
+        any(d.kind.value == "output" for d in s.details)
+
+
+# --- scapy's partials through both spines ------------------------------------------------
+
+@pytest.fixture(params=["golden", "rtl"])
+def spine(request):
+    """The spine of three leaves (`Net(leaves=3)`'s), golden or RTL."""
+    if request.param == "golden":
+        return Net(leaves=LEAVES).spine[0]
+    rtl = request.getfixturevalue("small_spine")
+    return Net(leaves=LEAVES, make=with_rtl_spine(rtl)).spine[0]
+
+
+def _read(frame: bytes):
+    pkt = dissect(frame)
+    body = bytes(pkt[BTH].payload)
+    return pkt, RETH(body[:16]), ImmDt(body[16:20]).data, np.frombuffer(body[20:], "<i4")
+
+
+def _counters(sw) -> dict:
+    from tests.leafspine_net import control
+
+    names = [*W.JOB_COUNTERS, *W.FABRIC_COUNTERS]
+    return dict(zip(names, control(sw, [(W.job_counter(JOB, n), 0) for n in names])))
+
+
+def test_a_spine_takes_finals_gives_up_and_pulls(spine):
+    assert spine.receive(0, partial(0, 0, [1, 2], count=2)) == []
+    out = spine.receive(2, partial(2, 0, [100, 200], count=7, final=1))
+    assert sorted(port for port, _ in out) == [0, 1, 2]
+    for _, frame in out:
+        _, reth, imm, lanes = _read(frame)
+        assert W.unpack_imm(W.RESULT_IMM, imm)["count"] == 7
+        assert W.split_va(reth.va) == (0, 0)
+        np.testing.assert_array_equal(lanes, [100, 200])       # the final, not 101, 202
+    assert spine.receive(0, partial(0, 2, [1, 1], count=1)) == []
+    assert spine.receive(1, partial(1, 4, [5, 5], count=1)) == []     # a later use of the copy
+    assert spine.receive(0, partial(0, 2, [1, 1], count=1)) == []     # the given-up use: stale
+    pulls = spine.receive(1, partial(1, 4, [5, 5], count=1, resent=1))
+    assert sorted(port for port, _ in pulls) == [0, 2]              # the leaves missing
+    for _, frame in pulls:
+        pkt, reth, imm, lanes = _read(frame)
+        assert pkt[BTH].dqpn == W.UPLINK_QPN and reth.dma_length == 0 and not len(lanes)
+        assert W.split_va(reth.va)[0] == 4
+        assert W.unpack_imm(W.RESULT_IMM, imm)["count"] == 0
+    out = spine.receive(0, partial(0, 4, [2, 3], count=2, resent=1))    # added: pulls leaf 2
+    assert [port for port, _ in out] == [2]
+    out = spine.receive(2, partial(2, 4, [1, 1], count=3))
+    assert sorted(port for port, _ in out) == [0, 1, 2]
+    for _, frame in out:
+        _, reth, imm, lanes = _read(frame)
+        assert W.split_va(reth.va)[0] == 4 and W.unpack_imm(W.RESULT_IMM, imm)["count"] == 6
+        np.testing.assert_array_equal(lanes, [8, 9])
+    c = _counters(spine)
+    assert (c["finals"], c["abandoned"], c["pulls"], c["drop_stale"]) == (1, 1, 3, 1)
+    assert (c["completed"], c["results"]) == (2, 6)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_golden_leaves_sum_exactly_through_an_rtl_spine(small_spine, seed):
+    net = Net(leaves=LEAVES, seed=seed, make=with_rtl_spine(small_spine))
+    net.set_faults(LinkFaults(drop=0.1, duplicate=0.1, reorder=0.3))
+    job = Job(net, uses=3, seed=seed)
+    job.run()
+    assert job.results >= 3 * 8 * 2 * LEAVES
+    assert _counters(small_spine)["completed"] >= 3 * SLOTS
