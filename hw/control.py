@@ -51,7 +51,7 @@ from amaranth.utils import bits_for
 from . import regmap as R
 from .control_registers import RecordAddress, Register, region
 from .counters import CounterBank
-from .fabric import NO_FABRIC, SENT_COUNTERS, Fabric, job_layout
+from .fabric import NO_FABRIC, SENT_COUNTERS, UPLINK, Fabric, job_layout, leaf_registers
 from .headers import Verdict
 
 JOB = data.StructLayout({
@@ -129,6 +129,10 @@ class Control(wiring.Component):
             "fabric_events": In(max(len(fabric.events), 1)).array(jobs),
             "sent": In(range(ports + 1)).array(jobs * len(SENT_COUNTERS)),
         }
+        if fabric.uplinks:
+            # a leaf's uplink table, and which uplinks are down (REG_UPLINK_DOWN)
+            more |= {"uplinks": Out(UPLINK).array(fabric.uplinks),
+                     "uplink_down": Out(fabric.uplinks)}
         super().__init__({
             **more,
             "records": In(RecordPort(ports)),
@@ -181,6 +185,8 @@ class Control(wiring.Component):
             m.d.comb += self.thresholds[c].eq(threshold)
             regs.append(Register(R.drop_threshold(c), threshold, threshold, switch_ok,
                                  copy=R.NEVER_DROP))
+        if self.fabric.uplinks:
+            regs += self._leaf(m, jobs, job_ok, switch_ok)
         refused = Signal(self.jobs)         # config_refused, by job
         for j, job in enumerate(jobs):
             m.d.comb += self.table.job[j].eq(job)
@@ -343,6 +349,20 @@ class Control(wiring.Component):
         with m.If(from_store):
             m.d.comb += self.records.rdata.eq(Mux(stored, store_data, store_rd.data))
         return m
+
+    def _leaf(self, m, jobs, job_ok, switch_ok):
+        """A leaf's registers (`hw.fabric.leaf_registers`) and the uplink table it shows."""
+        uplinks = [Signal(UPLINK, name=f"uplink{i}") for i in range(self.fabric.uplinks)]
+        down = Signal(self.fabric.uplinks)
+        m.d.comb += [self.uplinks[i].eq(u) for i, u in enumerate(uplinks)]
+        m.d.comb += self.uplink_down.eq(down)
+
+        def register(addr, value, field=None, allowed=None, copy=None):
+            value = Const(value, 32) if isinstance(value, int) else value
+            return Register(addr, value, field, Const(1) if allowed is None else allowed,
+                            copy=copy)
+
+        return leaf_registers(m, self.fabric, jobs, job_ok, switch_ok, uplinks, down, register)
 
     def _config(self, job):
         """A job's CONFIG as a read shows it (CONFIG.partials on a spine)."""

@@ -40,8 +40,8 @@ class Fabric:
     def __post_init__(self):
         if not 0 <= self.uplinks <= R.MAX_UPLINKS:
             raise ValueError(f"uplinks must be 0..{R.MAX_UPLINKS}, not {self.uplinks}")
-        if self.uplinks:
-            raise NotImplementedError("the gateware's leaf (uplinks > 0) is not built yet")
+        # a switch with uplinks takes partials too (a switch of a middle level is both)
+        object.__setattr__(self, "spine", self.spine or self.uplinks > 0)
 
     @property
     def any(self) -> bool:
@@ -58,11 +58,50 @@ class Fabric:
 NO_FABRIC = Fabric()
 
 
+# An uplink of a leaf: the switch port it leaves by, and its spine's MAC, IPv4 address and
+# UDP port (the uplink table's fields, `hw.regmap.UPLINK_*`).
+UPLINK = data.StructLayout({"port": 4, "mac": 48, "ip": 32, "udp_port": 16})
+
+
 def job_layout(base: data.StructLayout, fabric: Fabric) -> data.StructLayout:
-    """A job table entry: a single switch's (`base`), and CONFIG.partials on a spine."""
+    """A job table entry: a single switch's (`base`), and CONFIG.partials on a spine; a
+    leaf's PARENT (`parent`, the register's word: enable and rank), PARENT_KEY and SPRAY."""
     if not fabric.spine:
         return base
-    return data.StructLayout({**{name: f.shape for name, f in base}, "partials": 1})
+    fields = {**{name: f.shape for name, f in base}, "partials": 1}
+    if fabric.uplinks:
+        fields |= {"parent": 32, "parent_key": 32, "spray": 32}
+    return data.StructLayout(fields)
+
+
+def leaf_registers(m, fabric: Fabric, jobs, job_ok, switch_ok, uplinks, down, register):
+    """A leaf's registers, as `register(addr, value, field, allowed, copy=...)` makes them
+    (`hw.control_registers.Register`): REG_UPLINKS, REG_UPLINK_DOWN (`down`) and the uplink
+    table (`uplinks`, of `UPLINK`), the switch's own (written by its manager, once it has
+    one: `switch_ok`); each job's PARENT (read as its enable and rank), PARENT_KEY (write
+    only) and SPRAY, its block's (`job_ok`)."""
+    regs = [register(R.REG_UPLINKS, fabric.uplinks),
+            register(R.REG_UPLINK_DOWN, down, down, switch_ok, copy=0)]
+    for i, up in enumerate(uplinks):
+        regs += [
+            register(R.uplink_reg(i, R.UPLINK_PORT), up.port, up.port, switch_ok, copy=0),
+            register(R.uplink_reg(i, R.UPLINK_MAC_HI), up.mac[32:], up.mac[32:], switch_ok,
+                     copy=0),
+            register(R.uplink_reg(i, R.UPLINK_MAC_LO), up.mac[:32], up.mac[:32], switch_ok,
+                     copy=0),
+            register(R.uplink_reg(i, R.UPLINK_IP), up.ip, up.ip, switch_ok, copy=0),
+            register(R.uplink_reg(i, R.UPLINK_UDP_PORT), up.udp_port, up.udp_port, switch_ok,
+                     copy=0),
+        ]
+    enable, rank = R.PARENT.bits("enable")[0], R.PARENT.bits("rank")
+    for j, job in enumerate(jobs):
+        shown = job.parent & ((1 << enable) | ((1 << rank[1]) - 1) << rank[0])
+        regs += [
+            register(R.job_reg(j, R.JOB_PARENT), shown, job.parent, job_ok[j]),
+            register(R.job_reg(j, R.JOB_PARENT_KEY), 0, job.parent_key, job_ok[j]),
+            register(R.job_reg(j, R.JOB_SPRAY), job.spray, job.spray, job_ok[j], copy=0),
+        ]
+    return regs
 
 
 def descriptor_fields(fabric: Fabric) -> dict:
