@@ -155,6 +155,9 @@ def main(argv=None) -> int:
     fuzz.add_argument("--spine", action="store_true",
                       help="a switch built as a spine against the golden spine, on leaves' "
                            "partials")
+    fuzz.add_argument("--leaf", action="store_true",
+                      help="a switch built with uplinks against the golden leaf, on its "
+                           "local workers' traffic (their uses go up as partials)")
     from netagg.apps.scale.cli import add_parser as add_scale
     add_scale(sub)
     args = parser.parse_args(argv)
@@ -205,7 +208,7 @@ def main(argv=None) -> int:
     if args.command == "fuzz":
         from netagg.sim.fuzz import main as fuzz_main
         return fuzz_main(args.frames, args.seed, args.json, args.width, args.minimise,
-                         spine=args.spine)
+                         spine=args.spine, leaf=args.leaf)
     if args.command == "probe":
         from netagg.apps.probe import probe_main
         return probe_main(args.url, args.json, args.timeout)

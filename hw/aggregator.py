@@ -61,7 +61,7 @@ from .aggregator_records import Records
 from .aggregator_sums import Sums
 from .beat import FrameStream
 from .control import JOB_EVENTS, PORT_EVENTS, JobTable, RecordPort
-from .fabric import NO_FABRIC, Fabric
+from .fabric import NO_FABRIC, UPLINK, Fabric
 from .ingress import ingress_header
 
 
@@ -76,6 +76,9 @@ class Aggregator(wiring.Component):
         more = {} if not fabric.any else {
             "fabric_events": Out(max(len(fabric.events), 1)).array(jobs),
         }
+        if fabric.uplinks:
+            more |= {"uplinks": In(UPLINK).array(fabric.uplinks),    # a leaf's uplink table
+                     "uplink_down": In(fabric.uplinks)}
         super().__init__({
             **more,
             "header": In(stream.Signature(ingress_header(ports))),
@@ -92,7 +95,8 @@ class Aggregator(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         P, MW, J, slots = self.ports, self.max_workers, self.jobs, self.slots
-        m.submodules.state = state = Memory(shape=slot_state(MW), depth=slots, init=[])
+        m.submodules.state = state = Memory(shape=slot_state(MW, self.fabric), depth=slots,
+                                            init=[])
         state_wr = state.write_port()
         state_rd = state.read_port(transparent_for=(state_wr,))
         F = self.fabric
@@ -116,6 +120,9 @@ class Aggregator(wiring.Component):
         wiring.connect(m, table, lookup.table, decide.table, clearing.table)
         wiring.connect(m, wiring.flipped(self.header), lookup.header)
         wiring.connect(m, lookup.o, decide.i)
+        if F.uplinks:
+            m.d.comb += [decide.uplinks[i].eq(u) for i, u in enumerate(self.uplinks)]
+            m.d.comb += decide.uplink_down.eq(self.uplink_down)
         now = Signal(R.DEADLINE_BITS)   # ticks, wrapping
         with m.If(self.tick):
             m.d.sync += now.eq(now + 1)

@@ -32,7 +32,7 @@ from . import regmap as R
 from .aggregator_command import Action, command, slot_state
 from .aggregator_lookup import Look, looked_up
 from .control import JOB_EVENTS, PORT_EVENTS, JobTable
-from .fabric import NO_FABRIC, Fabric
+from .fabric import NO_FABRIC, UPLINK, Fabric
 
 # The counter of each verdict of the lookup stage that drops the packet.
 DROPPED = {
@@ -43,11 +43,11 @@ DROPPED = {
 }
 
 
-def state_write(slots: int, max_workers: int):
+def state_write(slots: int, max_workers: int, fabric: Fabric = NO_FABRIC):
     """A write of the slots' state: the slot (`addr`), its new state, and whether to write
     it (`en`)."""
     return data.StructLayout(
-        {"addr": range(slots), "data": slot_state(max_workers), "en": 1})
+        {"addr": range(slots), "data": slot_state(max_workers, fabric), "en": 1})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +61,19 @@ class SpineFrame:
     abandon: Value
 
 
+@dataclasses.dataclass(frozen=True)
+class LeafFrame:
+    """A contribution at a leaf as the decide stage reads it: whether its job has a parent,
+    whether its copy's use went up (UPSTREAM), the uplink of its slot (`found`: one is up),
+    and the replay or completion it makes (`replaying`, `completing`)."""
+    parent: Value
+    upstream: Value
+    uplink: Value
+    found: Value
+    replaying: Value
+    completing: Value
+
+
 class Decide(wiring.Component):
     def __init__(self, *, ports: int, jobs: int, max_workers: int, slots: int,
                  fabric: Fabric = NO_FABRIC):
@@ -69,14 +82,17 @@ class Decide(wiring.Component):
         more = {} if not fabric.any else {
             "fabric_event": Out(max(len(fabric.events), 1)),    # with `decided`
         }
+        if fabric.uplinks:
+            more |= {"uplinks": In(UPLINK).array(fabric.uplinks),    # a leaf's uplink table
+                     "uplink_down": In(fabric.uplinks)}
         super().__init__({
             **more,
             "i": In(stream.Signature(looked_up(ports, slots))),
             "go": In(1),                  # the command queue has room: take `i`
-            "copies": In(slot_state(max_workers)),   # the state of `i`'s slot
+            "copies": In(slot_state(max_workers, fabric)),   # the state of `i`'s slot
             "now": In(R.DEADLINE_BITS),   # the switch's tick count
             "table": In(JobTable(jobs, max_workers, fabric)),
-            "state": Out(state_write(slots, max_workers)),
+            "state": Out(state_write(slots, max_workers, fabric)),
             "command": Out(command(ports, slots, max_workers, fabric)),
             "decided": Out(1),            # a packet decided, its command queued
             "unserved": Out(1),           # a control request dropped
@@ -117,15 +133,18 @@ class Decide(wiring.Component):
             desc.psn.eq(Mux(b_look == Look.CONTROL, b.bth.psn, limit)),
             cmd.action.eq(Action.DRAIN),
         ]
-        new_state = Signal(slot_state(MW))
+        new_state = Signal(slot_state(MW, self.fabric))
         m.d.comb += new_state.eq(self.copies)
         update = Signal()
         distance = Signal(signed(16))       # of this message from the copy's use
         m.d.comb += distance.eq(va.msn[:16] - mine.msn)
 
-        spine = None
+        spine = leaf = None
         if self.fabric.spine:
             spine = self._spine(m, b_job, mine, distance, new_count, new_data, va)
+        if self.fabric.uplinks:
+            leaf = self._leaf(m, b_job, b_imm, mine)
+        self._up = leaf
         with m.Switch(b_look):
             for look, counter in DROPPED.items():
                 with m.Case(look):
@@ -138,6 +157,8 @@ class Decide(wiring.Component):
             with m.Case(Look.AGGREGATE):
                 self._aggregate(m, mine, new_state[version], bit, distance, new_count,
                                 new_data, finishes, limit, b_job, update, va.msn, spine)
+                if leaf is not None:
+                    self._leaf_use(m, new_state[version], update, leaf)
         decided = self.decided
         m.d.comb += [
             decided.eq(self.go & self.i.valid),
@@ -154,6 +175,66 @@ class Decide(wiring.Component):
         if name in self.fabric.events:
             return self.fabric_event[self.fabric.events.index(name)].eq(1)
         return self.job_event[JOB_EVENTS.index(name)].eq(1)
+
+    def _event(self, name):
+        """A replay's or a completion's event: counted at once on a switch without uplinks;
+        on a leaf, noted (`LeafFrame`), for `_leaf_use` to count it or send a partial up."""
+        if self._up is None:
+            return self._count(name)
+        return {"replays": self._up.replaying, "completed": self._up.completing}[name].eq(1)
+
+    def _leaf(self, m, b_job, b_imm, mine):
+        """What a leaf's job with a parent (PARENT.enable) changes: its `LeafFrame` (the
+        copy gone up, the uplink of the slot: its SPRAY entry, or the next one up)."""
+        N = self.fabric.uplinks
+        entry = Signal(R.SPRAY_BITS)
+        m.d.comb += entry.eq(b_job.spray.word_select(b_imm.slot[:4], R.SPRAY_BITS))
+        chosen, found = Signal(range(max(N, 2))), Signal()
+        with m.Switch(entry):
+            for e in range(1 << R.SPRAY_BITS):
+                with m.Case(e):
+                    for k in reversed(range(N)):
+                        with m.If(~self.uplink_down[(e + k) % N]):
+                            m.d.comb += [chosen.eq((e + k) % N), found.eq(1)]
+        parent = b_job.parent[R.PARENT.bits("enable")[0]]
+        return LeafFrame(parent=parent, upstream=(b_job.partials | parent) & mine.upstream,
+                         uplink=chosen, found=found, replaying=Signal(name="replaying"),
+                         completing=Signal(name="completing"))
+
+    def _leaf_use(self, m, new, update, leaf):
+        """A leaf's replay and completion: a retransmission to a use gone up re-sends its
+        partial, marked `resent` (`resends`); a parent job's use that completes here goes up
+        (UPSTREAM: its partial to the slot's uplink, `upstream`, or none up, `no_uplink`),
+        and is not complete for its workers (COMPLETED does not move)."""
+        count = self._count
+        with m.If(leaf.replaying):
+            with m.If(leaf.upstream):
+                m.d.comb += count("resends")
+                self._send_up(m, leaf, resent=1)
+            with m.Else():
+                m.d.comb += count("replays")
+        with m.If(leaf.completing):
+            with m.If(leaf.parent):
+                self._send_up(m, leaf, resent=0)
+            with m.Else():
+                m.d.comb += count("completed")
+        with m.If(update):
+            m.d.comb += new.upstream.eq(leaf.completing & leaf.parent)
+
+    def _send_up(self, m, leaf, resent):
+        """The command sends the copy's sums up the slot's uplink as a partial (one frame,
+        from the uplink table's header template), or nothing when every uplink is down."""
+        P = self.ports
+        cmd, desc = self.command, self.command.desc
+        with m.If(leaf.found):
+            port = Array(self.uplinks)[leaf.uplink].port
+            m.d.comb += [
+                self._count("upstream"), cmd.emit.eq(1), desc.up.eq(1),
+                desc.uplink.eq(leaf.uplink), desc.resent.eq(resent), desc.dests.eq(1),
+                cmd.ports.eq((Const(1, P) << port)[:P]),
+            ]
+        with m.Else():
+            m.d.comb += [self._count("no_uplink"), cmd.emit.eq(0)]
 
     def _spine(self, m, b_job, mine, distance, new_count, new_data, va):
         """What a spine's job (CONFIG.partials) changes: a contribution is a leaf's partial
@@ -191,6 +272,9 @@ class Decide(wiring.Component):
         idle = mine.count == 0              # no use in progress: the last one completed
         fresh = mine.bitmap == 0            # never used since the job's slots were cleared
         new_use = idle & (fresh | (distance > 0))
+        if self._up is not None:
+            # a use gone up: its copy's next use waits for the parent's result (stale)
+            new_use = idle & (fresh | ((distance > 0) & ~self._up.upstream))
         if spine is not None:
             # a final of the use's length is no duplicate: it completes the use as it is
             seen = seen & ~(spine.final & (mine.length == self.i.payload.header.payload_length))
@@ -205,7 +289,7 @@ class Decide(wiring.Component):
                 m.d.comb += count("drop_bad_length")
             with m.Else():
                 m.d.comb += [
-                    count("replays"), cmd.action.eq(Action.REPLAY), cmd.emit.eq(1),
+                    self._event("replays"), cmd.action.eq(Action.REPLAY), cmd.emit.eq(1),
                     desc.dests.eq(bit), cmd.ports.eq(self.i.payload.worker_port),
                     desc.count.eq(mine.data), limit.eq(b_job.completed + b_job.credits),
                 ]
@@ -216,7 +300,7 @@ class Decide(wiring.Component):
             # its result, read from the sums, goes to every worker.
             m.d.comb += [
                 update.eq(1), new.count.eq(0),
-                count("closed_late"), count("completed"),
+                count("closed_late"), self._event("completed"),
                 cmd.action.eq(Action.CLOSE), cmd.emit.eq(1), desc.count.eq(mine.data),
                 desc.dests.eq((Const(1, MW + 1) << self.i.payload.workers) - 1),
                 cmd.ports.eq(self.i.payload.completion_ports),
@@ -242,7 +326,7 @@ class Decide(wiring.Component):
             ]
             with m.If(finishes):
                 m.d.comb += [
-                    count("completed"), cmd.emit.eq(1),
+                    self._event("completed"), cmd.emit.eq(1),
                     desc.dests.eq((Const(1, MW + 1) << self.i.payload.workers) - 1),
                     cmd.ports.eq(self.i.payload.completion_ports),
                 ]
@@ -260,7 +344,7 @@ class Decide(wiring.Component):
             m.d.comb += count("abandoned")
         with m.If(spine.final):
             m.d.comb += [
-                count("finals"), count("completed"), cmd.emit.eq(1),
+                count("finals"), self._event("completed"), cmd.emit.eq(1),
                 cmd.action.eq(Action.OVERWRITE), new.count.eq(0),
                 new.data.eq(spine.part.count), desc.count.eq(spine.part.count),
                 new.bitmap.eq(Mux(new_use, bit, mine.bitmap | bit)),

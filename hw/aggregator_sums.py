@@ -90,6 +90,8 @@ class Sums(wiring.Component):
                      | (d_action == Action.CLOSE))
         if self.fabric.spine:
             completes = completes & ~d_desc.pull
+        if self.fabric.uplinks:
+            completes = completes & ~d_desc.up      # a partial up: not complete here
         m.d.comb += [
             self.overflowed.eq(d_valid & advance & d_out & d_beat.last & completes
                                & (d_overflow | new.overflow)),

@@ -27,7 +27,7 @@ from .aggregator_command import egress_beat, result_descriptor
 from .beat import BeatLayout, FrameStream
 from .control import ADDRESSES, JobTable, WorkerRead
 from .deparser import Deparser
-from .fabric import NO_FABRIC, Fabric
+from .fabric import NO_FABRIC, UPLINK, Fabric
 from .gearbox import Narrow
 from .ingress import REPLY_TO
 
@@ -47,6 +47,8 @@ class Egress(wiring.Component):
         more = {} if not fabric.spine else {
             "pull": Out(1),                       # ... and it was a spine's pull
         }
+        if fabric.uplinks:
+            more["uplinks"] = In(UPLINK).array(fabric.uplinks)     # a leaf's uplink table
         super().__init__({
             **more,
             "i": In(stream.Signature(egress_beat(wide, ports, max_workers, fabric))),
@@ -152,6 +154,9 @@ class Egress(wiring.Component):
                     m.d.comb += header.reth.va.eq(Cat(desc.offset, desc.msn))
                 with m.If(desc.pull):
                     m.d.comb += [header.payload_length.eq(0), header.reth.dma_length.eq(0)]
+            if self.fabric.uplinks:
+                with m.If(desc.up):
+                    self._partial(m, header, desc)
 
         # The payload of the packet being sent, read again from the ring.
         read_ptr, to_read = Signal(ptr), Signal(ptr)
@@ -183,10 +188,14 @@ class Egress(wiring.Component):
                          self.result.eq(sent & ~desc.control & ~desc.pull)]
             with m.If(sent & desc.pull):            # its stored beat is not sent
                 m.d.sync += to_read.eq(0)
+        if self.fabric.uplinks:
+            m.d.comb += self.result.eq(sent & ~desc.control & ~desc.pull & ~desc.up)
         done_reading = header_sent & (to_read == 0)
+        dests = Mux(desc.control, 1, desc.dests & on_port)
+        if self.fabric.uplinks:
+            dests = Mux(desc.up, 1, dests)          # a partial: to this port's uplink
         with m.If(descriptors.r_rdy & ~loaded):
-            m.d.sync += [loaded.eq(1), remaining.eq(Mux(desc.control, 1, desc.dests & on_port)),
-                         header_sent.eq(0)]
+            m.d.sync += [loaded.eq(1), remaining.eq(dests), header_sent.eq(0)]
         with m.If(loaded & done_reading):
             m.d.sync += [header_sent.eq(0), remaining.eq(remaining & ~(Const(1, MW) << rank))]
         last_one = (remaining & (remaining - 1)) == 0
@@ -196,3 +205,23 @@ class Egress(wiring.Component):
             m.d.sync += [loaded.eq(0), free_ptr.eq(head.start + head.beats), header_sent.eq(0)]
         return m
 
+    def _partial(self, m, header, desc):
+        """A leaf's partial up uplink `desc.uplink` (docs/leafspine.md): from the switch's
+        addresses to the spine's, DSCP 7, BTH.dqpn 0 and BTH.psn its PARTIAL, RETH.va the
+        use's CONTRIBUTION_VA and RETH.rkey the job's PARENT_KEY, its ImmDt a REQUEST_IMM of
+        the leaf's rank in the spines' job."""
+        J = self.jobs
+        up = Array(self.uplinks)[desc.uplink]
+        job = Array(self.table.job)[desc.job[:max(1, (J - 1).bit_length())]]
+        part, imm = Signal(H.PARTIAL), Signal(H.REQUEST_IMM)
+        m.d.comb += [
+            part.count.eq(desc.count), part.overflow.eq(desc.overflow),
+            part.resent.eq(desc.resent), part.final.eq(desc.final),
+            imm.job.eq(desc.job), imm.rank.eq(job.parent[:5]), imm.version.eq(desc.version),
+            imm.slot.eq(desc.slot), imm.exponent.eq(desc.exponent),
+            header.eth.dst.eq(up.mac), header.ip.dst.eq(up.ip),
+            header.ip.dscp.eq(H.PARTIAL_DSCP), header.udp.dst_port.eq(up.udp_port),
+            header.bth.dqpn.eq(0), header.bth.psn.eq(part.as_value()),
+            header.reth.va.eq(Cat(desc.offset, desc.msn)), header.reth.rkey.eq(job.parent_key),
+            header.immdt.data.eq(imm.as_value()),
+        ]

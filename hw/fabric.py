@@ -5,14 +5,21 @@ parameters, and what the stages add for it.
 may take leaves' partials (CONFIG.partials: a contribution's data count is its
 PARTIAL.count, a `final` partial completes the use as it is, a later use of a copy in
 progress gives the use up, a `resent` partial pulls the leaves missing from the use, and
-results carry the use's CONTRIBUTION_VA); `uplinks` (0..MAX_UPLINKS), a leaf's. With neither
-(`NO_FABRIC`, every board) no stage adds a signal: the netlist is a single switch's.
+results carry the use's CONTRIBUTION_VA); `uplinks` (0..MAX_UPLINKS), a leaf's, which takes
+partials too. With neither (`NO_FABRIC`, every board) no stage adds a signal: the netlist is
+a single switch's.
 
 What the stages add when the switch is a spine: the job table's CONFIG.partials bit
 (`job_layout`); the decide stage's events (`SPINE_EVENTS`, counted as FABRIC_COUNTERS); the
 result descriptor's `pull` (a payload-less result to the leaves missing from a use) and the
 use's msn, which a spine's results and pulls carry in RETH.va (`descriptor_fields`); and the
-egress ports' count of pulls sent (`pulls`, like `results`).
+egress ports' count of pulls sent (`pulls`, like `results`). When it has uplinks (a leaf,
+built as far as its upward half): the uplink table (`UPLINK`) and REG_UPLINK_DOWN, each
+job's PARENT, PARENT_KEY and SPRAY (`leaf_registers`); a slot copy's `upstream` bit
+(`copy_fields`); the descriptor's partial fields (`up`, the uplink, the `resent` and `final`
+marks), which the egress ports address from the uplink table; and the events
+`LEAF_EVENTS`. A parent's results and pulls (the downward half) are not taken yet: they
+are contributions like any other to the RTL leaf.
 """
 
 from __future__ import annotations
@@ -23,8 +30,10 @@ from amaranth.lib import data
 
 from . import regmap as R
 
-# The decide stage's events of a spine's job, each counted by the FABRIC_COUNTER of its name.
+# The decide stage's events of a spine's job and a leaf's, each counted by the FABRIC_COUNTER
+# of its name.
 SPINE_EVENTS = ("finals", "abandoned")
+LEAF_EVENTS = ("upstream", "resends", "no_uplink")
 # The FABRIC_COUNTERS counted from the egress ports' frames (as `results` is).
 SENT_COUNTERS = ("pulls",)
 
@@ -52,7 +61,7 @@ class Fabric:
     @property
     def events(self) -> tuple[str, ...]:
         """The decide stage's fabric events, by FABRIC_COUNTERS name."""
-        return SPINE_EVENTS if self.spine else ()
+        return (SPINE_EVENTS if self.spine else ()) + (LEAF_EVENTS if self.uplinks else ())
 
 
 NO_FABRIC = Fabric()
@@ -111,4 +120,16 @@ def descriptor_fields(fabric: Fabric) -> dict:
     the offset)."""
     if not fabric.spine:
         return {}
-    return {"pull": 1, "fabric_va": 1, "msn": 32}
+    fields = {"pull": 1, "fabric_va": 1, "msn": 32}
+    if fabric.uplinks:
+        # a leaf's partial: up `uplink` (the uplink table's header template), its PARTIAL's
+        # resent and final marks
+        fields |= {"up": 1, "uplink": 2, "resent": 1, "final": 1}
+    return fields
+
+
+def copy_fields(fabric: Fabric) -> dict:
+    """What a slot copy adds on a leaf: `upstream`, its use is locally complete and its
+    partial went up (docs/leafspine.md's UPSTREAM; a parent job's copy that is idle and not
+    upstream is DONE or fresh)."""
+    return {"upstream": 1} if fabric.uplinks else {}

@@ -186,5 +186,10 @@ class Switch(wiring.Component):
             if self.fabric.spine:
                 m.d.comb += control.sent[j].eq(sum(
                     (port.pull & (port.result_job == j)) for port in egress))
+        if self.fabric.uplinks:
+            m.d.comb += aggregator.uplink_down.eq(control.uplink_down)
+            for i, up in enumerate(control.uplinks):
+                m.d.comb += aggregator.uplinks[i].eq(up)
+                m.d.comb += [port.uplinks[i].eq(up) for port in egress]
         return m
 

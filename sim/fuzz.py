@@ -50,11 +50,17 @@ LATE_CYCLES = 1 << 16         # how long to wait for a frame the golden model se
 
 def stream(seed: int, frames: int, *, ports: int = 4, jobs: int = 4, max_workers: int = 8,
            slots: int = 64, max_payload: int = W.MAX_PAYLOAD,
-           mutation_rate: float = MUTATION_RATE, spine: bool = False) -> Iterator[Frame]:
+           mutation_rate: float = MUTATION_RATE, spine: bool = False,
+           leaf: bool = False) -> Iterator[Frame]:
     """`frames` frames of good traffic and mutations, the same for the same seed; with
-    `spine`, leaves' partials to a spine (`sim.fuzz_spine`)."""
+    `spine`, leaves' partials to a spine (`sim.fuzz_spine`); with `leaf`, a leaf's local
+    traffic, its jobs with a parent (`sim.fuzz_leaf`)."""
     rng = random.Random(seed)
-    if spine:
+    if leaf:
+        from netagg.sim.fuzz_leaf import leaf_parts
+        traffic, mutator = leaf_parts(rng, ports, jobs, max_workers, slots, max_payload, HOST,
+                                      SWITCH)
+    elif spine:
         from netagg.sim.fuzz_spine import spine_parts
         traffic, mutator = spine_parts(rng, ports, jobs, max_workers, slots, max_payload, HOST,
                                        SWITCH)
@@ -200,8 +206,9 @@ class Ledger:
             packet = W.parse_frame(frame)
         except W.WireError:
             return None
-        if packet.opcode != W.OP_RESULT or packet.imm is None or not packet.payload:
-            return None                   # not a result (a spine's pull has no payload)
+        if packet.opcode != W.OP_RESULT or packet.imm is None or not packet.payload \
+                or packet.dqpn == 0:
+            return None       # not a result: a spine's pull (no payload), a leaf's partial
         job, count, version, slot, _, _ = W.unpack_result_imm(packet.imm)
         if job >= self.golden.jobs:
             return True
@@ -361,9 +368,13 @@ def minimise(rtl, make_golden, frames: list[Frame], batch: int | None = None) ->
     return frames
 
 
-def golden_of(width: int = 64, spine: bool = False):
-    """The golden model the fuzzer compares the RTL with: `GoldenSwitch`, or with `spine`
-    `GoldenSpine`."""
+def golden_of(width: int = 64, spine: bool = False, leaf: bool = False):
+    """The golden model the fuzzer compares the RTL with: `GoldenSwitch`, with `spine`
+    `GoldenSpine`, with `leaf` a `GoldenLeaf` of `sim.fuzz_leaf.UPLINKS`."""
+    if leaf:
+        from netagg.sim.fuzz_leaf import UPLINKS
+        from netagg.sim.golden_leaf import GoldenLeaf
+        return GoldenLeaf(width=width, uplinks=UPLINKS)
     if spine:
         from netagg.sim.golden_spine import GoldenSpine
         return GoldenSpine(width=width)
@@ -372,23 +383,27 @@ def golden_of(width: int = 64, spine: bool = False):
 
 
 def main(frames: int, seed: int, as_json: bool = False, width: int = 64,
-         shrink: bool = False, spine: bool = False) -> int:
+         shrink: bool = False, spine: bool = False, leaf: bool = False) -> int:
     """`netagg fuzz`: the summary (one JSON object with `as_json`), and the first difference
     minimised with `shrink`; exit status 1 on any difference or wrong sum. With `spine`, a
-    switch built as a spine against `GoldenSpine`, on leaves' partials."""
+    switch built as a spine against `GoldenSpine`, on leaves' partials; with `leaf`, one
+    built with uplinks against `GoldenLeaf`, on a leaf's local traffic."""
     import json
 
+    from netagg.sim.fuzz_leaf import UPLINKS
     from netagg.sim.model import make_switch
 
-    with make_switch(width=width, **({"spine": True} if spine else {})) as rtl:
-        s = Comparer(rtl, golden_of(width, spine), seed).run(
-            stream(seed, frames, spine=spine))
+    with make_switch(width=width, spine=spine, uplinks=UPLINKS if leaf else 0) as rtl:
+        s = Comparer(rtl, golden_of(width, spine, leaf), seed).run(
+            stream(seed, frames, spine=spine, leaf=leaf))
         if shrink and s.details:
             first = s.details[0].index          # -1: the read after the stream
             upto = first + 8 if first >= 0 else None          # its batch included
-            prefix = list(itertools.islice(stream(seed, frames, spine=spine), upto))
+            prefix = list(itertools.islice(stream(seed, frames, spine=spine, leaf=leaf),
+                                           upto))
             s.minimised = [{"port": f.port, "kind": f.kind.value, "note": f.note,
                             "data": f.data.hex()}
-                           for f in minimise(rtl, lambda: golden_of(width, spine), prefix)]
+                           for f in minimise(rtl, lambda: golden_of(width, spine, leaf),
+                                             prefix)]
     print(json.dumps(s.json()) if as_json else s.text())
     return 1 if s.differences or s.wrong_sums else 0

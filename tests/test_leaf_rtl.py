@@ -1,16 +1,27 @@
 """The RTL leaf as far as it is built (`hw.switch.Switch(uplinks=N)`, docs/leafspine.md):
 its registers (REG_UPLINKS, REG_UPLINK_DOWN, the uplink table, each job's PARENT,
 PARENT_KEY and SPRAY) read and written as the golden leaf's, the manager's and the job
-owner's rules included; and a leaf's jobs without a parent served frame for frame as
-`GoldenLeaf` serves them (the fuzzer's good traffic, every register and counter read). Its
-datapath for a job with a parent (partials up, parent results and pulls) is not built yet."""
+owner's rules included; a leaf's jobs without a parent served frame for frame as
+`GoldenLeaf` serves them (the fuzzer's good traffic, every register and counter read); its
+upward half against the golden leaf (the fuzzer's leaf mode: uses that complete locally go
+up as partials, re-sent on retransmissions, held back with every uplink down) with no
+difference; and a use's partial as scapy reads it, from both leaves. Parent results and
+pulls (the downward half) are not built yet."""
 
+import collections
+
+import numpy as np
 import pytest
 from netagg.sim import wire as W
 from netagg.sim.fuzz import Comparer, stream
 from netagg.sim.golden_leaf import GoldenLeaf
+from scapy.contrib.roce import BTH
+from scapy.layers.inet import IP, UDP
 
-from tests.leafspine_net import control
+from tests.leafspine_net import CHUNK, JOB, SPINE_KEY, Net, control, leaf_ip, spine_ip
+from tests.switch_traffic import dissect
+from tests.test_fuzz import InOrderGolden
+from tests.test_spine_rtl import _read
 
 UPLINKS = 2
 
@@ -66,3 +77,95 @@ def test_a_leafs_jobs_without_a_parent_are_a_single_switchs(rtl_leaf):
         stream(31, 2000, mutation_rate=0))
     assert s.differences == 0 and s.wrong_sums == 0, s.text()
     assert s.results > 200 and s.counters > 5000
+
+
+class InOrderLeaf(InOrderGolden, GoldenLeaf):
+    """The golden leaf in the RTL's place (frames applied in the switch's commit order)."""
+
+
+def _totals(golden) -> collections.Counter:
+    total = collections.Counter()
+    for counters in golden.counters()["jobs"]:
+        total.update(counters)
+    return total
+
+
+def test_the_golden_leaf_against_itself_goes_up():
+    golden = GoldenLeaf(uplinks=UPLINKS)
+    s = Comparer(InOrderLeaf(uplinks=UPLINKS), golden, seed=3).run(stream(3, 3000, leaf=True))
+    assert (s.differences, s.wrong_sums) == (0, 0)
+    total = _totals(golden)
+    assert total["upstream"] > 50 and total["resends"] > 20 and total["no_uplink"] > 10
+
+
+def test_rtl_leaf_equals_golden_leaf_going_up(rtl_leaf):
+    rtl_leaf.reset()
+    golden = GoldenLeaf(uplinks=UPLINKS)
+    s = Comparer(rtl_leaf, golden, seed=32).run(stream(32, 3000, leaf=True))
+    assert s.differences == 0 and s.wrong_sums == 0, s.text()
+    assert s.counters > 10000
+    total = _totals(golden)             # and the RTL's: every counter was read and compared
+    assert total["upstream"] > 50 and total["resends"] > 20 and total["no_uplink"] > 10
+
+
+@pytest.mark.slow
+def test_rtl_leaf_equals_golden_leaf_going_up_long(rtl_leaf):
+    rtl_leaf.reset()
+    s = Comparer(rtl_leaf, GoldenLeaf(uplinks=UPLINKS), seed=33).run(
+        stream(33, 100_000, leaf=True))
+    assert s.differences == 0 and s.wrong_sums == 0, s.text()
+
+
+@pytest.fixture(params=["golden", "rtl"])
+def fabric_leaf(request):
+    """A fabric of one leaf of two workers and two (golden) spines (`Net`); its leaf golden
+    or the RTL's (the fuzzer's build, its addresses written: its job 0 is the fabric's)."""
+    if request.param == "golden":
+        return Net(leaves=1, spines=UPLINKS)
+    from netagg.sim.golden_spine import GoldenSpine
+    from netagg.sim.topology import Role, default_ip, default_mac
+
+    rtl = request.getfixturevalue("rtl_leaf")
+    rtl.reset()
+    mac = default_mac(Role.LEAF, 0)
+    control(rtl, [(W.WRITE | W.REG_MAC_HI, mac >> 32), (W.WRITE | W.REG_MAC_LO, mac & 0xFFFFFFFF),
+                  (W.WRITE | W.REG_IP, W.ip_to_int(default_ip(Role.LEAF, 0)))])
+
+    def make(uplinks=0, **params):
+        return rtl if uplinks else GoldenSpine(**params)
+    return Net(leaves=1, spines=UPLINKS, make=make)
+
+
+def test_a_leafs_partial_as_scapy_reads_it(fabric_leaf):
+    net = fabric_leaf
+    up = []     # (spine, frame) of every frame up a link, taken off it (no spine answers)
+    net.topology.tap = lambda link, direction, frame: not up.append((int(link.b[5:]), frame))
+    values = [np.array([1, -2, 3, 4], np.int32), np.array([10, 20, 30, (1 << 31) - 1], np.int32)]
+    for slot in (0, 1):
+        for r, w in enumerate(net.hosts[0]):
+            net.send(0, r, w.contribution(slot, 0, CHUNK * slot, values[r], 0, msn=slot,
+                                          exponent=r - 1))
+    net.drain()
+    assert net.inbox == [] and [spine for spine, _ in up] == [0, 1]   # SPRAY e % 2
+    for (spine, frame), slot in zip(up, (0, 1)):
+        pkt, reth, imm, lanes = _read(frame)
+        assert pkt[IP].src == leaf_ip(0) and pkt[IP].dst == spine_ip(spine)
+        assert pkt[IP].tos >> 2 == W.PARTIAL_DSCP and pkt[UDP].dport == W.ROCEV2_PORT
+        assert pkt[BTH].opcode == W.OP_CONTRIBUTION and pkt[BTH].dqpn == 0
+        assert W.unpack_imm(W.PARTIAL, pkt[BTH].psn) == {
+            "reserved": 0, "final": 0, "resent": 0, "overflow": 1, "count": 2}
+        assert reth.rkey == SPINE_KEY and reth.dma_length == 16
+        assert W.split_va(reth.va) == (slot, CHUNK * slot)
+        assert W.unpack_imm(W.REQUEST_IMM, imm) == {
+            "job": JOB, "rank": 0, "version": 0, "slot": slot, "exponent": 0,
+            "droppable": 0, "reserved": 0}
+        np.testing.assert_array_equal(lanes, [11, 18, 33, (1 << 31) - 1])
+    up.clear()
+    w = net.hosts[0][1]
+    net.send(0, 1, w.contribution(0, 0, 0, values[1], 0, msn=0, exponent=0))   # a retransmission
+    net.drain()
+    [(spine, frame)] = up
+    assert spine == 0 and W.unpack_imm(W.PARTIAL, dissect(frame)[BTH].psn)["resent"] == 1
+    counters = control(net.leaf[0], [(W.job_counter(JOB, n), 0)
+                                     for n in ("upstream", "resends", "completed", "results")])
+    assert counters == [3, 1, 0, 0]
