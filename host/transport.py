@@ -50,6 +50,7 @@ from netagg.sim import wire as W
 from netagg.sim.ticks import WallClock
 from netagg.sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, request_on, switch_port_for
 from netagg.sim.wire import CONTROL_FIRST_BYTE
+from netagg.sim.wire_icrc import IcrcCheck
 
 SWITCH_IP = "10.0.0.1"          # the switch's address for in-process workers
 
@@ -300,7 +301,7 @@ class UdpTransport(Transport):
         self.local = W.Endpoint(ip, lport, itf.mac if itf else 0)
         self.switch = W.Endpoint(addr[0], addr[1], 0)
         self.switch_port = None
-        self._icrc = W.IcrcCheck(self.local)
+        self._icrc = IcrcCheck(self.local)
         self.url = url
         self.paths = paths
         self.stray = 0

@@ -19,6 +19,7 @@ from netagg.sim import wire as W
 from netagg.sim.golden import GoldenSwitch
 from netagg.sim.serve import SimServer
 from netagg.sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO
+from netagg.sim.wire_icrc import IcrcCheck
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
@@ -134,7 +135,7 @@ def test_a_gro_run_keeps_the_datagrams_whose_icrc_holds_and_counts_the_others():
     """As a worker checks the results a switch sent: the ICRC over the canonical headers
     from the sender to the receiver, whole runs as an array, others one at a time."""
     sender = (DST.ip, 49152)
-    receiver = W.IcrcCheck(SRC)
+    receiver = IcrcCheck(SRC)
     results = [W.contribution(job=0, rank=1, slot=s, version=0, offset=0,
                               lanes=np.arange(64, dtype="<i4").tobytes(), psn=s,
                               src=W.Endpoint(*sender), dst=SRC, msn=s, key=1).datagram()
