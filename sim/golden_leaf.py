@@ -15,10 +15,11 @@ to every local worker). A local retransmission of a use re-sends its partial, ma
 0x2B at UPLINK_QPN from the uplink's IP, `_from_parent`) is a result (payload) or a pull (no
 payload: the leaf answers with its partial, or its final marked `final`).
 
-At a spine, a contribution's data count is its PARTIAL.count and its overflow ORs in; a
-partial marked `final` completes the use with its sums as they are; a use in progress gives
-way to a later use of its copy (`abandoned`); a resent partial that leaves a use in progress
-pulls every leaf missing from it; results carry RETH.va CONTRIBUTION_VA (msn, offset).
+At a spine, a contribution's data count is its PARTIAL.count and its overflow ORs in (the
+use's data count is RESULT_IMM's 6 bits: it wraps modulo 64, as the RTL's does); a partial
+marked `final` completes the use with its sums as they are; a use in progress gives way to a
+later use of its copy (`abandoned`); a resent partial that leaves a use in progress pulls
+every leaf missing from it; results carry RETH.va CONTRIBUTION_VA (msn, offset).
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ class GoldenLeaf(LeafRegisters, GoldenSwitch):
             copy.exponent = max(copy.exponent, exponent)
             copy.bitmap |= bit
             copy.count += 1
-            copy.data = (copy.data + part.count) & 0x3F     # RESULT_IMM.count's 6 bits
+            copy.data = (copy.data + part.count) & W.MAX_DATA_COUNT
         counters["contributions"] += 1
         if part.final:
             fabric["finals"] += 1

@@ -101,6 +101,7 @@ NONFINITE_LANE = _bits(H.NONFINITE_LANE)
 CONTRIBUTION_VA = _bits(H.CONTRIBUTION_VA)
 PARTIAL = _bits(H.PARTIAL)          # a partial's BTH.psn (docs/leafspine.md)
 assert [name for name, _, _ in CONTRIBUTION_VA] == ["msn", "offset"]
+MAX_DATA_COUNT = (1 << H.RESULT_IMM.wire_fields["count"]) - 1  # a result's count: 63 (6 bits)
 VA_MSN_SHIFT = CONTRIBUTION_VA[0][1]                         # 32
 VA_OFFSET_MASK = (1 << CONTRIBUTION_VA[1][2]) - 1            # the offset's 32 bits
 SIGNED_FIELDS = {"exponent"}

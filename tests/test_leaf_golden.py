@@ -293,6 +293,18 @@ def test_spine_final_completes_as_it_is_and_later_use_replaces_older():
     assert job_counters(spine)["pulls"] == 2
 
 
+def test_a_spine_use_data_count_wraps_modulo_64_as_the_rtl_spine():
+    spine = Net(leaves=3).spine[0]
+    assert spine.receive(0, partial(0, 0, [1, 2], count=30)) == []
+    assert spine.receive(1, partial(1, 0, [1, 2], count=30)) == []
+    out = spine.receive(2, partial(2, 0, [1, 2], count=30))
+    assert sorted(port for port, _ in out) == [0, 1, 2]
+    for _, frame in out:
+        _, _, imm, lanes = read(frame)
+        assert W.unpack_imm(W.RESULT_IMM, imm)["count"] == 90 % 64       # 6 bits: no error
+        np.testing.assert_array_equal(lanes, [3, 6])
+
+
 @pytest.mark.parametrize("spines", [1, 2])
 @pytest.mark.parametrize("seed", range(12))
 def test_loss_duplication_reordering(spines, seed):
