@@ -132,6 +132,10 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
     leaf, its `FabricEngine`, and the configuration its place asks for (the module's
     docstring). `switch`: its leaf's URL or name (None: the one its rank sits on)."""
     fabric = Fabric.load(fabric)
+    if worker.world_size > W.MAX_DATA_COUNT:
+        raise NetaggError(f"rank {worker.rank}, job {worker.job}: a fabric's job holds at most "
+                          f"{W.MAX_DATA_COUNT} ranks (a result's count is 6 bits: a spine's "
+                          f"would wrap), not {worker.world_size}")
     where = Placement.of(worker.rank, worker.world_size, len(fabric.leaves))
     named = where.leaf if switch is None else fabric.leaf_named(switch)
     if named != where.leaf:

@@ -196,6 +196,14 @@ def test_set_up_errors_name_the_rank_the_job_and_the_switch():
         Worker(4, 8, None, session="s", fabric=topo, timeout=1)
 
 
+def test_a_fabric_of_more_than_63_ranks_is_refused_at_set_up():
+    topo = Topology(2, 2)
+    with pytest.raises(NetaggError, match=r"rank 3, job 0: a fabric's job holds at most 63 "
+                                          r"ranks .*, not 64"):
+        Worker(3, 64, None, session="s", fabric=topo, timeout=2)
+    assert topo.control("leaf0", [(W.job_reg(0, W.JOB_CONFIG), 0)])[0][1] == 0    # untouched
+
+
 def _udp_workers(fabric: dict, xs: list, ints: list) -> tuple[dict, list]:
     """8 UDP workers in threads, each naming its leaf's URL: their (float, int) results."""
     session = uuid.uuid4().hex
