@@ -29,6 +29,11 @@ up to `udp_runs.LINGER` for the rest of a window after a run as long as one can 
 others are given the run's frames one at a time. Results to a loopback address leave as runs
 too.
 
+A frame the backend raises on (a bug a hostile frame finds) is logged (logger
+`netagg.sim.serve`) and counted (`stats["backend_errors"]`, in the closing line), the frames
+of that call lost; the server goes on (`Serving`, the loop it shares with
+`sim.topology_serve`).
+
 `netagg sim serve --topology LxS` serves a leaf and spine fabric instead, one server of this
 kind per switch (`sim.topology_serve`).
 
@@ -41,6 +46,7 @@ measurements). The golden model and the RTL tick their deadlines' clock by the w
 from __future__ import annotations
 
 import errno
+import logging
 import random
 import select
 import signal
@@ -93,7 +99,64 @@ def _bind_loopback(host: str | None) -> socket.socket:
     raise OSError("no free loopback address with UDP port 4791 after 64 tries")
 
 
-class SimServer:
+log = logging.getLogger("netagg.sim.serve")
+
+
+class Serving:
+    """A serving loop: `serve()` polls until `stop()`, `start()` serves in a thread, and a
+    frame on which the backend raises is logged and counted (`stats["backend_errors"]`),
+    its exception kept from stopping the loop (`guarded`): a hostile frame must not stop
+    the simulated switch."""
+
+    thread_name = "netagg-sim-serve"
+
+    def __init__(self):
+        self.stats = {"datagrams_in": 0, "datagrams_out": 0, "undeliverable": 0,
+                      "backend_errors": 0}
+        self._stop = threading.Event()
+        self._thread = None
+
+    def poll(self, timeout: float = 0.05):
+        raise NotImplementedError
+
+    def close(self):
+        """Free what the server holds (after its loop stopped)."""
+
+    def guarded(self, call, *args):
+        """`call(*args)`'s frames, or none when the backend raises (logged and counted; the
+        frames it had made in that call are lost, as on a lossy link)."""
+        try:
+            return call(*args)
+        except Exception as e:
+            self.stats["backend_errors"] += 1
+            log.warning("%s: the backend raised %s: %s (frames of this call dropped; %d so "
+                        "far)", self.thread_name, type(e).__name__, e,
+                        self.stats["backend_errors"])
+            return []
+
+    def serve(self):
+        while not self._stop.is_set():
+            self.poll(0.05)
+
+    def start(self):
+        self._thread = threading.Thread(target=self.serve, name=self.thread_name, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class SimServer(Serving):
     """A backend behind UDP port 4791 of `host`. `serve()` runs until `stop()`; `start()`
     runs it in a thread. `address` is the (ip, 4791) it listens on. `as_received`: build
     frames from the IPv4 headers as received where a raw socket can be opened (else, and
@@ -101,6 +164,7 @@ class SimServer:
 
     def __init__(self, backend, host: str | None = None, pcap: str | None = None,
                  ports: int | None = None, as_received: bool = True):
+        super().__init__()
         self.backend = backend
         self.ports = ports or getattr(backend, "ports", 4)
         self.sock = _bind_loopback(host)
@@ -145,11 +209,8 @@ class SimServer:
         if pcap:
             from scapy.utils import PcapWriter
             self.pcap = PcapWriter(pcap, linktype=1, sync=False)
-        self.stats = {"datagrams_in": 0, "datagrams_out": 0, "undeliverable": 0}
         self.unsendable: set[tuple[str, int]] = set()
-        self._stop = threading.Event()
         self.clock = WallClock(backend)         # the deadlines' ticks
-        self._thread = None
         self.lock = threading.Lock()
 
     @property
@@ -167,15 +228,16 @@ class SimServer:
         busy = getattr(self.backend, "busy", False)     # the RTL may still hold results
         watch = [self.raw if self.raw is not None else self.sock]
         r, _, _ = select.select(watch, [], [], 0 if busy else timeout)
+        guarded = self.guarded
         if not r:
             with self.lock:
-                self._deliver(self.clock.catch_up())
+                self._deliver(guarded(self.clock.catch_up))
                 if busy:
-                    self._deliver(self._advance())
+                    self._deliver(guarded(self._advance))
             return 0
         taken = 0
         with self.lock:
-            self._deliver(self.clock.catch_up())
+            self._deliver(guarded(self.clock.catch_up))
             send, pcap = self.backend.send, self.pcap
             send_run = getattr(self.backend, "send_run", None)
             burst = BURST if not hasattr(self.backend, "advance") else 0
@@ -184,18 +246,18 @@ class SimServer:
                     for i, head in enumerate(heads):
                         pcap.write(head + body[i * size:(i + 1) * size])
                 if send_run is not None:        # the run at once, its results out at once
-                    send_run(port, heads, body, size)
+                    guarded(send_run, port, heads, body, size)
                     taken += len(heads)
-                    self._deliver(self._advance())
+                    self._deliver(guarded(self._advance))
                     continue
                 for i, head in enumerate(heads):
                     taken += 1
-                    send(port, head + body[i * size:(i + 1) * size])
+                    guarded(send, port, head + body[i * size:(i + 1) * size])
                     if taken == burst:      # the first results go out while the rest wait
-                        self._deliver(self._advance())
+                        self._deliver(guarded(self._advance))
                         burst += BURST
             self.stats["datagrams_in"] += taken
-            self._deliver(self._advance())
+            self._deliver(guarded(self._advance))
         return taken
 
     def _advance(self):
@@ -306,29 +368,11 @@ class SimServer:
             except OSError:
                 stats["undeliverable"] += 1
 
-    def serve(self):
-        while not self._stop.is_set():
-            self.poll(0.05)
-
-    def start(self) -> SimServer:
-        self._thread = threading.Thread(target=self.serve, name="netagg-sim-serve", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self):
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
+    def close(self):
         for sock in {*self.senders.values(), self.sock, self.raw} - {None}:
             sock.close()
         if self.pcap:
             self.pcap.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
 
 
 def serve_main(backend: str = "golden", host: str | None = None, pcap: str | None = None,
@@ -361,7 +405,8 @@ def serve_main(backend: str = "golden", host: str | None = None, pcap: str | Non
         server.stop()
         s = server.stats
         console.print(f"{s['datagrams_in']} datagrams in, {s['datagrams_out']} out, "
-                      f"{s['undeliverable']} undeliverable in {time.monotonic() - t0:.1f} s")
+                      f"{s['undeliverable']} undeliverable, {s['backend_errors']} frames the "
+                      f"backend raised on in {time.monotonic() - t0:.1f} s")
         for ip, port in sorted(server.unsendable):
             console.print(f"frames from {ip}:{port} (the switch's REG_IP, REG_UDP_SPORT) could "
                           "not be sent: not an address of this machine")

@@ -8,7 +8,8 @@ leaf's downlinks (`sim.udp.switch_port_for` over them), and reach each spine's c
 at the spine's endpoint (its management port). Frames between switches never leave the
 process: the topology carries them. One loop serves every endpoint: it waits for any of
 them, gives each what arrived, runs the fabric and sends each switch's frames from that
-switch's endpoint.
+switch's endpoint; a frame a switch raises on is logged and counted (`backend_errors`), and
+the fabric goes on.
 
 The first line printed is the fabric's description, JSON on one line (`host.fabric.Fabric`'s
 format: each switch's URL and addresses, each leaf's uplinks); `--describe FILE` writes it too.
@@ -20,10 +21,9 @@ from __future__ import annotations
 import json
 import select
 import signal
-import threading
 import time
 
-from netagg.sim.serve import SimServer
+from netagg.sim.serve import Serving, SimServer
 from netagg.sim.ticks import WallClock
 from netagg.sim.topology import Topology
 
@@ -58,29 +58,43 @@ def parse_shape(text: str) -> tuple[int, int]:
     return leaves, spines
 
 
-class FabricServer:
+class FabricServer(Serving):
     """Every switch of a topology of `leaves` x `spines` behind a UDP endpoint of its own
-    (`servers`, by switch name); `serve()` until `stop()`, or `start()` in a thread."""
+    (`servers`, by switch name); `serve()` until `stop()`, or `start()` in a thread. A frame
+    the fabric raises on is logged and counted (`backend_errors`: each server's and the
+    fabric loop's), and the fabric goes on."""
+
+    thread_name = "netagg-fabric"
 
     def __init__(self, leaves: int = 2, spines: int = 2, backend: str = "golden",
                  pcap: str | None = None, **params):
+        super().__init__()
         if backend != "golden":
             Topology(leaves, spines, backend)       # the clear error for what is missing
         downlinks = params.pop("downlinks", 4)
         names = [f"leaf{i}" for i in range(leaves)] + [f"spine{i}" for i in range(spines)]
         self.views = {n: SwitchView(n, list(range(downlinks)) if n.startswith("leaf")
                                     else [leaves]) for n in names}
-        self.servers = {n: SimServer(view, None, pcap if n == "leaf0" else None,    # leaf0's
-                                     ports=view.ports, as_received=True)
-                        for n, view in self.views.items()}
-        addresses = {n: s.bound_ip for n, s in self.servers.items()}
-        self.topology = Topology(leaves, spines, backend, downlinks=downlinks,
-                                 addresses=addresses, **params)
+        self.servers: dict[str, SimServer] = {}
+        try:
+            for n, view in self.views.items():
+                self.servers[n] = SimServer(view, None, pcap if n == "leaf0" else None,
+                                            ports=view.ports, as_received=True)  # leaf0's
+            addresses = {n: s.bound_ip for n, s in self.servers.items()}
+            self.topology = Topology(leaves, spines, backend, downlinks=downlinks,
+                                     addresses=addresses, **params)
+        except BaseException:
+            self.close()                # the endpoints bound so far
+            raise
         for view in self.views.values():
             view.topology, view.views = self.topology, self.views
         self.clock = WallClock(self.topology)
-        self._stop = threading.Event()
-        self._thread = None
+
+    @property
+    def backend_errors(self) -> int:
+        """Frames the fabric raised on, in every endpoint's loop and in the fabric's."""
+        return self.stats["backend_errors"] + sum(s.stats["backend_errors"]
+                                                  for s in self.servers.values())
 
     def describe(self) -> dict:
         return self.topology.describe({n: s.url for n, s in self.servers.items()})
@@ -88,37 +102,19 @@ class FabricServer:
     def poll(self, timeout: float = 0.05):
         watch = {(s.raw if s.raw is not None else s.sock): s for s in self.servers.values()}
         ready, _, _ = select.select(list(watch), [], [], timeout)
-        self.clock.catch_up()
+        self.guarded(self.clock.catch_up)
         for sock in ready:
             watch[sock].poll(0)
-        for name, port, frame in self.topology.run_by_switch():
+        for name, port, frame in self.guarded(self.topology.run_by_switch):
             self.views[name].outbox.append((port, frame))
         for name, server in self.servers.items():
             out, self.views[name].outbox = self.views[name].outbox, []
             if out:
                 server._deliver(out)
 
-    def serve(self):
-        while not self._stop.is_set():
-            self.poll(0.05)
-
-    def start(self) -> FabricServer:
-        self._thread = threading.Thread(target=self.serve, name="netagg-fabric", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self):
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
+    def close(self):
         for server in self.servers.values():
             server.stop()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
 
 
 def serve_topology_main(shape: str, backend: str = "golden", pcap: str | None = None,
@@ -151,6 +147,7 @@ def serve_topology_main(shape: str, backend: str = "golden", pcap: str | None = 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_IGN)
         fabric.stop()
-        console.print(f"{fabric.topology.hops} frames between switches in "
+        console.print(f"{fabric.topology.hops} frames between switches, "
+                      f"{fabric.backend_errors} frames the fabric raised on, in "
                       f"{time.monotonic() - t0:.1f} s")
     return 0

@@ -1,7 +1,9 @@
 """`SimServer`'s datagram path: with a raw socket the kernel queues only the datagrams to the
 switch's address and port (once); frames the backend sends from an address this machine
 does not have are counted as undeliverable, every one of them; a backend that takes runs is
-given one run per sender and length."""
+given one run per sender and length; a frame the backend raises on is counted and the switch
+(one, or a fabric's) goes on answering; a fabric server that fails to come up closes its
+endpoints."""
 
 from __future__ import annotations
 
@@ -217,3 +219,68 @@ def test_the_rest_of_a_window_after_a_full_run_joins_it(monkeypatch):
         assert [len(frames) for _, frames in backend.runs] == \
             [full, 64 - full, 64, 64, full, full, full]
         sock.close()
+
+
+def _hostile(switch, marker: bytes = b"hostile"):
+    """`switch` raising on every frame that holds `marker` (a backend's bug a frame finds)."""
+    receive = switch.receive
+
+    def raising(port, frame, *args):
+        if marker in frame:
+            raise ValueError("a field beyond its width")
+        return receive(port, frame, *args)
+    switch.receive = raising
+    return switch
+
+
+def _poke(url: str, payload: bytes = b"hostile" * 8):
+    ip = url.removeprefix("udp://").split(":")[0]
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.sendto(payload, (ip, W.ROCEV2_PORT))
+    sock.close()
+
+
+def _answers_after(server, url: str, errors) -> bool:
+    """Whether the switch behind `url` answers a control request after a hostile frame,
+    which `errors()` counts once."""
+    from netagg.host.control import SwitchControl
+    _poke(url)
+    deadline = time.monotonic() + 5
+    while errors() == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    control = SwitchControl(url, timeout=5)
+    magic = control.read(W.REG_MAGIC)
+    control.transport.close()
+    return errors() == 1 and magic == [W.MAGIC] and server._thread.is_alive()
+
+
+def test_a_frame_the_backend_raises_on_is_counted_and_the_switch_goes_on():
+    with SimServer(_hostile(GoldenSwitch())).start() as server:
+        assert _answers_after(server, server.url, lambda: server.stats["backend_errors"])
+
+
+def test_a_frame_a_fabric_switch_raises_on_is_counted_and_the_fabric_goes_on():
+    from netagg.sim.topology_serve import FabricServer
+    with FabricServer(2, 1) as fabric:
+        _hostile(fabric.topology.nodes["spine0"].switch)
+        fabric.start()
+        assert _answers_after(fabric, fabric.servers["spine0"].url,
+                              lambda: fabric.backend_errors)
+
+
+def test_a_fabric_that_fails_to_come_up_closes_its_endpoints(monkeypatch):
+    from netagg.sim import topology_serve
+    opened = []
+
+    class Recorded(SimServer):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            opened.append(self)
+
+    def failing(*args, **kw):
+        raise RuntimeError("cabling failed")
+    monkeypatch.setattr(topology_serve, "SimServer", Recorded)
+    monkeypatch.setattr(topology_serve, "Topology", failing)
+    with pytest.raises(RuntimeError, match="cabling failed"):
+        topology_serve.FabricServer(2, 1)
+    assert len(opened) == 3 and all(s.sock.fileno() == -1 for s in opened)
