@@ -212,8 +212,8 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
     keys = JobKeys.derive(worker.session, j, epoch)
     setup.base, setup.count, setup.credits = base, count, credits
     setup.quorum, setup.deadline, setup.epoch = quorum, worker.deadline_ticks, epoch
-    setup.extra = [(W.job_reg(j, W.JOB_PARENT), W.PARENT.pack(enable=1, rank=where.leaf)),
-                   (W.job_reg(j, W.JOB_PARENT_KEY), keys.key),
+    setup.parent = W.PARENT.pack(enable=1, rank=where.leaf)
+    setup.extra = [(W.job_reg(j, W.JOB_PARENT_KEY), keys.key),
                    (W.job_reg(j, W.JOB_SPRAY), spray_all(len(fabric.spines)))]
     keys = setup.claim()
     engine.set_job(count, credits, quorum, keys=keys)

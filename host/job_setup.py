@@ -5,7 +5,9 @@ holds (or anyone's while it holds none), an enabled job's slot range is fixed, a
 enabled jobs share a slot.
 
 1. Rank 0 configures the job (`claim`, while its `Worker` is made) in one request (two beyond
-   24 ranks): it disables the job, writes its slot range, credits, quorum and deadline, clears
+   24 ranks): it disables the job, writes its slot range, credits, quorum, deadline and
+   PARENT (0 but for a fabric's leaf: a CONFIG write does not clear it, and a job left with a
+   parent would send its uses up; a switch without uplinks ignores the write), clears
    every other rank's entry's address, writes its own entry, enables the job (whose owner its
    address becomes), and writes the epoch it drew, the job's key and every rank's R_Key (the
    tag: `host.session`). Another owner refuses every record: `NetaggError` naming the job and
@@ -23,7 +25,7 @@ enabled jobs share a slot.
 In a leaf and spine fabric (`host.fabric_setup`) the same steps set up each switch's job: a
 spine's by the world's rank 0 (its "ranks" are the leaves, whose entries it writes itself,
 `partials` set, their R_Keys the job's KEY, which a leaf checks on the spine's frames), a
-leaf's by the leaf's first rank, with the records of its parent (`extra`: JOB_PARENT,
+leaf's by the leaf's first rank, with its parent (`parent`: JOB_PARENT; `extra`:
 JOB_PARENT_KEY, JOB_SPRAY) and the epoch the spines were configured with (`epoch`: one
 epoch, so one key and one tag, for the whole fabric's job). Errors name the switch
 (`switch`).
@@ -120,6 +122,7 @@ class JobSetup:
     quorum: int = 0
     deadline: int = 0
     epoch: int | None = None        # the epoch to configure with (None: a fresh one)
+    parent: int = 0                 # JOB_PARENT (a leaf's job in a fabric; 0: none)
     extra: Pairs = dataclasses.field(default_factory=list)  # written before CONFIG enables
     partials: bool = False          # a spine's job: its contributions are leaves' partials
     switch: str = ""                # the switch's name in errors ("" for a lone switch)
@@ -164,7 +167,8 @@ class JobSetup:
                   (self._reg(W.JOB_SLOT_BASE), base), (self._reg(W.JOB_SLOT_COUNT), count),
                   (self._reg(W.JOB_CREDITS), self.credits),
                   (self._reg(W.JOB_QUORUM), self.quorum),
-                  (self._reg(W.JOB_DEADLINE), self.deadline)]
+                  (self._reg(W.JOB_DEADLINE), self.deadline),
+                  (self._reg(W.JOB_PARENT), self.parent)]
                  + [(W.worker_reg(j, r, W.WORKER_IP), 0) for r in range(1, self.workers)]
                  + self.entry + self.extra
                  + [(self._reg(W.JOB_CONFIG), self.config),   # clears slots and COMPLETED

@@ -72,6 +72,27 @@ def test_a_second_run_reconfigures_every_switch_and_sums_exactly():
     assert len(set(epochs.values())) == 1           # one epoch across the fabric
 
 
+def test_a_one_switch_run_after_a_fabric_run_on_the_same_leaf_has_no_parent():
+    topo = Topology(2, 2)
+    xs = [np.full(3000, r + 1, np.int32) for r in range(8)]
+    ws = _workers(topo)
+    for out in _allreduce(ws, xs):
+        assert np.array_equal(out, np.sum(xs, axis=0))
+    for w in ws:
+        w.close()
+    leaf = topo.nodes["leaf0"].switch
+    parent = (W.job_reg(0, W.JOB_PARENT), 0)
+    assert W.PARENT.unpack(topo.control("leaf0", [parent])[0][1])["enable"]    # the fabric's
+    session = uuid.uuid4().hex          # the same job, one switch: the leaf alone
+    ws = [Worker(r, 4, leaf, session=session, timeout=10) for r in range(4)]
+    for out in _allreduce(ws, xs[:4]):
+        assert np.array_equal(out, np.sum(xs[:4], axis=0))
+    assert topo.control("leaf0", [parent])[0][1] == 0
+    assert leaf.counters()["jobs"][0]["upstream"] == sum(topo.partials()["leaf0"])  # none new
+    for w in ws:
+        w.close()
+
+
 def test_float32_is_within_the_fixed_point_bound():
     report = demo_fabric("2x2", workers=8, values=40_000, steps=4,
                          quiet=True)
