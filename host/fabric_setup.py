@@ -38,6 +38,11 @@ fill-in round, so every leaf completes it). Liveness spans the leaves
 (`host.fabric_liveness`): every worker reads every leaf's heartbeats, through a control
 channel of its own to each other leaf, and names a rank gone on any of them.
 
+Every rank compares its leaf with the description (its REG_IP and uplink table), and the
+world's rank 0 each spine's REG_IP: a switch cabled or addressed otherwise is a NetaggError
+naming the switch and the register (it would drop the other switches' frames, and the run
+time out). A fabric's job holds at most 63 ranks (`W.MAX_DATA_COUNT`: a result's count).
+
 Ownership is as on one switch: the world's rank 0 owns the spines' jobs, each leaf's first
 rank its leaf's. Errors name the rank, the job and the switch.
 """
@@ -46,7 +51,7 @@ from __future__ import annotations
 
 import time
 
-from netagg.host.control import ControlChannel, read_params
+from netagg.host.control import ControlChannel, ip_str, read_params
 from netagg.host.engine import Engine
 from netagg.host.errors import NetaggError
 from netagg.host.fabric import Fabric, Placement
@@ -169,6 +174,7 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
         worker._write([(W.REG_IP, W.ip_to_int(leaf.ip)), (W.REG_MAC_HI, leaf.mac >> 32),
                        (W.REG_MAC_LO, leaf.mac & 0xFFFFFFFF)])
         p["ip"] = leaf.ip
+    _check_leaf(engine.control, leaf, p, at)
     worker.switch_params = p
     transport.attach_switch(p["ports"], p["port"])
     transport.result_source = W.Endpoint(p["ip"], p["udp_sport"])
@@ -219,6 +225,33 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
     engine.set_job(count, credits, quorum, keys=keys)
 
 
+UPLINK_FIELDS = {W.UPLINK_PORT: "UPLINK_PORT", W.UPLINK_MAC_HI: "UPLINK_MAC_HI",
+                 W.UPLINK_MAC_LO: "UPLINK_MAC_LO", W.UPLINK_IP: "UPLINK_IP",
+                 W.UPLINK_UDP_PORT: "UPLINK_UDP_PORT"}
+
+
+def _check_leaf(control: ControlChannel, leaf, p: dict, at: str):
+    """The leaf holds the description's REG_IP and uplink table (uplink i: the port it leaves
+    by, spine i's MAC, IPv4 address and UDP port), or a NetaggError names the leaf and the
+    register: a leaf cabled otherwise would drop the spines' frames, and the run time out."""
+    if p["ip"] != leaf.ip:
+        raise NetaggError(f"{at}: {leaf.name} ({leaf.url}) holds REG_IP {p['ip']}, the "
+                          f"fabric's description {leaf.ip}")
+    reads = [(W.uplink_reg(u.uplink, f), 0) for u in leaf.uplinks for f in UPLINK_FIELDS]
+    values = iter(v for _, v in control.request(reads))
+    for u in leaf.uplinks:
+        held = {f: next(values) for f in UPLINK_FIELDS}
+        described = {W.UPLINK_PORT: u.port, W.UPLINK_MAC_HI: u.mac >> 32,
+                     W.UPLINK_MAC_LO: u.mac & 0xFFFFFFFF, W.UPLINK_IP: W.ip_to_int(u.ip),
+                     W.UPLINK_UDP_PORT: u.udp_port}
+        for f, name in UPLINK_FIELDS.items():
+            if held[f] != described[f]:
+                show = ip_str if f == W.UPLINK_IP else hex
+                raise NetaggError(f"{at}: {leaf.name} ({leaf.url}) holds {name} "
+                                  f"{show(held[f])} of uplink {u.uplink} (to {u.spine}), the "
+                                  f"fabric's description {show(described[f])}")
+
+
 SPINE_PORTS = W.ROCEV2_PORT + 1                 # in process: a worker's UDP port to spine s
 LEAF_PORTS = SPINE_PORTS + W.MAX_UPLINKS        # and to leaf l (its beats)
 
@@ -265,6 +298,9 @@ def _claim_spine(worker, fabric: Fabric, s: int, channel: ControlChannel, base: 
     """The world's rank 0 configures spine `s`'s job: the leaves as its ranks."""
     spine, j = fabric.spines[s], worker.job
     p = read_params(channel)
+    if p["ip"] != spine.ip:
+        raise NetaggError(f"{spine.name} ({spine.url}) holds REG_IP {p['ip']}, the "
+                          f"fabric's description {spine.ip}")
     if len(fabric.leaves) > p["max_workers"]:
         raise NetaggError(f"rank 0: {spine.name} takes at most {p['max_workers']} leaves per "
                           f"job, not {len(fabric.leaves)}")

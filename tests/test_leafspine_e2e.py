@@ -20,6 +20,7 @@ import pytest
 from netagg.apps.demo_fabric import demo_described, demo_fabric
 from netagg.host import Worker, liveness
 from netagg.host.errors import NetaggError
+from netagg.host.fabric import Fabric
 from netagg.sim import wire as W
 from netagg.sim.topology import LinkFaults, Topology
 
@@ -215,6 +216,34 @@ def test_set_up_errors_name_the_rank_the_job_and_the_switch():
     with pytest.raises(NetaggError, match=r"rank 4 \(rank 0 at leaf1\): waited 1 s for the "
                                           r"spines: spine0's job 0 was not configured"):
         Worker(4, 8, None, session="s", fabric=topo, timeout=1)
+
+
+@pytest.mark.parametrize("where, field, value, error", [
+    ("leaf", "uplinks", (1, "ip", "10.250.2.9"), r"rank 4 \(rank 0 at leaf1\): leaf1 \(sim://"
+     r"leaf1\) holds UPLINK_IP 10\.250\.2\.2 of uplink 1 \(to spine1\), the fabric's "
+     r"description 10\.250\.2\.9"),
+    ("leaf", "uplinks", (0, "port", 7), r"leaf1 .* holds UPLINK_PORT 0x4 of uplink 0"),
+    ("leaf", "uplinks", (0, "udp_port", 0xC000), r"leaf1 .* holds UPLINK_UDP_PORT 0x12b7"),
+    ("leaf", "uplinks", (1, "mac", "024e410002ff"), r"holds UPLINK_MAC_LO 0x41000201"),
+    ("leaf", "ip", "127.0.0.8", r"rank 4 \(rank 0 at leaf1\): leaf1 \(sim://leaf1\) holds "
+     r"REG_IP 10\.250\.1\.2, the fabric's description 127\.0\.0\.8"),
+    ("spine", "ip", "127.0.0.9", r"rank 0: spine1 \(sim://spine1\) holds REG_IP 10\.250\.2"
+     r"\.2, the fabric's description 127\.0\.0\.9; the jobs it had claimed at spine0"),
+])
+def test_set_up_compares_the_switches_with_the_description(where, field, value, error):
+    topo = Topology(2, 2)
+    d = topo.describe()
+    if where == "leaf" and field == "uplinks":
+        i, key, v = value
+        d["leaves"][1]["uplinks"][i][key] = v
+        rank = 4
+    elif where == "leaf":
+        d["leaves"][1]["ip"], rank = value, 4
+    else:
+        d["spines"][1]["ip"] = value
+        rank = 0
+    with pytest.raises(NetaggError, match=error):
+        Worker(rank, 8, None, session="s", fabric=Fabric.from_dict(d, backend=topo), timeout=2)
 
 
 def test_a_fabric_of_more_than_63_ranks_is_refused_at_set_up():
