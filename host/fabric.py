@@ -191,29 +191,14 @@ class FabricHub(T.InProcessHub):
     """The in-process workers around one topology: its frames out of fabric host port p go
     to the transport whose frames enter port p, by destination address."""
 
-    def pump(self):
-        with self.lock:
-            for port, frame in self.backend.run() + self.clock.catch_up():
-                try:
-                    _, dst, _ = W.strip_frame(frame)
-                except Exception:
-                    self.misrouted += 1
-                    continue
-                t = self.endpoints.get((dst.ip, dst.port))
-                if t is None or getattr(t, "fabric_port", None) != port:
-                    self.misrouted += 1
-                    continue
-                t.inbox.append(frame)
-
-
-_HUBS: dict[int, FabricHub] = {}
+    @staticmethod
+    def reaches(transport, port: int) -> bool:
+        return getattr(transport, "fabric_port", None) == port
 
 
 def hub_for(topology) -> FabricHub:
-    hub = _HUBS.get(id(topology))
-    if hub is None or hub.backend is not topology:
-        hub = _HUBS[id(topology)] = FabricHub(topology)
-    return hub
+    """The one hub of a topology, while its transports hold it (`transport.hub_for`)."""
+    return T.hub_for(topology, FabricHub)
 
 
 class FabricTransport(T.InProcessTransport):

@@ -42,6 +42,7 @@ import socket
 import threading
 import time
 import urllib.parse
+import weakref
 
 from netagg.host import netif
 from netagg.host.errors import NetaggError
@@ -167,10 +168,15 @@ class InProcessHub:
                     self.misrouted += 1
                     continue
                 t = self.endpoints.get((dst.ip, dst.port))
-                if t is None or (t.switch_port is not None and t.switch_port != port):
+                if t is None or not self.reaches(t, port):
                     self.misrouted += 1
                     continue
                 t.inbox.append(frame)
+
+    @staticmethod
+    def reaches(transport, port: int) -> bool:
+        """Whether a frame out of backend port `port` reaches `transport` (its own port's)."""
+        return transport.switch_port is None or transport.switch_port == port
 
     def drive(self):
         """One step of every attached worker's engine (cooperative progress). An engine's
@@ -189,16 +195,17 @@ class InProcessHub:
                     engine.failed = engine.failed or e
 
 
-_HUBS: dict[int, InProcessHub] = {}
+_HUBS: weakref.WeakValueDictionary[int, InProcessHub] = weakref.WeakValueDictionary()
 
 
-def hub_for(backend) -> InProcessHub:
-    """The one hub of a backend object."""
+def hub_for(backend, kind: type[InProcessHub] = InProcessHub) -> InProcessHub:
+    """The one hub (of `kind`) of a backend object, while its transports hold it: the last
+    one gone, the hub and the backend it holds may go too."""
     if isinstance(backend, InProcessHub):
         return backend
     hub = _HUBS.get(id(backend))
-    if hub is None or hub.backend is not backend:
-        hub = _HUBS[id(backend)] = InProcessHub(backend)
+    if hub is None or hub.backend is not backend or type(hub) is not kind:
+        hub = _HUBS[id(backend)] = kind(backend)
     return hub
 
 
