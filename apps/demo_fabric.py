@@ -70,14 +70,17 @@ def demo_fabric(shape: str = "2x2", workers: int = 8, values: int = 200_000, ste
                   + (f"; the last spine's uplinks go down at {uplink_down_at:.0%}"
                      if uplink_down_at is not None else ""))
     session = uuid.uuid4().hex
-    ws = [Worker(r, workers, None, session=session, fabric=topology, timeout=timeout)
-          for r in range(workers)]
     inputs = [demo_data(r, values, seed, dtype) for r in range(workers)]
     pieces = [np.array_split(x, steps) for x in inputs]
     outs: list[list] = [[] for _ in range(workers)]
+    ws: list = []
     cut_at = None
     t0 = time.perf_counter()
     try:
+        for r in range(workers):        # each one made is closed below, whatever fails
+            ws.append(Worker(r, workers, None, session=session, fabric=topology,
+                             timeout=timeout))
+        t0 = time.perf_counter()
         handles = [[w.allreduce_async(p) for p in ps] for w, ps in zip(ws, pieces)]
         for step in range(steps):
             for r in range(workers):
@@ -86,13 +89,18 @@ def demo_fabric(shape: str = "2x2", workers: int = 8, values: int = 200_000, ste
                     (step + 1) / steps >= uplink_down_at:
                 topology.cut(spines - 1)
                 cut_at = step + 1
-        seconds = time.perf_counter() - t0
     except Exception as e:          # the report says what failed
         report["errors"].append(f"{type(e).__name__}: {e}")
+    finally:
         seconds = time.perf_counter() - t0
-    counters = [w.counters() for w in ws]
-    for w in ws:
-        w.close()
+        counters = []
+        for w in ws:
+            try:
+                counters.append(w.counters())
+            except Exception as e:
+                report["errors"].append(f"rank {w.rank}'s counters: {type(e).__name__}: {e}")
+            finally:
+                w.close()
     report.update(seconds=round(seconds, 3), cut_after_tensors=cut_at,
                   partials=topology.partials(), frames_between_switches=topology.hops,
                   links_lost=sum(link.lost for link in topology.link_list),

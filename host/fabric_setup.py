@@ -204,9 +204,10 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
     credits = count if credits is None else credits
     if credits > 0xFFFF:
         raise NetaggError(f"{at}: {credits} credits do not fit in JOB_CREDITS (16 bits)")
-    spines = [_channel(worker, fabric, spine, ip, SPINE_PORTS + s)
-              for s, spine in enumerate(fabric.spines)]
+    spines: list[ControlChannel] = []
     try:
+        for s, spine in enumerate(fabric.spines):
+            spines.append(_channel(worker, fabric, spine, ip, SPINE_PORTS + s))
         if worker.rank == 0:
             epoch = fresh_epoch()
             _claim_spines(worker, fabric, spines, base, count, epoch)

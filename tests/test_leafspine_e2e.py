@@ -6,6 +6,7 @@ errors of a fabric's set-up name the rank, the job and the switch."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 
 import numpy as np
 import pytest
@@ -92,6 +94,25 @@ def test_a_one_switch_run_after_a_fabric_run_on_the_same_leaf_has_no_parent():
     assert leaf.counters()["jobs"][0]["upstream"] == sum(topo.partials()["leaf0"])  # none new
     for w in ws:
         w.close()
+
+
+def test_a_topology_and_its_hub_go_with_their_last_worker():
+    topo = Topology(2, 1)
+    ws = _workers(topo, n=4)
+    for out in _allreduce(ws, [np.ones(100, np.int32)] * 4):
+        assert np.array_equal(out, np.full(100, 4))
+    for w in ws:
+        w.close()
+    gone = weakref.ref(topo)
+    del ws, w, topo
+    gc.collect()
+    assert gone() is None               # no table of hubs holds it
+
+
+def test_the_demo_reports_a_set_up_error_and_closes_what_it_made():
+    report = demo_fabric("2x1", workers=64, values=1000, steps=1, quiet=True, timeout=2)
+    assert not report["verified"]
+    assert any("at most 63 ranks" in e for e in report["errors"])
 
 
 def test_float32_is_within_the_fixed_point_bound():
