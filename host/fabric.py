@@ -7,10 +7,14 @@ or written by hand for boards)::
     {"leaves": [{"name": "leaf0", "url": "udp://127.1.2.3:4791", "ip": "127.1.2.3",
                  "mac": "024e41000100", "udp_port": 49152, "host_ports": [0, 1, 2, 3],
                  "uplinks": [{"uplink": 0, "port": 4, "spine": "spine0", "ip": "127.4.5.6",
-                              "mac": "024e41000200", "udp_port": 49152}, ...]}, ...],
+                              "mac": "024e41000200", "udp_port": 4791}, ...]}, ...],
      "spines": [{"name": "spine0", "url": "udp://127.4.5.6:4791", "ip": "127.4.5.6",
                  "mac": "024e41000200", "udp_port": 49152, "host_ports": [2],
                  "leaf_ports": [0, 1]}, ...]}
+
+A switch's `udp_port` is its REG_UDP_SPORT (the source port of its results and partials;
+default its reset value, 49152), an uplink's the spine's UDP port (default, and what a
+switch's parser takes: the RoCEv2 port, 4791).
 
 Leaf l's uplink i goes to spine i, whose port `leaf_ports[l]` it arrives at; a spine's job
 table entry of leaf l sends the spine's results there, to the leaf's `ip` and `mac` (its
@@ -62,10 +66,10 @@ def _mac(value) -> int:
 
 def _switch(d: dict) -> FabricSwitch:
     return FabricSwitch(
-        d["name"], d["url"], d["ip"], _mac(d["mac"]), int(d.get("udp_port", 0xC000)),
+        d["name"], d["url"], d["ip"], _mac(d["mac"]), int(d.get("udp_port", W.UDP_SPORT_RESET)),
         tuple(d.get("host_ports", ())),
         tuple(Uplink(int(u["uplink"]), int(u["port"]), u["spine"], u["ip"], _mac(u["mac"]),
-                     int(u.get("udp_port", 0xC000))) for u in d.get("uplinks", ())),
+                     int(u.get("udp_port", W.ROCEV2_PORT))) for u in d.get("uplinks", ())),
         tuple(d.get("leaf_ports", ())))
 
 

@@ -102,7 +102,7 @@ class Transport:
 
     def __init__(self):
         self.bad = 0               # packets dropped here: bad ICRC, malformed
-        self.result_source = W.Endpoint("0.0.0.0", 0xC000)
+        self.result_source = W.Endpoint("0.0.0.0", W.UDP_SPORT_RESET)
 
     def send(self, datagram: bytes, path: int = 0, dscp: int = 0):
         """Send a datagram (BTH .. ICRC, its ICRC for path `path`'s source address) from path

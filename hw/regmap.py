@@ -67,6 +67,7 @@ REG_MAC_HI = 0x0004         # rw: switch MAC bits 47:32 (source of results)
 REG_MAC_LO = 0x0005         # rw: switch MAC bits 31:0
 REG_IP = 0x0006             # rw: switch IPv4 address (source of results)
 REG_UDP_SPORT = 0x0007      # rw: UDP source port of results (reset 0xC000)
+UDP_SPORT_RESET = 0xC000    # REG_UDP_SPORT's reset value
 REG_PORT = 0x0008           # ro: the switch port this control request came in by
 REG_MANAGER = 0x0009        # rw: the manager's IPv4 address (0: none; then anyone sets it)
 # Leaf and spine (docs/leafspine.md). A switch built with uplinks (a leaf; the golden model's
@@ -83,6 +84,8 @@ UPLINK_MAC_LO = 2           # rw: bits 31:0
 UPLINK_IP = 3               # rw: the spine's IPv4 address
 UPLINK_UDP_PORT = 4         # rw: [15:0] the spine's UDP port (ROCEV2_PORT)
 UPLINK_FIELDS = 5
+UPLINK_PORT_BITS = 4        # UPLINK_PORT's width
+UPLINK_UDP_PORT_BITS = 16   # UPLINK_UDP_PORT's width
 # Priority drop: a droppable contribution of priority class c (IPv4 DSCP >> 3) is dropped to a
 # null contribution (header kept, payload discarded) when the bytes its ingress queue holds
 # ahead of it are at least REG_DROP_THRESHOLD + c. 16 bits, reset NEVER_DROP.

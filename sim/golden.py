@@ -222,7 +222,7 @@ class GoldenSwitch(Registers):
             raise ValueError(f"slots must be 1..{W.MAX_SLOTS}")
         self.ports, self.jobs, self.max_workers, self.slots = ports, jobs, max_workers, slots
         self.width, self.max_payload, self.queue_capacity = width, max_payload, queue_capacity
-        self.mac, self.ip, self.udp_sport = mac, ip, 0xC000
+        self.mac, self.ip, self.udp_sport = mac, ip, W.UDP_SPORT_RESET
         self.manager = 0                # REG_MANAGER: its IPv4 address, 0 for none
         self.drop_thresholds = [W.NEVER_DROP] * W.PRIORITY_CLASSES
         self.job = [self.job_type(table=[Worker() for _ in range(max_workers)],

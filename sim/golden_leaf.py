@@ -24,9 +24,9 @@ every leaf missing from it; results carry RETH.va CONTRIBUTION_VA (msn, offset).
 
 from __future__ import annotations
 
-import struct
 from typing import NamedTuple
 
+from netagg.hw import headers as H
 from netagg.sim import wire as W
 from netagg.sim.codec import Extension, Header, Request, ResultTemplate, decode, result_imm
 from netagg.sim.golden import GoldenSwitch, _add_saturating, _lanes, _signed
@@ -38,7 +38,8 @@ from netagg.sim.golden_leaf_registers import (
     Uplink,
 )
 
-_PSN = struct.Struct("!I")
+_PSN_AT = W.BTH_OFFSET + H.BTH.byte_offset("psn")     # a frame's BTH.psn (hw.headers.BTH)
+_PSN_END = _PSN_AT + H.BTH.wire_fields["psn"] // 8
 
 
 class Partial(NamedTuple):
@@ -53,7 +54,7 @@ class Partial(NamedTuple):
 
 def _partial(frame: bytes) -> Partial:
     """The PARTIAL fields of a contribution's BTH.psn."""
-    fields = W.unpack_imm(W.PARTIAL, _PSN.unpack_from(frame, W.BTH_OFFSET + 8)[0] & 0xFFFFFF)
+    fields = W.unpack_imm(W.PARTIAL, int.from_bytes(frame[_PSN_AT:_PSN_END], "big"))
     return Partial(fields["count"], fields["overflow"], fields["resent"], fields["final"])
 
 

@@ -129,13 +129,13 @@ class LeafRegisters:
         elif what == "uplink":
             u = self.uplink[index]
             if field == W.UPLINK_PORT:
-                u.port = value & 0xF
+                u.port = value & ((1 << W.UPLINK_PORT_BITS) - 1)
             elif field in (W.UPLINK_MAC_HI, W.UPLINK_MAC_LO):
                 u.mac = _mac_half(u.mac, value, field == W.UPLINK_MAC_HI)
             elif field == W.UPLINK_IP:
                 u.ip = value
             elif field == W.UPLINK_UDP_PORT:
-                u.udp_port = value & 0xFFFF
+                u.udp_port = value & ((1 << W.UPLINK_UDP_PORT_BITS) - 1)
         elif what == "job":
             job = self.job[index]
             if field == W.JOB_PARENT:

@@ -119,7 +119,7 @@ class Node:
     ip: str
     switch: object
     host_ports: list[int]
-    udp_sport: int = 0xC000
+    udp_sport: int = W.UDP_SPORT_RESET
 
 
 def default_ip(role: Role, index: int) -> str:
@@ -373,5 +373,5 @@ class Topology:
 
 def _to(frame: bytes, endpoint: W.Endpoint) -> bool:
     """Whether a frame goes to `endpoint`'s IPv4 address and UDP port."""
-    return (frame[W.IP_OFFSET + 16:W.IP_OFFSET + 20] == W.ip_packed(endpoint.ip)
-            and int.from_bytes(frame[W.UDP_OFFSET + 2:W.UDP_OFFSET + 4], "big") == endpoint.port)
+    _, dst, _ = W.strip_frame(frame)
+    return (dst.ip, dst.port) == (endpoint.ip, endpoint.port)

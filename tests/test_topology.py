@@ -131,3 +131,14 @@ def test_the_description_round_trips_and_places_ranks_in_blocks():
     described["leaves"][1]["uplinks"].reverse()
     with pytest.raises(NetaggError, match="uplink i must go to spine i"):
         Fabric.from_dict(described)
+
+
+def test_a_description_without_udp_ports_takes_the_contracts():
+    described = Topology(2, 1).describe()
+    for switch in described["leaves"] + described["spines"]:
+        del switch["udp_port"]
+    for uplink in described["leaves"][0]["uplinks"]:
+        del uplink["udp_port"]
+    fabric = Fabric.from_dict(described)
+    assert fabric.leaves[0].uplinks[0].udp_port == W.ROCEV2_PORT == 4791   # a spine's parser's
+    assert fabric.leaves[0].udp_port == fabric.spines[0].udp_port == 0xC000  # REG_UDP_SPORT's
