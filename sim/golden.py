@@ -272,7 +272,7 @@ class GoldenSwitch(Registers):
         if verdict == OK and header.length > self.queue_capacity:
             verdict, header = Verdict.OVERSIZE, None
         request = contribution(frame, header)
-        droppable = _droppable(request) and not self._from_parent(port, header)
+        droppable = _droppable(request) and not self._from_parent(header)
         if null and not droppable:
             raise ValueError("only a droppable contribution that the parser takes can be null")
         if verdict != OK:
@@ -296,7 +296,7 @@ class GoldenSwitch(Registers):
             self.port_counters[p]["tx"] += 1
         return out
 
-    def _from_parent(self, port: int, header: Header | None) -> bool:
+    def _from_parent(self, header: Header | None) -> bool:
         """Whether a frame is a spine's to this switch as a leaf (`sim.golden_leaf`): not a
         contribution, never nulled by priority. A switch without uplinks has no parent."""
         return False

@@ -84,17 +84,17 @@ class GoldenLeaf(LeafRegisters, GoldenSwitch):
 
     # --- which frame ------------------------------------------------------------------------
 
-    def _from_parent(self, port: int, header: Header | None) -> bool:
+    def _from_parent(self, header: Header | None) -> bool:
         return (bool(self.uplinks) and header is not None and header.opcode == W.OP_RESULT
                 and header.dqpn == W.UPLINK_QPN
                 and any(u.ip == header.src_ip for u in self.uplink))
 
     def drops_payload(self, frame: bytes, fill: int) -> bool:
-        return not self._from_parent(0, decode(frame)[1]) and super().drops_payload(frame, fill)
+        return not self._from_parent(decode(frame)[1]) and super().drops_payload(frame, fill)
 
     def _contribution(self, port: int, frame: bytes, header: Header, reth: Extension,
                       req: Request, payload: bytes, null: bool) -> list:
-        if self._from_parent(port, header):
+        if self._from_parent(header):
             return self._parent_frame(port, header, reth, payload)
         job = self.job[req.job] if req.job < self.jobs else None
         if job is None or not job.enable or not (job.partials or job.parent):
