@@ -4,11 +4,13 @@ request enabled it) and the switch's manager, its worker entries also from the a
 holds (or anyone's while it holds none), an enabled job's slot range is fixed, and no two
 enabled jobs share a slot.
 
-1. Rank 0 configures the job (`claim`, while its `Worker` is made) in one request (two beyond
-   24 ranks): it disables the job, writes its slot range, credits, quorum, deadline and
-   PARENT (0 but for a fabric's leaf: a CONFIG write does not clear it, and a job left with a
-   parent would send its uses up; a switch without uplinks ignores the write), clears
-   every other rank's entry's address, writes its own entry, enables the job (whose owner its
+1. Rank 0 configures the job (`claim`, while its `Worker` is made) in one request of 17 + 2 x
+   ranks records (a leaf's 2 more; a spine's 7 more per leaf but the first), which the
+   control channel splits into requests of MAX_CONTROL_RECORDS (64), in order: one up to 23
+   ranks, a leaf's 22, a spine's 6 leaves. It disables the job, writes its slot range,
+   credits, quorum, deadline and PARENT (0 but for a fabric's leaf: a CONFIG write does not
+   clear it, and a job left with a parent would send its uses up; a switch without uplinks
+   ignores the write), clears every other rank's entry's address, writes its own entry, enables the job (whose owner its
    address becomes), and writes the epoch it drew, the job's key and every rank's R_Key (the
    tag: `host.session`). Another owner refuses every record: `NetaggError` naming the job and
    the owner's address, at once; so does a slot range that overlaps an enabled job's (read
@@ -175,8 +177,9 @@ class JobSetup:
                     (self._reg(W.JOB_EPOCH), keys.epoch), (self._reg(W.JOB_KEY), keys.key)]
                  + [(self._rkey(r), keys.key if self.partials else keys.tag)
                     for r in range(self.workers)])
-        # One request up to 24 ranks (16 + 2 x workers records), the R_Keys, which the other
-        # ranks wait for, last; the KEY reads back 0
+        # 17 + 2 x workers records and the extra ones (a spine's entries: 7 a leaf), split
+        # into requests of MAX_CONTROL_RECORDS by the channel, in order; the R_Keys, which the
+        # other ranks wait for, last; the KEY reads back 0
         answers = self._read([(a | W.WRITE, v) for a, v in pairs]
                              + [(self._reg(W.JOB_OWNER), 0)])
         if refused(pairs[:1], answers):

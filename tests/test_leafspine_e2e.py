@@ -407,3 +407,25 @@ def test_16_workers_over_4_leaves_and_4_spines_with_loss_and_two_spines_cut():
     assert all(p[0] > 0 and p[2] > 0 for p in partials.values())
     for w in ws:
         w.close()
+
+
+def test_a_spine_of_8_leaves_is_claimed_in_two_requests_and_sums_exactly(monkeypatch):
+    from netagg.host.control import ControlChannel
+    sizes = []
+    send = ControlChannel.request_async
+
+    def counted(self, records, callback):
+        sizes.append(len(records))
+        return send(self, records, callback)
+    monkeypatch.setattr(ControlChannel, "request_async", counted)
+    topo = Topology(8, 1, max_workers=8)
+    ws = _workers(topo, n=8)
+    claim = 10 + 9 * 8                  # the spine's claim: 17 + 2 x 8 records, 7 x 7 more
+    assert W.MAX_CONTROL_RECORDS in sizes and claim - W.MAX_CONTROL_RECORDS in sizes
+    xs = [np.full(500, r + 1, np.int32) for r in range(8)]
+    for out in _allreduce(ws, xs):
+        assert np.array_equal(out, np.full(500, 36))
+    [(_, config)] = topo.control("spine0", [(W.job_reg(0, W.JOB_CONFIG), 0)])
+    assert W.CONFIG.unpack(config)["workers"] == 8 and W.CONFIG.unpack(config)["partials"]
+    for w in ws:
+        w.close()
