@@ -4,18 +4,18 @@ request enabled it) and the switch's manager, its worker entries also from the a
 holds (or anyone's while it holds none), an enabled job's slot range is fixed, and no two
 enabled jobs share a slot.
 
-1. Rank 0 configures the job (`claim`, while its `Worker` is made) in one request of 17 + 2 x
-   ranks records (a leaf's 2 more; a spine's 7 more per leaf but the first), which the
+1. Rank 0 configures the job (`claim`, while its `Worker` is made) in one request of 17 + 2
+   x ranks records (a leaf's 2 more; a spine's 7 more per leaf but the first), which the
    control channel splits into requests of MAX_CONTROL_RECORDS (64), in order: one up to 23
    ranks, a leaf's 22, a spine's 6 leaves. It disables the job, writes its slot range,
    credits, quorum, deadline and PARENT (0 but for a fabric's leaf: a CONFIG write does not
    clear it, and a job left with a parent would send its uses up; a switch without uplinks
-   ignores the write), clears every other rank's entry's address, writes its own entry, enables the job (whose owner its
-   address becomes), and writes the epoch it drew, the job's key and every rank's R_Key (the
-   tag: `host.session`). Another owner refuses every record: `NetaggError` naming the job and
-   the owner's address, at once; so does a slot range that overlaps an enabled job's (read
-   first, and refused by the switch if another job took it meanwhile) or runs past the switch's
-   slots.
+   ignores the write), clears every other rank's entry's address, writes its own entry,
+   enables the job (whose owner its address becomes), and writes the epoch it drew, the
+   job's key and every rank's R_Key (the tag: `host.session`). Another owner refuses every
+   record: `NetaggError` naming the job and the owner's address, at once; so does a slot
+   range that overlaps an enabled job's (read first, and refused by the switch if another
+   job took it meanwhile) or runs past the switch's slots.
 2. Each other rank, once it reads an epoch whose tag is its entry's R_Key on the enabled job
    and its entry holding no address (cleared by that configuration), writes its entry (the
    switch takes it: the entry holds no address, then this rank's) and joins with the keys of
