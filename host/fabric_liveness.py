@@ -28,14 +28,13 @@ import time
 from netagg.host.control import ControlChannel
 from netagg.host.errors import NetaggRankGone
 from netagg.host.liveness import (
-    COUNT_BITS,
-    DEAD_AFTER,
     READ_GAP,
     READ_PERIOD,
     STUCK_AFTER,
     Gone,
     Liveness,
     Seen,
+    gone_ranks,
 )
 from netagg.sim import wire as W
 
@@ -162,12 +161,8 @@ class FabricLiveness(Liveness):
             seen = w.seen.get(rank)
             if seen is None or seen.value != value:
                 w.seen[rank] = Seen(value, answered)
-        newest = max(s.since for v in self.watches for s in v.seen.values())
-        w.gone = [
-            Gone(w.first + rank, sent - s.since) for rank, s in w.seen.items()
-            if w.first + rank != self.placement.rank and s.value >> COUNT_BITS == self.mark
-            and sent - s.since >= DEAD_AFTER
-            and newest > s.since]       # another rank's beat, on any leaf, moved since
+        newest = max(s.since for v in self.watches for s in v.seen.values())   # any leaf's
+        w.gone = gone_ranks(w.seen, sent, self.mark, newest, w.first, self.placement.rank)
         self.gone = [g for v in self.watches for g in v.gone]
         if self.gone:
             self.stats["ranks_gone"] = len(self.gone)
@@ -176,8 +171,8 @@ class FabricLiveness(Liveness):
         """The gone ranks: world rank, rank at its leaf, the leaf, and how long their beats
         stood still."""
         where = {w.first + r: (r, w.name) for w in self.watches for r in range(w.workers)}
-        names = ", ".join(f"{g.rank} (rank {where[g.rank][0]} at {where[g.rank][1]})"
-                          for g in self.gone)
+        names = ", ".join(f"{g.rank} (rank {where[g.rank][0]} at {where[g.rank][1]}"
+                          + (", its worker closed)" if g.closed else ")") for g in self.gone)
         leaves = sorted({where[g.rank][1] for g in self.gone})
         silent = ", ".join(f"{g.silent:.1f} s" for g in self.gone)
         return (f"rank{'s' if len(self.gone) > 1 else ''} {names} of job {self.job} gone: "

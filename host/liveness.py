@@ -25,6 +25,13 @@ registers, `hw.regmap`), so that the ranks waiting on them learn it within 2 s, 
   worker's engine did not step for that long (it was stalled, or nobody drove it: the
   others may have been too, and beat again only now). A switch slow to answer does not
   restart it: it delays every rank's beats alike.
+- **Closing.** A worker that closes says so: its last beat has the run's mark and the count
+  0 (`closing`, sent twice, unanswered). A rank that finished its allreduces and closed may
+  still be needed by one that waits for a result the switch holds (a lost result comes back
+  as a replay when the waiting rank retransmits, which can take longer than `DEAD_AFTER`
+  under loss), so a closed rank is gone only after `CLOSED_AFTER` seconds: a rank that
+  closed before contributing is named within seconds, a finished one leaves the others to
+  their replays.
 
 `watch`, a step of the engine's, fails its waiting works with `NetaggRankGone` once a rank
 is gone and its own works have made no progress for `STUCK_AFTER` seconds (with a quorum,
@@ -49,6 +56,7 @@ from netagg.sim import wire as W
 BEAT_PERIOD = 0.25      # seconds between a worker's heartbeats
 READ_PERIOD = 0.25      # seconds between reads of the job's heartbeats while works wait
 DEAD_AFTER = 1.5        # seconds a beat stands still, while others move, for its rank to be gone
+CLOSED_AFTER = 5.0      # the same for a rank whose last beat says it closed
 READ_GAP = 1.0          # a read sent this long after the last answer starts the watch again
 COUNT_BITS = 8          # a beat: the run's mark above, the running count in these bits
 MARK = (1 << (32 - COUNT_BITS)) - 1
@@ -65,10 +73,27 @@ class Seen:
 
 @dataclasses.dataclass(frozen=True)
 class Gone:
-    """A rank whose heartbeat stood still for `silent` seconds while others' moved."""
+    """A rank whose heartbeat stood still for `silent` seconds while others' moved (`closed`:
+    its last beat said its worker closed)."""
 
     rank: int
     silent: float
+    closed: bool = False
+
+
+def gone_ranks(seen: dict[int, Seen], sent: float, mark: int, newest: float, first: int = 0,
+               me: int = -1) -> list[Gone]:
+    """The ranks among `seen` (by rank, world rank `first + rank`) gone at a read sent at
+    `sent`: this run's `mark`, still for `DEAD_AFTER` (`CLOSED_AFTER` after a closing beat)
+    while a beat moved at `newest`; `me` is not judged."""
+    out = []
+    for rank, s in seen.items():
+        if first + rank == me or s.value >> COUNT_BITS != mark or newest <= s.since:
+            continue
+        closed = s.value & ((1 << COUNT_BITS) - 1) == 0
+        if sent - s.since >= (CLOSED_AFTER if closed else DEAD_AFTER):
+            out.append(Gone(first + rank, sent - s.since, closed))
+    return out
 
 
 class Liveness:
@@ -142,14 +167,25 @@ class Liveness:
         self.control.retransmit(now)
 
     def _beat(self, now: float):
-        if self.beat_psn is not None:
-            self.control.forget(self.beat_psn)
         self.count = self.count % ((1 << COUNT_BITS) - 1) + 1
-        self.beat_psn = self.control.request_async(
-            [(W.WRITE | W.beat_reg(self.job, self.rank), self.mark << COUNT_BITS | self.count)],
-            self._beaten)
+        self._write_beat(self.mark << COUNT_BITS | self.count)
         self.next_beat = now + BEAT_PERIOD
         self.stats["beats"] += 1
+
+    def _write_beat(self, value: int):
+        if self.beat_psn is not None:
+            self.control.forget(self.beat_psn)
+        self.beat_psn = self.control.request_async(
+            [(W.WRITE | W.beat_reg(self.job, self.rank), value)], self._beaten)
+
+    def closing(self):
+        """The worker closes: a last beat with the count 0, twice (no answer is awaited: the
+        transport closes next)."""
+        if self.count:                  # (a worker that never beat says nothing)
+            for _ in range(2):
+                self._write_beat(self.mark << COUNT_BITS)
+            self.control.forget(self.beat_psn)
+            self.beat_psn = None
 
     def _beaten(self, records):
         self.beat_psn = None
@@ -178,17 +214,14 @@ class Liveness:
             if seen is None or seen.value != value:
                 self.seen[rank] = Seen(value, answered)
         newest = max(s.since for s in self.seen.values())
-        self.gone = [
-            Gone(rank, sent - s.since) for rank, s in self.seen.items()
-            if rank != self.rank and s.value >> COUNT_BITS == self.mark
-            and sent - s.since >= DEAD_AFTER
-            and newest > s.since]       # another rank's beat moved since
+        self.gone = gone_ranks(self.seen, sent, self.mark, newest, me=self.rank)
         if self.gone:
             self.stats["ranks_gone"] = len(self.gone)
 
     def describe(self) -> str:
         """The gone ranks, for an error: which, and how long their beats stood still."""
-        ranks = ", ".join(str(g.rank) for g in self.gone)
+        ranks = ", ".join(str(g.rank) + (" (its worker closed)" if g.closed else "")
+                          for g in self.gone)
         silent = ", ".join(f"{g.silent:.1f} s" for g in self.gone)
         if len(self.gone) == 1:
             return (f"rank {ranks} of job {self.job} is gone: its heartbeat in the switch has "

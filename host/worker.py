@@ -407,6 +407,8 @@ class Worker:
         driver = self.transport.driver
         if driver is not None and self.engine in driver.engines:
             driver.engines.remove(self.engine)
+        if self.engine is not None:
+            self.engine.liveness.closing()      # the others: this rank closed, not died
         getattr(self.engine, "close", lambda: None)()    # a fabric's: its other channels
         self.transport.close()
         if self.shm is not None:

@@ -1,0 +1,107 @@
+"""A worker that closes says so in its last heartbeat (`host.liveness`, count 0): the others
+name it gone only after CLOSED_AFTER, so that a rank which finished and closed leaves the
+ones still waiting for a lost result to their replays, while a rank that closes before it
+contributed is still named within seconds."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+from netagg.host import Worker, liveness
+from netagg.host import numerics as N
+from netagg.host.errors import NetaggRankGone
+from netagg.sim import wire as W
+from netagg.sim.serve import SimServer, make_backend
+
+from tests.host_workers import workers
+
+
+def test_a_closing_beat_is_gone_only_after_closed_after():
+    period, tag = liveness.READ_PERIOD, 0x80ABCDEF
+    mark = tag & liveness.MARK
+
+    def beat(count):
+        return mark << liveness.COUNT_BITS | count
+    live = liveness.Liveness(None, job=2, rank=0, workers=3, session_tag=tag, stats={})
+    t = 10.0
+    for i in range(round(liveness.CLOSED_AFTER / period) + 1):
+        t = 10.0 + i * period
+        live.judge(t, t, [beat(i % 255 + 1), beat(0), beat(7)])   # 1 closed, 2 stopped
+        if t - 10.0 < liveness.DEAD_AFTER:
+            assert live.gone == []
+        elif t - 10.0 < liveness.CLOSED_AFTER:
+            assert [g.rank for g in live.gone] == [2]
+    assert [(g.rank, g.closed) for g in live.gone] == [(1, True), (2, False)]
+    assert "ranks 1 (its worker closed), 2 of job 2 are gone" in live.describe()
+
+
+def test_closing_writes_count_zero_with_the_runs_mark():
+    ws = workers(2, timeout=10)
+    try:
+        ws[0].allreduce_async(np.ones(10, np.int32))
+        ws[1].allreduce(np.ones(10, np.int32))
+        mark = ws[0].engine.liveness.mark
+    finally:
+        ws[0].close()
+    got = ws[1].engine.control.request([(W.beat_reg(0, 0), 0)])[0][1]
+    ws[1].close()
+    assert got == mark << liveness.COUNT_BITS
+
+
+def test_finished_ranks_that_close_leave_the_others_to_their_replays():
+    """2 UDP workers on lossy links (20 % of packets each way): each closes as soon as its two
+    allreduces are done; the one still waiting for a lost result gets it as a replay and is
+    not told that the other is gone (before closing beats, a third of such runs failed)."""
+    rng = np.random.default_rng(4)
+    for trial in range(4):
+        errors = _two_lossy_ranks(rng, seed=10 * trial)
+        assert errors == [], f"trial {trial}: {errors}"
+
+
+def _two_lossy_ranks(rng, seed: int) -> list:
+    faults = dict(drop=0.2, reorder=0.2, max_delay=0.01)
+    n = 255 * 6 + 5
+    xs, ys = ([rng.integers(-2**20, 2**20, n, dtype=np.int32) for _ in range(2)]
+              for _ in range(2))
+    session, errors = uuid.uuid4().hex, []
+    with SimServer(make_backend("golden")).start() as server:
+        def rank(r):
+            try:
+                with Worker(r, 2, server.url, session=session, timeout=20,
+                            faults=dict(faults, seed=r + seed)) as w:
+                    a = w.allreduce_async(xs[r])
+                    b = w.allreduce_async(ys[r])
+                    assert np.array_equal(a.wait(30), xs[0] + xs[1])
+                    assert np.array_equal(b.wait(30), ys[0] + ys[1])
+            except BaseException as e:      # reported by the test
+                errors.append(e)
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    return errors
+
+
+def test_a_rank_that_closes_before_contributing_is_named_closed():
+    """3 in-process workers allreduce once; then rank 2 closes while ranks 0 and 1 start a
+    second allreduce: they name it, as closed, within CLOSED_AFTER and a few read periods."""
+    ws = workers(3, timeout=30)
+    try:
+        ones = np.ones(10 * N.LANES, np.int32)
+        first = [w.allreduce_async(ones) for w in ws]
+        assert all(np.array_equal(h.wait(), 3 * ones) for h in first)
+        ws[2].close()
+        closed = time.monotonic()
+        handles = [w.allreduce_async(ones) for w in ws[:2]]
+        with pytest.raises(NetaggRankGone, match=r"rank 2 \(its worker closed\) of job 0 is "
+                                                 r"gone"):
+            handles[0].wait()
+        assert time.monotonic() - closed < liveness.CLOSED_AFTER + 3
+    finally:
+        for w in ws:
+            w.close()
