@@ -157,7 +157,8 @@ def main(argv=None) -> int:
                            "partials")
     fuzz.add_argument("--leaf", action="store_true",
                       help="a switch built with uplinks against the golden leaf, on its "
-                           "local workers' traffic (their uses go up as partials)")
+                           "local workers' traffic and a spine's (partials up, results and "
+                           "pulls down)")
     from netagg.apps.scale.cli import add_parser as add_scale
     add_scale(sub)
     args = parser.parse_args(argv)

@@ -81,7 +81,7 @@ class Aggregator(wiring.Component):
                      "uplink_down": In(fabric.uplinks)}
         super().__init__({
             **more,
-            "header": In(stream.Signature(ingress_header(ports))),
+            "header": In(stream.Signature(ingress_header(ports, fabric))),
             "payload": In(FrameStream(width)).array(ports),
             "table": In(JobTable(jobs, max_workers, fabric)),
             "control": Out(RecordPort(ports)),   # a control request's records applied

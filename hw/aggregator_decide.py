@@ -14,13 +14,16 @@ result goes to every worker, as a completion's does. It writes the slot's new st
 packet's events (`port_event`, `job_event`), among them each drop: a packet the lookup stage
 judged bad, a message other than its copy's use (stale), a duplicate contribution to a use
 in progress, or a contribution of another length than the use's (in progress or completed).
-A control request that is not served (a bad length) is `unserved`: its barrier lifts.
+A control request that is not served (a bad length) is `unserved`: its barrier lifts. On a
+leaf, a spine's frame (`_parent`) completes a use gone up with the spine's result, or
+answers a pull with the copy's partial or final.
 
 Latency: none of its own (combinational: the command is written to the queue in the cycle
 the packet is decided); the stage moves with the lookup stage when `go` (the command queue
 has room).
 """
 
+import contextlib
 import dataclasses
 
 from amaranth import Array, Const, Module, Mux, Signal, Value, signed
@@ -64,9 +67,11 @@ class SpineFrame:
 @dataclasses.dataclass(frozen=True)
 class LeafFrame:
     """A contribution at a leaf as the decide stage reads it: whether its job has a parent,
-    whether its copy's use went up (UPSTREAM), the uplink of its slot (`found`: one is up),
-    and the replay or completion it makes (`replaying`, `completing`)."""
+    whether it has a parent or takes partials (`fabric`), whether its copy's use went up
+    (UPSTREAM), the uplink of its slot (`found`: one is up), and the replay or completion it
+    makes (`replaying`, `completing`)."""
     parent: Value
+    fabric: Value
     upstream: Value
     uplink: Value
     found: Value
@@ -87,7 +92,7 @@ class Decide(wiring.Component):
                      "uplink_down": In(fabric.uplinks)}
         super().__init__({
             **more,
-            "i": In(stream.Signature(looked_up(ports, slots))),
+            "i": In(stream.Signature(looked_up(ports, slots, fabric))),
             "go": In(1),                  # the command queue has room: take `i`
             "copies": In(slot_state(max_workers, fabric)),   # the state of `i`'s slot
             "now": In(R.DEADLINE_BITS),   # the switch's tick count
@@ -145,7 +150,12 @@ class Decide(wiring.Component):
         if self.fabric.uplinks:
             leaf = self._leaf(m, b_job, b_imm, mine)
         self._up = leaf
-        with m.Switch(b_look):
+        verdicts = contextlib.nullcontext()
+        if leaf is not None:
+            with m.If(self.i.payload.parent):
+                self._parent(m, mine, new_state[version], distance, b_job, limit, update)
+            verdicts = m.Else()
+        with verdicts, m.Switch(b_look):
             for look, counter in DROPPED.items():
                 with m.Case(look):
                     m.d.comb += self._count(counter)
@@ -197,8 +207,9 @@ class Decide(wiring.Component):
                         with m.If(~self.uplink_down[(e + k) % N]):
                             m.d.comb += [chosen.eq((e + k) % N), found.eq(1)]
         parent = b_job.parent[R.PARENT.bits("enable")[0]]
-        return LeafFrame(parent=parent, upstream=(b_job.partials | parent) & mine.upstream,
-                         uplink=chosen, found=found, replaying=Signal(name="replaying"),
+        return LeafFrame(parent=parent, fabric=b_job.partials | parent,
+                         upstream=(b_job.partials | parent) & mine.upstream, uplink=chosen,
+                         found=found, replaying=Signal(name="replaying"),
                          completing=Signal(name="completing"))
 
     def _leaf_use(self, m, new, update, leaf):
@@ -218,8 +229,47 @@ class Decide(wiring.Component):
                 self._send_up(m, leaf, resent=0)
             with m.Else():
                 m.d.comb += count("completed")
-        with m.If(update):
-            m.d.comb += new.upstream.eq(leaf.completing & leaf.parent)
+        with m.If(update & leaf.fabric):
+            # a job with neither a parent nor partials leaves the marks as they were
+            m.d.comb += [new.upstream.eq(leaf.completing & leaf.parent),
+                         new.done.eq(leaf.completing & ~leaf.parent)]
+
+    def _parent(self, m, mine, new, distance, b_job, limit, update):
+        """A spine's frame that passed the lookup's checks (`parent_ok`): a result of the use
+        its copy sent up (UPSTREAM, the use's msn, the use's length) makes the copy DONE with
+        the result's sums, count, exponent and overflow as they are, COMPLETED + 1, and goes
+        to every local worker (`parent_results`); a pull (no payload) of the copy's use,
+        UPSTREAM or DONE, is answered (`pulled`); anything else is `drop_parent`."""
+        MW = self.max_workers
+        b, cmd, count = self.i.payload.header, self.command, self._count
+        desc, result = cmd.desc, H.RESULT_IMM(b.immdt.data)
+        ours = (mine.bitmap != 0) & (mine.count == 0) & (distance == 0)
+        with m.If(self.i.payload.parent_ok & ours & mine.upstream & (b.payload_length != 0)
+                  & (b.payload_length == mine.length)):
+            m.d.comb += [
+                update.eq(1), new.upstream.eq(0), new.done.eq(1), new.data.eq(result.count),
+                count("parent_results"), count("completed"),
+                cmd.action.eq(Action.OVERWRITE), cmd.emit.eq(1),
+                desc.count.eq(result.count), desc.overflow.eq(result.overflow),
+                desc.dests.eq((Const(1, MW + 1) << self.i.payload.workers) - 1),
+                cmd.ports.eq(self.i.payload.completion_ports),
+                limit.eq(b_job.completed + b_job.credits + 1),
+            ]
+        with m.Elif(self.i.payload.parent_ok & ours & (b.payload_length == 0)
+                    & (mine.upstream | mine.done)):
+            # a pull: the copy's partial, or its final marked `final`, up the uplink the
+            # pull came by, its rows read as a replay's from zeros of the copy's length
+            port = Array(self.uplinks)[b.uplink].port
+            m.d.comb += [
+                count("pulled"), count("upstream"), cmd.emit.eq(1),
+                cmd.action.eq(Action.REPLAY), cmd.null.eq(1), cmd.has_payload.eq(1),
+                desc.length.eq(mine.length), desc.count.eq(mine.data),
+                desc.up.eq(1), desc.uplink.eq(b.uplink), desc.resent.eq(0),
+                desc.final.eq(~mine.upstream), desc.dests.eq(1),
+                cmd.ports.eq((Const(1, self.ports) << port)[:self.ports]),
+            ]
+        with m.Else():
+            m.d.comb += count("drop_parent")
 
     def _send_up(self, m, leaf, resent):
         """The command sends the copy's sums up the slot's uplink as a partial (one frame,

@@ -7,7 +7,9 @@ slot, and credit (its message number, the top half of RETH.va, below the job's c
 uses plus its credits; the use the packet in the decide stage completes, `completing`,
 which the job's count takes only a cycle later, included), in that order, the first failed
 check naming it; a control request, checked for
-its length; or neither (unhandled).
+its length; on a leaf, a spine's frame (marked by the ingress), its RESULT_IMM read as the
+contribution's fields and checked as the golden leaf's `drop_parent` (`parent`,
+`parent_ok`); or none of these (unhandled).
 It gives the slot's index in the state memory (`index`, read in the same cycle) and passes
 the packet on (`o`) with what the decide stage needs of its job: its workers, its quorum (at
 most its workers; 0 means all), the ports its workers are on (`completion_ports`) and the
@@ -25,6 +27,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from . import headers as H
+from . import regmap as R
 from .aggregator_command import MAX_CONTROL_PAYLOAD
 from .control import JobTable
 from .fabric import NO_FABRIC, Fabric
@@ -43,13 +46,16 @@ class Look(enum.IntEnum):
     AGGREGATE = 8
 
 
-def looked_up(ports: int, slots: int):
+def looked_up(ports: int, slots: int, fabric: Fabric = NO_FABRIC):
     """A packet as the lookup stage passes it on: its header entry, the verdict, and what the
-    decide stage reads of its job and slot."""
+    decide stage reads of its job and slot; on a leaf, whether it is a spine's frame of a
+    job of this switch (`parent`, its `imm` read from its RESULT_IMM) and whether it passed
+    the checks of one (`parent_ok`)."""
+    more = {"parent": 1, "parent_ok": 1} if fabric.uplinks else {}
     return data.StructLayout({
-        "header": ingress_header(ports), "look": Look, "imm": H.REQUEST_IMM,
+        "header": ingress_header(ports, fabric), "look": Look, "imm": H.REQUEST_IMM,
         "index": range(slots), "workers": 6, "quorum": 6,
-        "completion_ports": ports, "worker_port": ports,
+        "completion_ports": ports, "worker_port": ports, **more,
     })
 
 
@@ -58,15 +64,16 @@ class Lookup(wiring.Component):
                  max_payload: int, fabric: Fabric = NO_FABRIC):
         self.ports, self.jobs, self.max_workers = ports, jobs, max_workers
         self.slots, self.max_payload = slots, max_payload
+        self.fabric = fabric
         super().__init__({
-            "header": In(stream.Signature(ingress_header(ports))),
+            "header": In(stream.Signature(ingress_header(ports, fabric))),
             "barrier": In(1),             # a control request is being served: take none
             "table": In(JobTable(jobs, max_workers, fabric)),
             "completing": In(1),          # the packet in decide completes a use of its job
             "completing_job": In(H.REQUEST_IMM.wire_fields["job"]),
             "request": Out(1),            # a control request was taken (raises the barrier)
             "index": Out(17),             # the slot to read the state of, when o.ready
-            "o": Out(stream.Signature(looked_up(ports, slots))),
+            "o": Out(stream.Signature(looked_up(ports, slots, fabric))),
         })
 
     def elaborate(self, platform):
@@ -85,6 +92,8 @@ class Lookup(wiring.Component):
             self.header.valid & self.header.ready & H.is_control(self.header.payload.bth))
 
         imm = H.REQUEST_IMM(a.immdt.data)
+        if self.fabric.uplinks:
+            imm = self._parent_imm(m, a, imm)
         job_number = imm.job
         job = Array(table.job)[job_number[: max(1, (J - 1).bit_length())]]
         index = self.index
@@ -106,6 +115,8 @@ class Lookup(wiring.Component):
         b_workers, b_quorum = Signal(6, reset_less=True), Signal(6, reset_less=True)
         b_completion_ports = Signal(P, reset_less=True)
         b_worker_port = Signal(P, reset_less=True)
+        if self.fabric.uplinks:
+            self._parent(m, a, imm, job, index, look, go)
         with m.If(go):
             m.d.sync += [
                 b_valid.eq(a_valid), b.eq(a), b_look.eq(look), b_imm.eq(imm),
@@ -121,6 +132,35 @@ class Lookup(wiring.Component):
             o.completion_ports.eq(b_completion_ports), o.worker_port.eq(b_worker_port),
         ]
         return m
+
+    @staticmethod
+    def _parent_imm(m, a, imm):
+        """A leaf's view of a packet's ImmDt: a spine's frame's RESULT_IMM read as a
+        REQUEST_IMM of rank 0 (its job, version, slot and exponent), another's as it is."""
+        given, result = Signal(H.REQUEST_IMM), H.RESULT_IMM(a.immdt.data)
+        m.d.comb += given.eq(imm)
+        with m.If(a.parent):
+            m.d.comb += [given.rank.eq(0), given.version.eq(result.version),
+                         given.slot.eq(result.slot), given.exponent.eq(result.exponent),
+                         given.droppable.eq(0), given.reserved.eq(0)]
+        return given
+
+    def _parent(self, m, a, imm, job, index, look, go):
+        """A leaf's checks of a spine's frame, as the golden leaf's `drop_parent`: its job's
+        enabled with a parent (PARENT.enable), from the uplink by its port, RETH.rkey the
+        job's PARENT_KEY, RETH.dma_length its payload's, its slot the job's. A job beyond
+        the switch's is `drop_bad_job` (its port's)."""
+        enable = R.PARENT.bits("enable")[0]
+        ok = (job.enable & job.parent[enable] & a.by & (a.reth.rkey == job.parent_key)
+              & (a.reth.dma_length == a.payload_length) & (imm.slot < job.slot_count)
+              & (index < self.slots))
+        with m.If(a.parent):
+            m.d.comb += look.eq(Mux(imm.job < self.jobs, Look.UNHANDLED, Look.BAD_JOB))
+        o = self.o.payload
+        b_parent, b_ok = Signal(), Signal()
+        with m.If(go):
+            m.d.sync += [b_parent.eq(a.parent & (imm.job < self.jobs)), b_ok.eq(ok)]
+        m.d.comb += [o.parent.eq(b_parent), o.parent_ok.eq(b_ok)]
 
     def _look(self, m, a, imm, job, index):
         """The packet's class: the first check it fails, or what it is."""

@@ -13,13 +13,16 @@ What the stages add when the switch is a spine: the job table's CONFIG.partials 
 (`job_layout`); the decide stage's events (`SPINE_EVENTS`, counted as FABRIC_COUNTERS); the
 result descriptor's `pull` (a payload-less result to the leaves missing from a use) and the
 use's msn, which a spine's results and pulls carry in RETH.va (`descriptor_fields`); and the
-egress ports' count of pulls sent (`pulls`, like `results`). When it has uplinks (a leaf,
-built as far as its upward half): the uplink table (`UPLINK`) and REG_UPLINK_DOWN, each
-job's PARENT, PARENT_KEY and SPRAY (`leaf_registers`); a slot copy's `upstream` bit
-(`copy_fields`); the descriptor's partial fields (`up`, the uplink, the `resent` and `final`
-marks), which the egress ports address from the uplink table; and the events
-`LEAF_EVENTS`. A parent's results and pulls (the downward half) are not taken yet: they
-are contributions like any other to the RTL leaf.
+egress ports' count of pulls sent (`pulls`, like `results`). When it has uplinks (a
+leaf): the uplink table (`UPLINK`) and REG_UPLINK_DOWN, each job's PARENT, PARENT_KEY and
+SPRAY (`leaf_registers`); a slot copy's `upstream` and `done` bits (`copy_fields`); the
+descriptor's partial fields (`up`, the uplink, the `resent` and `final` marks), which the
+egress ports address from the uplink table; the events `LEAF_EVENTS`; a header entry's mark
+of a frame from an uplink's spine (`parent_fields`: opcode 0x2B at UPLINK_QPN from an
+uplink's IP, never dropped by priority), which the lookup stage checks as the golden leaf's
+`drop_parent` does and the decide stage takes as a result of a use gone up (DONE:
+COMPLETED + 1, its sums to every local worker) or as a pull (answered up the uplink it came
+by with the copy's partial, or its final marked `final`).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from . import regmap as R
 # The decide stage's events of a spine's job and a leaf's, each counted by the FABRIC_COUNTER
 # of its name.
 SPINE_EVENTS = ("finals", "abandoned")
-LEAF_EVENTS = ("upstream", "resends", "no_uplink")
+LEAF_EVENTS = ("upstream", "resends", "no_uplink", "parent_results", "drop_parent", "pulled")
 # The FABRIC_COUNTERS counted from the egress ports' frames (as `results` is).
 SENT_COUNTERS = ("pulls",)
 
@@ -128,8 +131,16 @@ def descriptor_fields(fabric: Fabric) -> dict:
     return fields
 
 
+def parent_fields(fabric: Fabric) -> dict:
+    """What a header entry adds on a leaf: `parent`, the frame is a spine's (opcode 0x2B at
+    UPLINK_QPN from an uplink's IP); `by`, it came in by the port of such an uplink, the
+    first of which is `uplink` (a pull's answer goes up it)."""
+    return {"parent": 1, "by": 1, "uplink": 2} if fabric.uplinks else {}
+
+
 def copy_fields(fabric: Fabric) -> dict:
     """What a slot copy adds on a leaf: `upstream`, its use is locally complete and its
-    partial went up (docs/leafspine.md's UPSTREAM; a parent job's copy that is idle and not
-    upstream is DONE or fresh)."""
-    return {"upstream": 1} if fabric.uplinks else {}
+    partial went up (docs/leafspine.md's UPSTREAM); `done`, its use of a job with a parent
+    or taking partials is complete (DONE: the copy holds the final). A copy with neither is
+    fresh or in use, or was last used by a job with neither (a pull finds no use there)."""
+    return {"upstream": 1, "done": 1} if fabric.uplinks else {}

@@ -10,7 +10,8 @@ number, so that the arbiter serves frames of all ports in the order they were co
 Priority drop: a good contribution marked droppable (ImmDt) whose queue holds at least
 `thresholds[class]` bytes ahead of it (class = IPv4 DSCP >> 3) loses its payload and is
 queued as a header alone, marked `null` (`nulled` pulses); the aggregator counts it as a
-contribution of zeros, so its slot still completes. Nothing else is dropped by priority.
+contribution of zeros, so its slot still completes. Nothing else is dropped by priority: on
+a leaf, a spine's frame (a result, whose ImmDt is no REQUEST_IMM) is marked `parent` and kept.
 
 A control request's addresses (Ethernet, IPv4 destination, UDP ports) do not travel in its
 header entry: they wait in `reply_to` until the request's reply has left this port's egress
@@ -23,13 +24,14 @@ Drops: every frame the parser does not judge OK, frames larger than the queue, a
 payload of droppable contributions under congestion.
 """
 
-from amaranth import Array, Module, Signal, unsigned
+from amaranth import Array, Cat, Module, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from . import headers as H
 from . import regmap as R
 from .beat import FrameStream, check_width
+from .fabric import NO_FABRIC, UPLINK, Fabric, parent_fields
 from .gearbox import Widen
 from .packet_queue import PacketQueue
 from .parser import Parser
@@ -37,12 +39,12 @@ from .parser import Parser
 TIME_WIDTH = 32
 
 
-def ingress_header(ports: int) -> data.StructLayout:
+def ingress_header(ports: int, fabric: Fabric = NO_FABRIC) -> data.StructLayout:
     """A committed header entry: the parser's fields that the aggregator reads (under the
     same names as in `hw.headers.PACKET_HEADER`), the verdict and payload length the packet
     queue reads, the ingress port and the commit time: 301 bits at 2 ports, where all of
     PACKET_HEADER's would make 693. The entries fill LUT RAM, the arbiter's mux and two
-    aggregator stages."""
+    aggregator stages. A leaf's mark its spine's frames (`hw.fabric.parent_fields`)."""
     return data.StructLayout({
         "ip": data.StructLayout({"src": 32}),
         "bth": data.StructLayout({"opcode": 8, "dqpn": 24, "psn": 24}),
@@ -53,6 +55,7 @@ def ingress_header(ports: int) -> data.StructLayout:
         "port": range(max(ports, 2)),
         "time": unsigned(TIME_WIDTH),
         "null": 1,                 # payload dropped by priority
+        **parent_fields(fabric),
     })
 
 
@@ -77,11 +80,16 @@ def _copy(m, to, source):
 
 class Ingress(wiring.Component):
     def __init__(self, width: int, factor: int, port: int, ports: int, capacity: int = 4096,
-                 headers: int = 32, icrc: str = "engine"):
+                 headers: int = 32, icrc: str = "engine", fabric: Fabric = NO_FABRIC):
         self.width, self.factor, self.port = check_width(width), factor, port
         self.capacity, self.headers, self.icrc = capacity, headers, icrc
-        layout = ingress_header(ports)
+        self.fabric = fabric
+        layout = ingress_header(ports, fabric)
+        more = {} if not fabric.uplinks else {
+            "uplinks": In(UPLINK).array(fabric.uplinks),     # a leaf's uplink table
+        }
         super().__init__({
+            **more,
             "i": In(FrameStream(width, checked=icrc == "mac")),
             "time": In(unsigned(TIME_WIDTH)),
             "thresholds": In(16).array(R.PRIORITY_CLASSES),
@@ -114,6 +122,8 @@ class Ingress(wiring.Component):
         _copy(m, entry, header)
         droppable = ((header.bth.opcode == H.OP_CONTRIBUTION)
                      & H.REQUEST_IMM(header.immdt.data).droppable)
+        if self.fabric.uplinks:
+            droppable = droppable & ~self._parent(m, entry, header)
         congested = queue.level >= Array(self.thresholds)[header.ip.dscp[3:]]
         control = H.is_control(header.bth)
         replying = Signal()             # `reply_to` holds a request in flight
@@ -144,3 +154,19 @@ class Ingress(wiring.Component):
                      self.nulled.eq(queue.committed & entry.null)]
         m.d.comb += self.dropped.eq(queue.dropped)
         return m
+
+    def _parent(self, m, entry, header):
+        """A leaf's mark of a frame from an uplink's spine (opcode 0x2B at UPLINK_QPN from an
+        uplink's IP: never dropped by priority), whether it came by that uplink's port, and the
+        first uplink it came by."""
+        ip = [up.ip == header.ip.src for up in self.uplinks]
+        by = [i & (up.port == self.port) for i, up in zip(ip, self.uplinks)]
+        m.d.comb += [
+            entry.parent.eq((header.bth.opcode == H.OP_RESULT)
+                            & (header.bth.dqpn == H.UPLINK_QPN) & Cat(*ip).any()),
+            entry.by.eq(Cat(*by).any()),
+        ]
+        for i in reversed(range(len(by))):      # the first uplink it came by
+            with m.If(by[i]):
+                m.d.comb += entry.uplink.eq(i)
+        return entry.parent

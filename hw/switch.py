@@ -119,7 +119,7 @@ class Switch(wiring.Component):
         ingress = []
         for p in range(P):
             port = Ingress(self.width, self.factor, p, P, self.queue_capacity,
-                           self.header_entries, icrc=self.icrc)
+                           self.header_entries, icrc=self.icrc, fabric=self.fabric)
             m.submodules[f"ingress{p}"] = port
             wiring.connect(m, wiring.flipped(self.rx[p]), port.i)
             m.d.comb += [
@@ -190,6 +190,6 @@ class Switch(wiring.Component):
             m.d.comb += aggregator.uplink_down.eq(control.uplink_down)
             for i, up in enumerate(control.uplinks):
                 m.d.comb += aggregator.uplinks[i].eq(up)
-                m.d.comb += [port.uplinks[i].eq(up) for port in egress]
+                m.d.comb += [port.uplinks[i].eq(up) for port in egress + ingress]
         return m
 

@@ -4,9 +4,11 @@ PARENT_KEY and SPRAY) read and written as the golden leaf's, the manager's and t
 owner's rules included; a leaf's jobs without a parent served frame for frame as
 `GoldenLeaf` serves them (the fuzzer's good traffic, every register and counter read); its
 upward half against the golden leaf (the fuzzer's leaf mode: uses that complete locally go
-up as partials, re-sent on retransmissions, held back with every uplink down) with no
-difference; and a use's partial as scapy reads it, from both leaves. Parent results and
-pulls (the downward half) are not built yet."""
+up as partials, re-sent on retransmissions, held back with every uplink down) and its
+downward half (a fake spine's results and pulls, and their mutations) with no difference; a
+use's partial as scapy reads it, from both leaves; and a leaf (golden or RTL) beside a
+golden leaf under two golden spines, whose lost partial a spine pulls: every worker's
+result exact."""
 
 import collections
 
@@ -18,7 +20,7 @@ from netagg.sim.golden_leaf import GoldenLeaf
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 
-from tests.leafspine_net import CHUNK, JOB, SPINE_KEY, Net, control, leaf_ip, spine_ip
+from tests.leafspine_net import CHUNK, JOB, SPINE_KEY, Job, Net, control, leaf_ip, spine_ip
 from tests.switch_traffic import dissect
 from tests.test_fuzz import InOrderGolden
 from tests.test_spine_rtl import _read
@@ -90,26 +92,28 @@ def _totals(golden) -> collections.Counter:
     return total
 
 
-def test_the_golden_leaf_against_itself_goes_up():
+def test_the_golden_leaf_against_itself_goes_up_and_down():
     golden = GoldenLeaf(uplinks=UPLINKS)
-    s = Comparer(InOrderLeaf(uplinks=UPLINKS), golden, seed=3).run(stream(3, 3000, leaf=True))
+    s = Comparer(InOrderLeaf(uplinks=UPLINKS), golden, seed=5).run(stream(5, 4000, leaf=True))
     assert (s.differences, s.wrong_sums) == (0, 0)
     total = _totals(golden)
     assert total["upstream"] > 50 and total["resends"] > 20 and total["no_uplink"] > 10
+    assert total["parent_results"] > 5 and total["pulled"] > 2 and total["drop_parent"] > 50
 
 
-def test_rtl_leaf_equals_golden_leaf_going_up(rtl_leaf):
+def test_rtl_leaf_equals_golden_leaf_going_up_and_down(rtl_leaf):
     rtl_leaf.reset()
     golden = GoldenLeaf(uplinks=UPLINKS)
-    s = Comparer(rtl_leaf, golden, seed=32).run(stream(32, 3000, leaf=True))
+    s = Comparer(rtl_leaf, golden, seed=32).run(stream(32, 4000, leaf=True))
     assert s.differences == 0 and s.wrong_sums == 0, s.text()
     assert s.counters > 10000
     total = _totals(golden)             # and the RTL's: every counter was read and compared
     assert total["upstream"] > 50 and total["resends"] > 20 and total["no_uplink"] > 10
+    assert total["parent_results"] > 5 and total["pulled"] > 2 and total["drop_parent"] > 50
 
 
 @pytest.mark.slow
-def test_rtl_leaf_equals_golden_leaf_going_up_long(rtl_leaf):
+def test_rtl_leaf_equals_golden_leaf_going_up_and_down_long(rtl_leaf):
     rtl_leaf.reset()
     s = Comparer(rtl_leaf, GoldenLeaf(uplinks=UPLINKS), seed=33).run(
         stream(33, 100_000, leaf=True))
@@ -169,3 +173,55 @@ def test_a_leafs_partial_as_scapy_reads_it(fabric_leaf):
     counters = control(net.leaf[0], [(W.job_counter(JOB, n), 0)
                                      for n in ("upstream", "resends", "completed", "results")])
     assert counters == [3, 1, 0, 0]
+
+
+@pytest.fixture(params=["golden", "rtl"])
+def two_leaves(request):
+    """Two leaves of two workers under two golden spines (`Net`, two slots): leaf 0 golden
+    or the RTL's (its addresses written), leaf 1 golden."""
+    if request.param == "golden":
+        return Net(leaves=2, spines=UPLINKS, slots=2)
+    from netagg.sim.golden_spine import GoldenSpine
+    from netagg.sim.topology import Role, default_ip, default_mac
+
+    rtl = request.getfixturevalue("rtl_leaf")
+    rtl.reset()
+    mac = default_mac(Role.LEAF, 0)
+    control(rtl, [(W.WRITE | W.REG_MAC_HI, mac >> 32), (W.WRITE | W.REG_MAC_LO, mac & 0xFFFFFFFF),
+                  (W.WRITE | W.REG_IP, W.ip_to_int(default_ip(Role.LEAF, 0)))])
+    made = []
+
+    def make(uplinks=0, **params):
+        if uplinks and not made:
+            made.append(rtl)
+            return rtl
+        return GoldenLeaf(uplinks=uplinks, **params) if uplinks else GoldenSpine(**params)
+    return Net(leaves=2, spines=UPLINKS, slots=2, make=make)
+
+
+def test_a_leaf_takes_its_spines_results_and_answers_its_pull(two_leaves):
+    net = two_leaves
+    job = Job(net, uses=1)
+    lost = []       # leaf 0's partial of slot 0, taken off its uplink
+
+    def tap(link, direction, frame):
+        pkt = W.parse_frame(frame)
+        lose = (not lost and pkt.src.ip == leaf_ip(0) and pkt.dqpn == 0
+                and W.unpack_imm(W.REQUEST_IMM, pkt.imm)["slot"] == 0)
+        if lose:
+            lost.append(frame)
+        return lose
+    net.topology.tap = tap
+    job.round()     # slot 1 completes at its spine; slot 0 waits there for leaf 0
+    assert len(lost) == 1 and job.results == 4 and job.pending() == {
+        (0, 0, 0): 0, (0, 1, 0): 0, (1, 0, 0): 0, (1, 1, 0): 0}
+    # a worker of leaf 1 retransmits: leaf 1 re-sends its partial, the spine pulls leaf 0,
+    # which answers with its partial; the spine's results reach every worker
+    net.send(1, 0, job.contribution(1, 0, 0, 0))
+    net.drain()
+    for l, r, frame in net.inbox:
+        job.check(l, r, frame)          # the sums, count and flags of the use
+    assert sorted((l, r) for l, r, _ in net.inbox) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    names = ("pulled", "parent_results", "upstream", "drop_parent", "completed", "results")
+    assert control(net.leaf[0], [(W.job_counter(JOB, n), 0) for n in names]) == \
+        [1, 2, 3, 0, 2, 4]
