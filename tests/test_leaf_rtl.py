@@ -8,7 +8,7 @@ up as partials, re-sent on retransmissions, held back with every uplink down) an
 downward half (a fake spine's results and pulls, and their mutations) with no difference; a
 use's partial as scapy reads it, from both leaves; and a leaf (golden or RTL) beside a
 golden leaf under two golden spines, whose lost partial a spine pulls: every worker's
-result exact."""
+result exact; and a spine's result under every drop threshold 0 taken whole."""
 
 import collections
 
@@ -225,3 +225,40 @@ def test_a_leaf_takes_its_spines_results_and_answers_its_pull(two_leaves):
     names = ("pulled", "parent_results", "upstream", "drop_parent", "completed", "results")
     assert control(net.leaf[0], [(W.job_counter(JOB, n), 0) for n in names]) == \
         [1, 2, 3, 0, 2, 4]
+
+
+def test_a_spines_result_is_never_dropped_by_priority(leaf):
+    """Every class's drop threshold 0 (every droppable contribution nulled): a spine's
+    result whose ImmDt reads as a droppable REQUEST_IMM (RESULT_IMM's exponent 1) is still
+    taken whole, and its sums reach the worker."""
+    from tests.frames import scapy_frame
+    from tests.switch_traffic import Worker, job_config_records
+
+    me = W.Endpoint("10.0.0.1", W.ROCEV2_PORT, 0x02AA00000001)
+    spine = W.Endpoint(spine_ip(0), W.ROCEV2_PORT, 0x02DD00000000)
+    w = Worker(job=JOB, rank=0, ip="10.1.0.10", mac=0x020000000100, udp_port=0xC100, port=0,
+               qpn=0x100, rkey=0xAB00, va=1 << 40, key=0x1234)
+    assert W.unpack_imm(W.REQUEST_IMM, W.pack_imm(W.RESULT_IMM, job=JOB, count=1, version=0,
+                                                  slot=0, exponent=1, overflow=0))["droppable"]
+    control(leaf, [(W.WRITE | W.REG_IP, W.ip_to_int(me.ip)),
+                   (W.WRITE | W.REG_MAC_HI, me.mac >> 32),
+                   (W.WRITE | W.REG_MAC_LO, me.mac & 0xFFFFFFFF),
+                   (W.WRITE | W.uplink_reg(0, W.UPLINK_PORT), 2),
+                   (W.WRITE | W.uplink_reg(0, W.UPLINK_IP), W.ip_to_int(spine.ip))]
+            + [(W.WRITE | W.drop_threshold(c), 0) for c in range(8)])
+    control(leaf, job_config_records(JOB, [w], 0, 1) + [
+        (W.WRITE | W.job_reg(JOB, W.JOB_PARENT_KEY), SPINE_KEY),
+        (W.WRITE | W.job_reg(JOB, W.JOB_PARENT), W.PARENT.pack(enable=1, rank=0))])
+    [(port, _)] = leaf.receive(0, w.contribution(0, 0, 0, np.array([1, 2], np.int32), 0))
+    assert port == 2                    # the partial went up uplink 0
+    sums = np.array([7, -9], "<i4")
+    imm = W.pack_imm(W.RESULT_IMM, job=JOB, count=3, version=0, slot=0, exponent=1,
+                     overflow=0)
+    result = scapy_frame(W.OP_RESULT, W.UPLINK_QPN, 5, sums.tobytes(), spine, me,
+                         reth=(W.contribution_va(0, 0), SPINE_KEY, 8), imm=imm)
+    [(port, frame)] = leaf.receive(2, result)
+    pkt = W.parse_frame(frame)
+    assert port == 0 and pkt.dst.ip == w.ip and pkt.payload == sums.tobytes()
+    assert W.unpack_imm(W.RESULT_IMM, pkt.imm)["count"] == 3
+    assert control(leaf, [(W.port_counter(2, "drop_priority"), 0),
+                          (W.job_counter(JOB, "parent_results"), 0)]) == [0, 1]
