@@ -74,8 +74,8 @@ def main(argv=None) -> int:
     demo.add_argument("--values", type=int, default=2_000_000, help="float32 values per worker")
     demo.add_argument("--steps", type=int, default=8, help="tensors the values are split into")
     demo.add_argument("--backend", choices=["golden", "rtl"], default=None,
-                      help="rtl: the switch's Verilator model (default); golden: the Python "
-                           "model, no compiler needed (the default with --topology)")
+                      help="rtl: the switch's Verilator model (default; with --topology the "
+                           "leaves' and spines'); golden: the Python model, no compiler needed")
     demo.add_argument("--pcap", default=None, help="write every switch frame to this file")
     demo.add_argument("--paths", type=int, default=1,
                       help="UDP source ports each worker sprays its packets over")
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
                            "from the i-th, round robin); default: one per switch port reached")
     demo.add_argument("--topology", default=None,
                       help="LEAVESxSPINES (2x2, say): the workers over a simulated leaf and "
-                           "spine fabric (golden), their ranks in blocks over the leaves")
+                           "spine fabric, their ranks in blocks over the leaves")
     demo.add_argument("--fabric", default=None,
                       help="a leaf and spine fabric's description (JSON file, as `sim serve "
                            "--topology --describe` writes it): worker processes over UDP, each "
@@ -176,7 +176,7 @@ def main(argv=None) -> int:
     if args.command == "demo" and args.topology:
         from netagg.apps.demo_fabric import demo_fabric
         report = demo_fabric(args.topology, workers=args.workers, values=args.values,
-                             steps=args.steps, backend=args.backend or "golden",
+                             steps=args.steps, backend=args.backend or "rtl",
                              uplink_down_at=args.uplink_down_at, quiet=args.json)
         if args.json:
             print(json.dumps(report))

@@ -1,6 +1,6 @@
 """`netagg demo --topology LxS`: workers allreduce over a simulated leaf and spine fabric.
 
-The fabric (`sim.topology.Topology`, golden: the RTL has no leaf yet) runs in this process
+The fabric (`sim.topology.Topology`, golden or the RTL's leaves and spines) runs in this process
 with the workers (in-process `host.Worker`s with `fabric=`, their ranks in blocks over the
 leaves, driven cooperatively): each allreduces `values` float32 (or int32) values in `steps`
 tensors, and every worker's result is checked against numpy (float64 sum: int32 exactly,

@@ -28,8 +28,9 @@ slots move to the uplinks that remain (`mark_down=False`: the links only; `resto
 mends them).
 
 Backends: "golden" (`sim.golden_leaf.GoldenLeaf` with `uplinks=` for a leaf,
-`sim.golden_spine.GoldenSpine` for a spine); "rtl" is a NotImplementedError
-until the gateware has a leaf (`topology_rtl_missing`).
+`sim.golden_spine.GoldenSpine` for a spine); "rtl" (`sim.model.make_switch`: each leaf the
+gateware with `uplinks`, each spine with `spine`; their addresses written by control, so
+that one Verilator build serves every switch of a role; a switch still busy runs again).
 """
 
 from __future__ import annotations
@@ -42,10 +43,6 @@ from collections.abc import Callable, Iterable
 from netagg.sim import wire as W
 
 RACK = W.Endpoint("10.250.255.254", 0xBEEF, 0x02_00_00_FA_FF_FE)    # the operator's address
-RTL_MISSING = ("the RTL has no leaf yet: hw/ needs the uplink table (UPLINK_*, "
-               "REG_UPLINK_DOWN), the job registers JOB_PARENT, JOB_PARENT_KEY and JOB_SPRAY, "
-               "partials up and parent results down (UPLINK_QPN), and a spine job's "
-               "CONFIG.partials (PARTIAL in BTH.psn); use backend='golden'")
 
 
 class Role(enum.Enum):
@@ -137,8 +134,11 @@ def make_switch(backend: str, uplinks: int = 0, **params):
         from netagg.sim.golden_spine import GoldenSpine
         return GoldenLeaf(uplinks=uplinks, **params) if uplinks else GoldenSpine(**params)
     if backend == "rtl":
-        raise NotImplementedError(RTL_MISSING)
-    raise ValueError(f"unknown fabric backend {backend!r}: golden (rtl: not yet)")
+        from netagg.sim.model import make_switch as rtl_switch
+        params.pop("mac", None)         # (written by control: one build per role)
+        params.pop("ip", None)
+        return rtl_switch(spine=not uplinks, uplinks=uplinks, **params)
+    raise ValueError(f"unknown fabric backend {backend!r}: golden or rtl")
 
 
 class Topology:
@@ -156,8 +156,6 @@ class Topology:
                              f"1..{W.MAX_UPLINKS}, not {spines}")
         if not 1 <= leaves <= 15 or not 1 <= downlinks or downlinks + spines > 16:
             raise ValueError("leaves must be 1..15, and downlinks + spines at most 16 ports")
-        if backend == "rtl":
-            raise NotImplementedError(RTL_MISSING)
         self.leaves, self.spines, self.downlinks = leaves, spines, downlinks
         self.backend = backend
         self.rng = random.Random(seed)
@@ -346,6 +344,8 @@ class Topology:
                     self.nodes[far].switch.send(far_port, frame)
                 if arrived and self.nodes[far] not in busy:
                     busy.append(self.nodes[far])
+            busy += [n for n in self.nodes.values()     # the RTL's: a frame still inside
+                     if getattr(n.switch, "busy", False) and n not in busy]
         return out
 
     # --- the description ----------------------------------------------------------------

@@ -388,12 +388,20 @@ def test_sim_serve_topology_in_its_own_process_with_8_udp_workers_and_processes(
         proc.wait(10)
 
 
-def test_the_rtl_backend_is_a_clear_error_from_the_commands(capsys):
+@pytest.mark.parametrize("down", [None, 0.5], ids=["all-up", "spine1-down-halfway"])
+def test_8_workers_through_rtl_leaves_and_spines(capsys, down):
+    """`netagg demo --topology 2x2 --backend rtl`: two RTL leaves and two RTL spines (one
+    Verilator build per role), 8 workers, verified against numpy; with the last spine's
+    uplinks marked down halfway, the rest goes through spine 0."""
     from netagg.apps.cli import main
-    assert main(["demo", "--topology", "2x2", "--backend", "rtl", "--json"]) == 1
+    args = ["demo", "--topology", "2x2", "--workers", "8", "--backend", "rtl",
+            "--values", "40000", "--json"]
+    assert main(args + (["--uplink-down-at", str(down)] if down else [])) == 0
     report = json.loads(capsys.readouterr().out)
-    assert not report["verified"] and "the RTL has no leaf yet" in report["errors"][0]
-    assert main(["sim", "serve", "--topology", "2x2", "--backend", "rtl"]) == 2
+    assert report["verified"] and report["results_agree"] and report["backend"] == "rtl"
+    up = report["partials"]["leaf0"]
+    assert up == report["partials"]["leaf1"] and sum(up) > 0
+    assert (up[0] == up[1]) if down is None else (up[0] > up[1] > 0)
 
 
 @pytest.mark.slow

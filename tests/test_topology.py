@@ -111,9 +111,19 @@ def test_a_cut_spine_loses_its_frames_and_every_leaf_marks_its_uplink_down():
     assert not topo.links["leaf0", 4][0].cut
 
 
-def test_the_rtl_backend_says_what_is_missing():
-    with pytest.raises(NotImplementedError, match="uplink table"):
-        Topology(2, 2, backend="rtl")
+def test_the_rtl_backend_is_cabled_as_the_golden_one():
+    """The RTL's leaves (one build) and spines (another) read back the addresses and uplink
+    tables the topology wrote, as the golden switches do; an unknown backend is refused."""
+    rtl, golden = Topology(2, 2, backend="rtl"), Topology(2, 2)
+    regs = [W.REG_UPLINKS, W.REG_IP, W.REG_MAC_LO, W.REG_UPLINK_DOWN] + [
+        W.uplink_reg(i, f) for i in range(2)
+        for f in (W.UPLINK_PORT, W.UPLINK_IP, W.UPLINK_MAC_LO, W.UPLINK_UDP_PORT)]
+    for name in golden.nodes:
+        got = rtl.control(name, [(r, 0) for r in regs])
+        assert got == golden.control(name, [(r, 0) for r in regs]), name
+    assert [v for _, v in rtl.control("leaf1", [(W.REG_UPLINKS, 0)])] == [2]
+    with pytest.raises(ValueError, match="golden or rtl"):
+        Topology(2, 2, backend="vhdl")
 
 
 def test_the_description_round_trips_and_places_ranks_in_blocks():
