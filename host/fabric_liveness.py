@@ -35,6 +35,7 @@ from netagg.host.liveness import (
     Liveness,
     Seen,
     gone_ranks,
+    take_beats,
 )
 from netagg.sim import wire as W
 
@@ -157,10 +158,7 @@ class FabricLiveness(Liveness):
         if sent - w.last_answer > READ_GAP:
             w.seen.clear()
         w.last_answer = answered
-        for rank, value in enumerate(beats):
-            seen = w.seen.get(rank)
-            if seen is None or seen.value != value:
-                w.seen[rank] = Seen(value, answered)
+        take_beats(w.seen, beats, answered)
         newest = max(s.since for v in self.watches for s in v.seen.values())   # any leaf's
         w.gone = gone_ranks(w.seen, sent, self.mark, newest, w.first, self.placement.rank)
         self.gone = [g for v in self.watches for g in v.gone]

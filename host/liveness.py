@@ -81,6 +81,15 @@ class Gone:
     closed: bool = False
 
 
+def take_beats(seen: dict[int, Seen], beats: list[int], answered: float):
+    """Note each rank's beat (by rank) in `seen`, read at `answered`: a changed value is
+    seen from then on."""
+    for rank, value in enumerate(beats):
+        s = seen.get(rank)
+        if s is None or s.value != value:
+            seen[rank] = Seen(value, answered)
+
+
 def gone_ranks(seen: dict[int, Seen], sent: float, mark: int, newest: float, first: int = 0,
                me: int = -1) -> list[Gone]:
     """The ranks among `seen` (by rank, world rank `first + rank`) gone at a read sent at
@@ -209,10 +218,7 @@ class Liveness:
         if sent - self.last_answer > READ_GAP:
             self.seen.clear()
         self.last_answer = answered
-        for rank, value in enumerate(beats):
-            seen = self.seen.get(rank)
-            if seen is None or seen.value != value:
-                self.seen[rank] = Seen(value, answered)
+        take_beats(self.seen, beats, answered)
         newest = max(s.since for s in self.seen.values())
         self.gone = gone_ranks(self.seen, sent, self.mark, newest, me=self.rank)
         if self.gone:
