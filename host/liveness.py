@@ -26,12 +26,12 @@ registers, `hw.regmap`), so that the ranks waiting on them learn it within 2 s, 
   others may have been too, and beat again only now). A switch slow to answer does not
   restart it: it delays every rank's beats alike.
 - **Closing.** A worker that closes says so: its last beat has the run's mark and the count
-  0 (`closing`, sent twice, unanswered). A rank that finished its allreduces and closed may
-  still be needed by one that waits for a result the switch holds (a lost result comes back
-  as a replay when the waiting rank retransmits, which can take longer than `DEAD_AFTER`
-  under loss), so a closed rank is gone only after `CLOSED_AFTER` seconds: a rank that
-  closed before contributing is named within seconds, a finished one leaves the others to
-  their replays.
+  0 (`closing`, retransmitted until answered, for at most `CLOSING_WAIT` seconds). A rank
+  that finished its allreduces and closed may still be needed by one that waits for a
+  result the switch holds (a lost result comes back as a replay when the waiting rank
+  retransmits, which can take longer than `DEAD_AFTER` under loss), so a closed rank is
+  gone only after `CLOSED_AFTER` seconds: a rank that closed before contributing is named
+  within seconds, a finished one leaves the others to their replays.
 
 `watch`, a step of the engine's, fails its waiting works with `NetaggRankGone` once a rank
 is gone and its own works have made no progress for `STUCK_AFTER` seconds (with a quorum,
@@ -57,6 +57,7 @@ BEAT_PERIOD = 0.25      # seconds between a worker's heartbeats
 READ_PERIOD = 0.25      # seconds between reads of the job's heartbeats while works wait
 DEAD_AFTER = 1.5        # seconds a beat stands still, while others move, for its rank to be gone
 CLOSED_AFTER = 5.0      # the same for a rank whose last beat says it closed
+CLOSING_WAIT = 0.5      # seconds a closing worker waits for its last beat's answer
 READ_GAP = 1.0          # a read sent this long after the last answer starts the watch again
 COUNT_BITS = 8          # a beat: the run's mark above, the running count in these bits
 MARK = (1 << (32 - COUNT_BITS)) - 1
@@ -188,13 +189,19 @@ class Liveness:
             [(W.WRITE | W.beat_reg(self.job, self.rank), value)], self._beaten)
 
     def closing(self):
-        """The worker closes: a last beat with the count 0, twice (no answer is awaited: the
-        transport closes next)."""
-        if self.count:                  # (a worker that never beat says nothing)
-            for _ in range(2):
-                self._write_beat(self.mark << COUNT_BITS)
+        """The worker closes: a last beat with the count 0, retransmitted until the switch
+        answers or for `CLOSING_WAIT` seconds (a worker that never beat says nothing; a
+        switch that does not answer leaves the others the 1.5 s verdict)."""
+        if not self.count:
+            return
+        if self.beat_psn is not None:
             self.control.forget(self.beat_psn)
             self.beat_psn = None
+        try:
+            self.control.request([(W.WRITE | W.beat_reg(self.job, self.rank),
+                                   self.mark << COUNT_BITS)], timeout=CLOSING_WAIT)
+        except Exception:               # (closing never fails: the switch may be gone)
+            pass
 
     def _beaten(self, records):
         self.beat_psn = None
