@@ -197,9 +197,14 @@ class Liveness:
         if self.beat_psn is not None:
             self.control.forget(self.beat_psn)
             self.beat_psn = None
-        try:
-            self.control.request([(W.WRITE | W.beat_reg(self.job, self.rank),
-                                   self.mark << COUNT_BITS)], timeout=CLOSING_WAIT)
+        answered, deadline = [], time.monotonic() + CLOSING_WAIT
+        try:                            # (only this channel's answers: no engine steps)
+            self.control.request_async([(W.WRITE | W.beat_reg(self.job, self.rank),
+                                         self.mark << COUNT_BITS)], answered.append)
+            while not answered and time.monotonic() < deadline:
+                for datagram in self.control.transport.recv(0.01):
+                    self.control.take_answer(datagram)
+                self.control.retransmit(time.monotonic())
         except Exception:               # (closing never fails: the switch may be gone)
             pass
 
