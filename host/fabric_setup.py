@@ -56,7 +56,7 @@ from netagg.host.engine import Engine
 from netagg.host.errors import NetaggError
 from netagg.host.fabric import Fabric, Placement
 from netagg.host.fabric_liveness import FabricLiveness
-from netagg.host.job_setup import JobSetup
+from netagg.host.job_setup import JobSetup, entry_records
 from netagg.host.liveness import COUNT_BITS, MARK
 from netagg.host.lossy import LossyTransport
 from netagg.host.progress import Progress
@@ -187,14 +187,7 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
     count = per_job if slots is None else slots
     base = worker.job * per_job if slot_base is None else slot_base
     j, r = worker.job, where.leaf_rank
-    entry = [(W.worker_reg(j, r, W.WORKER_PORT),
-              W.WORKER_ENDPOINT.pack(switch_port=transport.switch_port,
-                                     udp_port=transport.local.port)),
-             (W.worker_reg(j, r, W.WORKER_MAC_HI), transport.local.mac >> 32),
-             (W.worker_reg(j, r, W.WORKER_MAC_LO), transport.local.mac & 0xFFFFFFFF),
-             (W.worker_reg(j, r, W.WORKER_IP), W.ip_to_int(transport.local.ip)),
-             (W.worker_reg(j, r, W.WORKER_QPN), engine.qpn),
-             (W.worker_reg(j, r, W.WORKER_VA_HI), 0), (W.worker_reg(j, r, W.WORKER_VA_LO), 0)]
+    entry = entry_records(j, r, transport.switch_port, transport.local, engine.qpn)
     setup = JobSetup(engine.control, j, r, where.leaf_workers, worker.session, entry,
                      p["jobs"], p["slots"], switch=leaf.name)
     if r != 0:
@@ -305,17 +298,10 @@ def _claim_spine(worker, fabric: Fabric, s: int, channel: ControlChannel, base: 
     if len(fabric.leaves) > p["max_workers"]:
         raise NetaggError(f"rank 0: {spine.name} takes at most {p['max_workers']} leaves per "
                           f"job, not {len(fabric.leaves)}")
-    entries = []
-    for lf, leaf in enumerate(fabric.leaves):
-        entries += [(W.worker_reg(j, lf, W.WORKER_PORT),
-                     W.WORKER_ENDPOINT.pack(switch_port=spine.leaf_ports[lf],
-                                            udp_port=W.ROCEV2_PORT)),
-                    (W.worker_reg(j, lf, W.WORKER_MAC_HI), leaf.mac >> 32),
-                    (W.worker_reg(j, lf, W.WORKER_MAC_LO), leaf.mac & 0xFFFFFFFF),
-                    (W.worker_reg(j, lf, W.WORKER_IP), W.ip_to_int(leaf.ip)),
-                    (W.worker_reg(j, lf, W.WORKER_QPN), W.UPLINK_QPN),
-                    (W.worker_reg(j, lf, W.WORKER_VA_HI), 0),
-                    (W.worker_reg(j, lf, W.WORKER_VA_LO), 0)]
+    entries = [record for lf, leaf in enumerate(fabric.leaves)
+               for record in entry_records(j, lf, spine.leaf_ports[lf],
+                                           W.Endpoint(leaf.ip, W.ROCEV2_PORT, leaf.mac),
+                                           W.UPLINK_QPN)]
     setup = JobSetup(channel, j, 0, len(fabric.leaves), worker.session, entries, p["jobs"],
                      p["slots"], base=base, count=count, credits=0, epoch=epoch,
                      partials=True, switch=spine.name)

@@ -85,7 +85,7 @@ from netagg.host.engine import Engine
 from netagg.host.errors import NetaggError, NetaggTimeout
 from netagg.host.fabric_setup import fabric_worker
 from netagg.host.hierarchical import Handle, hierarchical
-from netagg.host.job_setup import JobSetup
+from netagg.host.job_setup import JobSetup, entry_records
 from netagg.host.lossy import LossyTransport
 from netagg.host.messages import DEFAULT_PRIORITY, Work
 from netagg.host.outputs import outputs, racing
@@ -224,14 +224,7 @@ class Worker:
         count = per_job if slots is None else slots
         base = self.switch_job * per_job if slot_base is None else slot_base
         r, j = self.switch_rank, self.switch_job
-        entry = [(W.worker_reg(j, r, W.WORKER_PORT),
-                  W.WORKER_ENDPOINT.pack(switch_port=t.switch_port, udp_port=t.local.port)),
-                 (W.worker_reg(j, r, W.WORKER_MAC_HI), t.local.mac >> 32),
-                 (W.worker_reg(j, r, W.WORKER_MAC_LO), t.local.mac & 0xFFFFFFFF),
-                 (W.worker_reg(j, r, W.WORKER_IP), W.ip_to_int(t.local.ip)),
-                 (W.worker_reg(j, r, W.WORKER_QPN), e.qpn),
-                 (W.worker_reg(j, r, W.WORKER_VA_HI), 0),
-                 (W.worker_reg(j, r, W.WORKER_VA_LO), 0)]
+        entry = entry_records(j, r, t.switch_port, t.local, e.qpn)
         setup = JobSetup(e.control, j, r, self.switch_workers, self.session, entry, p["jobs"],
                          total_slots)
         if r == 0:
