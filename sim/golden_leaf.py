@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 from netagg.hw import headers as H
 from netagg.sim import wire as W
-from netagg.sim.codec import Extension, Header, Request, ResultTemplate, decode, result_imm
+from netagg.sim.codec import Extension, Header, Request, decode, result_imm
 from netagg.sim.golden import GoldenSwitch, _add_saturating, _lanes, _signed
 from netagg.sim.golden_leaf_registers import (
     CopyState,
@@ -236,9 +236,7 @@ class GoldenLeaf(LeafRegisters, GoldenSwitch):
             w = job.table[rank]
             if copy.bitmap >> rank & 1 or w.port >= self.ports:
                 continue
-            out.append((w.port, ResultTemplate((self.mac, self.ip, self.udp_sport),
-                                               (w.mac, w.ip, w.udp_port), w.qpn, w.rkey,
-                                               0).frame(job.limit, va, imm, b"")))
+            out.append((w.port, self._template(w, 0).frame(job.limit, va, imm, b"")))
         self.fabric_counters[use.job]["pulls"] += len(out)
         return out
 
