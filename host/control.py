@@ -36,6 +36,10 @@ from netagg.host.retransmit import RetransmitTimer, RttEstimator
 from netagg.sim import wire as W
 
 CONTROL_RTO_MIN = 0.05      # the shortest wait for a control answer, in seconds
+# The longest a copy of a control request may take from its sending to the switch: the
+# lossy transport holds a packet back at most its max_delay (0.02 s in the tests), a LAN
+# microseconds.
+CONTROL_LIFETIME = 0.1
 
 Records = list[tuple[int, int]]
 
@@ -100,15 +104,25 @@ class ControlChannel:
         it. Its answer, if it comes, is counted as `ignored_control`."""
         self.pending.pop(psn, None)
 
-    def request(self, records, timeout: float | None = None) -> Records:
-        """Send control records and wait for the answer: (address, value after) pairs."""
+    def request(self, records, timeout: float | None = None, settle: bool = False) -> Records:
+        """Send control records and wait for the answer: (address, value after) pairs.
+
+        `settle`: the records must not be applied again once this returns (they undo what
+        others write after them: a job's claim clears its slots and the other ranks'
+        entries). The switch applies every copy of a request that reaches it, and a copy
+        sent again because its answer was lost, or duplicated on the way, may still be on
+        its way when an earlier copy's answer arrives; so a request sent more than once, or
+        over a transport that duplicates, is waited out until CONTROL_LIFETIME after its
+        last sending."""
         records = list(records)
         answers = []
         limit = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
+        settled = 0.0               # when no copy of the requests can reach the switch
         for i in range(0, len(records), W.MAX_CONTROL_RECORDS):
             box = []
-            self.request_async(records[i:i + W.MAX_CONTROL_RECORDS], box.append)
+            timer = self.pending[self.request_async(records[i:i + W.MAX_CONTROL_RECORDS],
+                                                    box.append)].timer
             while not box:
                 if time.monotonic() > deadline:
                     for psn in [p for p, c in self.pending.items() if c.callback == box.append]:
@@ -119,6 +133,10 @@ class ControlChannel:
                         f"control request within {limit:.1f} s")
                 self._wait_a_little(0.01)
             answers += box[0]
+            if settle and (timer.attempts > 1 or self.transport.duplicates):
+                settled = max(settled, timer.last_at + CONTROL_LIFETIME)
+        while time.monotonic() < settled:
+            self._wait_a_little(0.01)
         return answers
 
     def _wait_a_little(self, timeout: float):

@@ -4,15 +4,17 @@ request enabled it) and the switch's manager, its worker entries also from the a
 holds (or anyone's while it holds none), an enabled job's slot range is fixed, and no two
 enabled jobs share a slot.
 
-1. Rank 0 configures the job (`claim`, while its `Worker` is made) in one request of 17 + 2
-   x ranks records (a leaf's 2 more; a spine's 7 more per leaf but the first), which the
-   control channel splits into requests of MAX_CONTROL_RECORDS (64), in order: one up to 23
-   ranks, a leaf's 22, a spine's 6 leaves. It disables the job, writes its slot range,
+1. Rank 0 configures the job (`claim`, while its `Worker` is made) with 17 + 2 x ranks
+   records (a leaf's 2 more; a spine's 7 more per leaf but the first), in requests of
+   MAX_CONTROL_RECORDS (64), in order. It disables the job, writes its slot range,
    credits, quorum, deadline and PARENT (0 but for a fabric's leaf: a CONFIG write does not
    clear it, and a job left with a parent would send its uses up; a switch without uplinks
    ignores the write), clears every other rank's entry's address, writes its own entry,
    enables the job (whose owner its address becomes), and writes the epoch it drew, the
-   job's key and every rank's R_Key (the tag: `host.session`). Another owner refuses every
+   job's key; then, once no copy of those requests can reach the switch again (a copy sent
+   again after a lost answer would clear the other ranks' entries and the slots after they
+   began: `ControlChannel.request`'s `settle`), every rank's R_Key (the tag:
+   `host.session`), which the other ranks wait for. Another owner refuses every
    record: `NetaggError` naming the job and the owner's address, at once; so does a slot
    range that overlaps an enabled job's (read first, and refused by the switch if another
    job took it meanwhile) or runs past the switch's slots.
@@ -179,7 +181,7 @@ class JobSetup:
                               f"{clash}: pass slot_base= and slots= of a free range, or another "
                               f"job")
         keys = JobKeys.derive(self.session, j, self.epoch or fresh_epoch())
-        pairs = ([(self._reg(W.JOB_CONFIG), self._config(enable=0)),
+        setup = ([(self._reg(W.JOB_CONFIG), self._config(enable=0)),
                   (self._reg(W.JOB_SLOT_BASE), base), (self._reg(W.JOB_SLOT_COUNT), count),
                   (self._reg(W.JOB_CREDITS), self.credits),
                   (self._reg(W.JOB_QUORUM), self.quorum),
@@ -188,14 +190,18 @@ class JobSetup:
                  + [(W.worker_reg(j, r, W.WORKER_IP), 0) for r in range(1, self.workers)]
                  + self.entry + self.extra
                  + [(self._reg(W.JOB_CONFIG), self.config),   # clears slots and COMPLETED
-                    (self._reg(W.JOB_EPOCH), keys.epoch), (self._reg(W.JOB_KEY), keys.key)]
-                 + [(self._rkey(r), keys.key if self.partials else keys.tag)
-                    for r in range(self.workers)])
-        # 17 + 2 x workers records and the extra ones (a spine's entries: 7 a leaf), split
-        # into requests of MAX_CONTROL_RECORDS by the channel, in order; the R_Keys, which the
-        # other ranks wait for, last; the KEY reads back 0
-        answers = self._read([(a | W.WRITE, v) for a, v in pairs]
-                             + [(self._reg(W.JOB_OWNER), 0)])
+                    (self._reg(W.JOB_EPOCH), keys.epoch), (self._reg(W.JOB_KEY), keys.key)])
+        go = [(self._rkey(r), keys.key if self.partials else keys.tag)
+              for r in range(self.workers)]
+        pairs = setup + go
+        # 17 + 2 x workers records and the extra ones (a spine's entries: 7 a leaf), in
+        # requests of MAX_CONTROL_RECORDS, in order. The R_Keys, which the other ranks wait
+        # for before they write their entries and contribute, go only once no copy of the
+        # set-up can reach the switch again (`settle`: a copy applied after them would clear
+        # their entries and slots); the KEY reads back 0.
+        answers = (self._read([(a | W.WRITE, v) for a, v in setup], settle=True)
+                   + self._read([(a | W.WRITE, v) for a, v in go]
+                                + [(self._reg(W.JOB_OWNER), 0)]))
         if refused(pairs[:1], answers):
             raise NetaggError(
                 f"job {j}{at} is enabled by {ip_str(answers[-1])}: the switch refused rank 0's "
@@ -269,5 +275,5 @@ class JobSetup:
         check.accept = look
         return check
 
-    def _read(self, pairs: Pairs) -> list[int]:
-        return [v for _, v in self.control.request(pairs)]
+    def _read(self, pairs: Pairs, settle: bool = False) -> list[int]:
+        return [v for _, v in self.control.request(pairs, settle=settle)]

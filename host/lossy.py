@@ -7,6 +7,7 @@ import heapq
 import random
 import time
 
+from netagg.host.control import CONTROL_LIFETIME
 from netagg.host.transport import Transport
 from netagg.sim import wire as W
 
@@ -14,7 +15,8 @@ from netagg.sim import wire as W
 class LossyTransport(Transport):
     """Another transport with loss: each packet, in each direction, is dropped with `drop`,
     sent twice with `duplicate`, and held back by a random delay up to `max_delay` seconds
-    with `reorder` (so packets behind it overtake it). Seeded: the same seed, the same faults.
+    with `reorder` (so packets behind it overtake it; below the control requests' lifetime,
+    `host.control.CONTROL_LIFETIME`). Seeded: the same seed, the same faults.
     `path_delay`: packets sprayed over path i are held back `i * path_delay` seconds more
     (paths of different lengths, so that a message's packets arrive out of order)."""
 
@@ -22,12 +24,16 @@ class LossyTransport(Transport):
                  reorder: float = 0.0, max_delay: float = 0.005, seed: int = 0,
                  path_delay: float = 0.0):
         super().__init__()
+        if max_delay >= CONTROL_LIFETIME:
+            raise ValueError(f"max_delay must be below the control requests' lifetime, "
+                             f"{CONTROL_LIFETIME} s, not {max_delay}")
         self.inner = inner
         self.local, self.switch, self.switch_port = inner.local, inner.switch, inner.switch_port
         self.driver = inner.driver
         self.paths = inner.paths
         self.drop, self.duplicate, self.reorder, self.max_delay = drop, duplicate, reorder, \
             max_delay
+        self.duplicates = duplicate > 0
         self.path_delay = path_delay
         self.rng = random.Random(seed)
         self._out, self._in = [], []           # heaps of (due, n, packet)

@@ -47,12 +47,14 @@ class RttEstimator:
 @dataclasses.dataclass
 class RetransmitTimer:
     """When a packet awaiting its answer is due again: `deadline`, after `rto` seconds from
-    its last sending; `attempts` counts its sendings, `sent_at` is the first."""
+    its last sending; `attempts` counts its sendings, `sent_at` is the first, `last_at` the
+    last."""
 
     sent_at: float = 0.0
     deadline: float = 0.0
     rto: float = 0.0
     attempts: int = 0
+    last_at: float = 0.0
 
     def sent(self, now: float, rtt: RttEstimator, rto_floor: float = 0.0) -> bool:
         """Note a sending at `now`: a first one waits the estimator's RTO (at least
@@ -64,6 +66,7 @@ class RetransmitTimer:
             self.sent_at = now
             self.rto = max(rtt.rto, rto_floor)
         self.attempts += 1
+        self.last_at = now
         self.deadline = now + self.rto
         return retry
 

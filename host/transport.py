@@ -99,6 +99,7 @@ class Transport:
     switch_port: int | None    # the switch port the worker's frames enter (None: not known)
     driver = None              # an InProcessHub drives all its workers from one thread
     paths = 1                  # source addresses packets may be sprayed over
+    duplicates = False         # whether a packet may arrive twice (control.CONTROL_LIFETIME)
 
     def __init__(self):
         self.bad = 0               # packets dropped here: bad ICRC, malformed

@@ -424,7 +424,7 @@ def test_16_workers_over_4_leaves_and_4_spines_with_loss_and_two_spines_cut():
         w.close()
 
 
-def test_a_spine_of_8_leaves_is_claimed_in_two_requests_and_sums_exactly(monkeypatch):
+def test_a_spine_of_8_leaves_is_set_up_in_two_requests_and_sums_exactly(monkeypatch):
     from netagg.host.control import ControlChannel
     sizes = []
     send = ControlChannel.request_async
@@ -435,8 +435,11 @@ def test_a_spine_of_8_leaves_is_claimed_in_two_requests_and_sums_exactly(monkeyp
     monkeypatch.setattr(ControlChannel, "request_async", counted)
     topo = Topology(8, 1, max_workers=8)
     ws = _workers(topo, n=8)
-    claim = 10 + 9 * 8                  # the spine's claim: 17 + 2 x 8 records, 7 x 7 more
-    assert W.MAX_CONTROL_RECORDS in sizes and claim - W.MAX_CONTROL_RECORDS in sizes
+    # the spine's claim: its set-up, 16 + 8 records and 7 x 7 more, in two requests, then
+    # the 8 R_Keys and a read
+    setup = 16 + 8 + 7 * 7
+    at = sizes.index(W.MAX_CONTROL_RECORDS)
+    assert sizes[at:at + 3] == [W.MAX_CONTROL_RECORDS, setup - W.MAX_CONTROL_RECORDS, 8 + 1]
     xs = [np.full(500, r + 1, np.int32) for r in range(8)]
     for out in _allreduce(ws, xs):
         assert np.array_equal(out, np.full(500, 36))
