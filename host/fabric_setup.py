@@ -56,7 +56,7 @@ from netagg.host.engine import Engine
 from netagg.host.errors import NetaggError
 from netagg.host.fabric import Fabric, Placement
 from netagg.host.fabric_liveness import FabricLiveness
-from netagg.host.job_setup import JobSetup, entry_records
+from netagg.host.job_setup import JobSetup
 from netagg.host.liveness import COUNT_BITS, MARK
 from netagg.host.lossy import LossyTransport
 from netagg.host.progress import Progress
@@ -187,7 +187,7 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
     count = per_job if slots is None else slots
     base = worker.job * per_job if slot_base is None else slot_base
     j, r = worker.job, where.leaf_rank
-    entry = entry_records(j, r, transport.switch_port, transport.local, engine.qpn)
+    entry = W.entry_records(j, r, transport.switch_port, transport.local, engine.qpn)
     setup = JobSetup(engine.control, j, r, where.leaf_workers, worker.session, entry,
                      p["jobs"], p["slots"], switch=leaf.name)
     if r != 0:
@@ -299,9 +299,9 @@ def _claim_spine(worker, fabric: Fabric, s: int, channel: ControlChannel, base: 
         raise NetaggError(f"rank 0: {spine.name} takes at most {p['max_workers']} leaves per "
                           f"job, not {len(fabric.leaves)}")
     entries = [record for lf, leaf in enumerate(fabric.leaves)
-               for record in entry_records(j, lf, spine.leaf_ports[lf],
-                                           W.Endpoint(leaf.ip, W.ROCEV2_PORT, leaf.mac),
-                                           W.UPLINK_QPN)]
+               for record in W.entry_records(j, lf, spine.leaf_ports[lf],
+                                             W.Endpoint(leaf.ip, W.ROCEV2_PORT, leaf.mac),
+                                             W.UPLINK_QPN)]
     setup = JobSetup(channel, j, 0, len(fabric.leaves), worker.session, entries, p["jobs"],
                      p["slots"], base=base, count=count, credits=0, epoch=epoch,
                      partials=True, switch=spine.name)

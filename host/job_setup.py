@@ -88,20 +88,6 @@ class JobView:
 VIEW_FIELDS = (W.JOB_CONFIG, W.JOB_SLOT_BASE, W.JOB_SLOT_COUNT, W.JOB_OWNER)
 
 
-def entry_records(job: int, rank: int, switch_port: int, address: W.Endpoint,
-                  qpn: int) -> Pairs:
-    """A job-table entry's writes: rank `rank` of `job` reached by switch port `switch_port`
-    at `address` (IPv4, UDP port, MAC), queue pair `qpn`, base address 0."""
-    return [(W.worker_reg(job, rank, W.WORKER_PORT),
-             W.WORKER_ENDPOINT.pack(switch_port=switch_port, udp_port=address.port)),
-            (W.worker_reg(job, rank, W.WORKER_MAC_HI), address.mac >> 32),
-            (W.worker_reg(job, rank, W.WORKER_MAC_LO), address.mac & 0xFFFFFFFF),
-            (W.worker_reg(job, rank, W.WORKER_IP), W.ip_to_int(address.ip)),
-            (W.worker_reg(job, rank, W.WORKER_QPN), qpn),
-            (W.worker_reg(job, rank, W.WORKER_VA_HI), 0),
-            (W.worker_reg(job, rank, W.WORKER_VA_LO), 0)]
-
-
 def view_records(jobs) -> Pairs:
     return [(W.job_reg(j, f), 0) for j in jobs for f in VIEW_FIELDS]
 

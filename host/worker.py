@@ -85,7 +85,7 @@ from netagg.host.engine import Engine
 from netagg.host.errors import NetaggError, NetaggTimeout
 from netagg.host.fabric_setup import fabric_worker
 from netagg.host.hierarchical import Handle, hierarchical
-from netagg.host.job_setup import JobSetup, entry_records
+from netagg.host.job_setup import JobSetup
 from netagg.host.lossy import LossyTransport
 from netagg.host.messages import DEFAULT_PRIORITY, Work
 from netagg.host.outputs import outputs, racing
@@ -224,7 +224,7 @@ class Worker:
         count = per_job if slots is None else slots
         base = self.switch_job * per_job if slot_base is None else slot_base
         r, j = self.switch_rank, self.switch_job
-        entry = entry_records(j, r, t.switch_port, t.local, e.qpn)
+        entry = W.entry_records(j, r, t.switch_port, t.local, e.qpn)
         setup = JobSetup(e.control, j, r, self.switch_workers, self.session, entry, p["jobs"],
                          total_slots)
         if r == 0:

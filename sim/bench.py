@@ -128,12 +128,8 @@ def _configure(senders: list[_Sender], job: int, slots: int):
         [port] = s.control([(W.REG_PORT, 0)])
         if port >= ports:
             raise RuntimeError(f"REG_PORT {port} beyond the switch's {ports} ports")
-        s.control([(W.WRITE | W.worker_reg(job, s.rank, reg), value) for reg, value in (
-            (W.WORKER_PORT, W.WORKER_ENDPOINT.pack(switch_port=port, udp_port=s.local.port)),
-            (W.WORKER_MAC_HI, 0),
-            (W.WORKER_MAC_LO, 0), (W.WORKER_IP, W.ip_to_int(s.local.ip)),
-            (W.WORKER_QPN, s.qpn), (W.WORKER_RKEY, s.rkey), (W.WORKER_VA_HI, 0),
-            (W.WORKER_VA_LO, 0))])
+        s.control([(W.WRITE | a, v) for a, v in W.entry_records(
+            job, s.rank, port, s.local, s.qpn, rkey=s.rkey)])
     first.control([(W.WRITE | W.job_reg(job, reg), value) for reg, value in (
         (W.JOB_SLOT_BASE, 0), (W.JOB_SLOT_COUNT, slots), (W.JOB_CREDITS, 0),
         (W.JOB_QUORUM, 0), (W.JOB_CONFIG, W.CONFIG.pack(enable=1, workers=len(senders))),

@@ -181,15 +181,7 @@ class Traffic:
     @staticmethod
     def _row(job: int, m: Member) -> list[tuple[int, int]]:
         """A worker's job-table row (its R_Key is rank 0's to write)."""
-        e = m.endpoint
-        return [(W.worker_reg(job, m.rank, W.WORKER_PORT),
-                 W.WORKER_ENDPOINT.pack(switch_port=m.port, udp_port=e.port)),
-                (W.worker_reg(job, m.rank, W.WORKER_MAC_HI), e.mac >> 32),
-                (W.worker_reg(job, m.rank, W.WORKER_MAC_LO), e.mac & 0xFFFFFFFF),
-                (W.worker_reg(job, m.rank, W.WORKER_IP), W.ip_to_int(e.ip)),
-                (W.worker_reg(job, m.rank, W.WORKER_QPN), m.qpn),
-                (W.worker_reg(job, m.rank, W.WORKER_VA_HI), m.va >> 32),
-                (W.worker_reg(job, m.rank, W.WORKER_VA_LO), m.va & 0xFFFFFFFF)]
+        return W.entry_records(job, m.rank, m.port, m.endpoint, m.qpn, va=m.va)
 
     def _configure(self, job: int, members: list[Member], base: int, count: int, credits: int,
                    quorum: int) -> Iterator[Frame]:

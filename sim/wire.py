@@ -59,6 +59,7 @@ import ipaddress
 import struct
 
 from netagg.hw import headers as H
+from netagg.hw import regmap as R
 from netagg.hw.headers import (  # noqa: F401  (the format's constants, for the codec's users)
     CONTROL_QPN,
     EXP_NONFINITE,
@@ -454,3 +455,19 @@ def control_request(records, psn: int, src: Endpoint, dst: Endpoint) -> Packet:
     if not 1 <= len(records) <= MAX_CONTROL_RECORDS:
         raise ValueError(f"a control request carries 1..{MAX_CONTROL_RECORDS} records")
     return Packet(OP_CONTROL, CONTROL_QPN, psn, pack_records(records), src=src, dst=dst)
+
+
+def entry_records(job: int, rank: int, switch_port: int, address: Endpoint, qpn: int, *,
+                  va: int = 0, rkey: int | None = None) -> list[tuple[int, int]]:
+    """A job-table entry's records, (register, value) without the WRITE bit: rank `rank` of
+    `job` reached by switch port `switch_port` at `address` (IPv4, UDP port, MAC), queue
+    pair `qpn`, base address `va`, and its R_Key when given (rank 0 of a run writes every
+    rank's: `host.job_setup`)."""
+    endpoint = R.WORKER_ENDPOINT.pack(switch_port=switch_port, udp_port=address.port)
+    fields = [(R.WORKER_PORT, endpoint),
+              (R.WORKER_MAC_HI, address.mac >> 32), (R.WORKER_MAC_LO, address.mac & 0xFFFFFFFF),
+              (R.WORKER_IP, ip_to_int(address.ip)), (R.WORKER_QPN, qpn)]
+    if rkey is not None:
+        fields.append((R.WORKER_RKEY, rkey))
+    fields += [(R.WORKER_VA_HI, va >> 32), (R.WORKER_VA_LO, va & 0xFFFFFFFF)]
+    return [(R.worker_reg(job, rank, off), value) for off, value in fields]

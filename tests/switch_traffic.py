@@ -121,13 +121,9 @@ def job_config_records(job: int, workers: list[Worker], slot_base: int, slot_cou
             (W.WRITE | W.job_reg(job, W.JOB_QUORUM), quorum),
             (W.WRITE | W.job_reg(job, W.JOB_KEY), workers[0].key if workers else 0)]
     for w in workers:
-        ip = W.ip_to_int(w.ip)
-        endpoint = W.WORKER_ENDPOINT.pack(switch_port=w.port, udp_port=w.udp_port)
-        for off, value in ((W.WORKER_PORT, endpoint),
-                           (W.WORKER_MAC_HI, w.mac >> 32), (W.WORKER_MAC_LO, w.mac & 0xFFFFFFFF),
-                           (W.WORKER_IP, ip), (W.WORKER_QPN, w.qpn), (W.WORKER_RKEY, w.rkey),
-                           (W.WORKER_VA_HI, w.va >> 32), (W.WORKER_VA_LO, w.va & 0xFFFFFFFF)):
-            recs.append((W.WRITE | W.worker_reg(job, w.rank, off), value))
+        recs += [(W.WRITE | a, v) for a, v in W.entry_records(
+            job, w.rank, w.port, W.Endpoint(w.ip, w.udp_port, w.mac), w.qpn, va=w.va,
+            rkey=w.rkey)]
     recs.append((W.WRITE | W.job_reg(job, W.JOB_CONFIG),
                  W.CONFIG.pack(enable=1, workers=len(workers))))
     return recs

@@ -55,11 +55,8 @@ class Sender:
     def row(self) -> list:
         """Its job-table entry, as (register, value) pairs."""
         port = switch_port_for(self.local.ip, self.local.port, self.server.ports)
-        return [(W.worker_reg(JOB, self.rank, reg), value) for reg, value in (
-            (W.WORKER_PORT, W.WORKER_ENDPOINT.pack(switch_port=port, udp_port=self.local.port)),
-            (W.WORKER_IP, W.ip_to_int(self.local.ip)), (W.WORKER_QPN, self.qpn),
-            (W.WORKER_RKEY, self.rkey), (W.WORKER_VA_HI, self.va >> 32),
-            (W.WORKER_VA_LO, self.va & 0xFFFFFFFF))]
+        return W.entry_records(JOB, self.rank, port, self.local, self.qpn, va=self.va,
+                               rkey=self.rkey)
 
     def send(self, slot: int, version: int, lanes: np.ndarray, msn: int, **kw):
         pkt = W.contribution(job=JOB, rank=self.rank, slot=slot, version=version,
