@@ -56,7 +56,7 @@ from netagg.host.engine import Engine
 from netagg.host.errors import NetaggError
 from netagg.host.fabric import Fabric, Placement
 from netagg.host.fabric_liveness import FabricLiveness
-from netagg.host.job_setup import JobSetup
+from netagg.host.job_setup import JobSetup, slot_range
 from netagg.host.liveness import COUNT_BITS, MARK
 from netagg.host.lossy import LossyTransport
 from netagg.host.progress import Progress
@@ -183,9 +183,7 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
             ranks = Placement.ranks_of(lf, worker.world_size, len(fabric.leaves))
             engine.liveness.add_leaf(lf, other.name, ranks.start, len(ranks),
                                      _channel(worker, fabric, other, ip, LEAF_PORTS + lf))
-    per_job = p["slots"] // p["jobs"]
-    count = per_job if slots is None else slots
-    base = worker.job * per_job if slot_base is None else slot_base
+    base, count = slot_range(p, worker.job, slots, slot_base)
     j, r = worker.job, where.leaf_rank
     entry = W.entry_records(j, r, transport.switch_port, transport.local, engine.qpn)
     setup = JobSetup(engine.control, j, r, where.leaf_workers, worker.session, entry,

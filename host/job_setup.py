@@ -88,6 +88,15 @@ class JobView:
 VIEW_FIELDS = (W.JOB_CONFIG, W.JOB_SLOT_BASE, W.JOB_SLOT_COUNT, W.JOB_OWNER)
 
 
+def slot_range(params: dict, job: int, slots: int | None,
+               slot_base: int | None) -> tuple[int, int]:
+    """A job's slot range (base, count) on a switch of `params` (`control.read_params`):
+    `slots` from `slot_base` as asked, else the switch's slots dealt evenly over its jobs."""
+    per_job = params["slots"] // params["jobs"]
+    return (job * per_job if slot_base is None else slot_base,
+            per_job if slots is None else slots)
+
+
 def view_records(jobs) -> Pairs:
     return [(W.job_reg(j, f), 0) for j in jobs for f in VIEW_FIELDS]
 

@@ -85,7 +85,7 @@ from netagg.host.engine import Engine
 from netagg.host.errors import NetaggError, NetaggTimeout
 from netagg.host.fabric_setup import fabric_worker
 from netagg.host.hierarchical import Handle, hierarchical
-from netagg.host.job_setup import JobSetup
+from netagg.host.job_setup import JobSetup, slot_range
 from netagg.host.lossy import LossyTransport
 from netagg.host.messages import DEFAULT_PRIORITY, Work
 from netagg.host.outputs import outputs, racing
@@ -220,9 +220,7 @@ class Worker:
         t.attach_switch(p["ports"], p["port"])   # the port of its job-table entry
         t.result_source = W.Endpoint(p["ip"], p["udp_sport"])
         total_slots = p["slots"]
-        per_job = total_slots // p["jobs"]
-        count = per_job if slots is None else slots
-        base = self.switch_job * per_job if slot_base is None else slot_base
+        base, count = slot_range(p, self.switch_job, slots, slot_base)
         r, j = self.switch_rank, self.switch_job
         entry = W.entry_records(j, r, t.switch_port, t.local, e.qpn)
         setup = JobSetup(e.control, j, r, self.switch_workers, self.session, entry, p["jobs"],
