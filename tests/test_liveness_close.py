@@ -5,7 +5,6 @@ contributed is still named within seconds."""
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 
@@ -18,7 +17,7 @@ from netagg.host.lossy import LossyTransport
 from netagg.sim import wire as W
 from netagg.sim.serve import SimServer, make_backend
 
-from tests.host_workers import workers
+from tests.host_workers import in_threads, workers
 
 
 def test_a_closing_beat_is_gone_only_after_closed_after():
@@ -62,33 +61,24 @@ def test_finished_ranks_that_close_leave_the_others_to_their_replays():
     ten has its own test below)."""
     rng = np.random.default_rng(4)
     for trial in range(4):
-        errors = _two_lossy_ranks(rng, seed=10 * trial)
-        assert errors == [], f"trial {trial}: {errors}"
+        _two_lossy_ranks(rng, seed=10 * trial)
 
 
-def _two_lossy_ranks(rng, seed: int) -> list:
+def _two_lossy_ranks(rng, seed: int):
     faults = dict(drop=0.2, reorder=0.2, max_delay=0.01)
     n = 255 * 6 + 5
     xs, ys = ([rng.integers(-2**20, 2**20, n, dtype=np.int32) for _ in range(2)]
               for _ in range(2))
-    session, errors = uuid.uuid4().hex, []
+    session = uuid.uuid4().hex
     with SimServer(make_backend("golden")).start() as server:
         def rank(r):
-            try:
-                with Worker(r, 2, server.url, session=session, timeout=20,
-                            faults=dict(faults, seed=r + seed)) as w:
-                    a = w.allreduce_async(xs[r])
-                    b = w.allreduce_async(ys[r])
-                    assert np.array_equal(a.wait(30), xs[0] + xs[1])
-                    assert np.array_equal(b.wait(30), ys[0] + ys[1])
-            except BaseException as e:      # reported by the test
-                errors.append(e)
-        threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-    return errors
+            with Worker(r, 2, server.url, session=session, timeout=20,
+                        faults=dict(faults, seed=r + seed)) as w:
+                a = w.allreduce_async(xs[r])
+                b = w.allreduce_async(ys[r])
+                assert np.array_equal(a.wait(30), xs[0] + xs[1])
+                assert np.array_equal(b.wait(30), ys[0] + ys[1])
+        in_threads(rank, 2)
 
 
 def test_a_rank_that_closes_before_contributing_is_named_closed():
@@ -151,23 +141,16 @@ def test_a_claim_sent_again_after_its_answer_was_lost_leaves_the_others_entries(
         return made[rank]
     monkeypatch.setattr(worker_module, "LossyTransport", lossy)
     xs = [np.arange(3 * N.LANES, dtype=np.int32) * (r + 1) for r in range(2)]
-    session, out, errors = uuid.uuid4().hex, [None, None], []
+    session = uuid.uuid4().hex
     with SimServer(make_backend("golden")).start() as server:
         def rank(r):
-            try:
-                with Worker(r, 2, server.url, session=session, timeout=5,
-                            faults=dict(seed=r)) as w:
-                    out[r] = w.allreduce(xs[r])
-                    counters = w.engine.control.request(
-                        [(W.job_counter(0, "drop_bad_worker"), 0)])
-                    assert counters[0][1] == 0
-            except BaseException as e:      # reported by the test
-                errors.append(e)
-        threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
-    assert errors == []
+            with Worker(r, 2, server.url, session=session, timeout=5,
+                        faults=dict(seed=r)) as w:
+                out = w.allreduce(xs[r])
+                [(_, dropped)] = w.engine.control.request(
+                    [(W.job_counter(0, "drop_bad_worker"), 0)])
+                return out, dropped
+        answers = in_threads(rank, 2)
     assert made[0].faults["dropped"] == 1 and made[0].setup_psn is not None
-    assert all(np.array_equal(o, xs[0] + xs[1]) for o in out)
+    for out, dropped in answers:
+        assert np.array_equal(out, xs[0] + xs[1]) and dropped == 0
