@@ -37,10 +37,15 @@ SWITCH = W.Endpoint("10.0.0.1", W.ROCEV2_PORT, 0x02AA00000001)
 
 class SwitchTB:
     """Drives every rx port from a queue of frames (back to back, or with idle cycles),
-    takes every tx port's frames (always ready, or with backpressure), and records commits."""
+    takes every tx port's frames (always ready, or with backpressure), and records commits,
+    and each frame's first and last beat cycles in (`in_times`, beside `sent`) and out
+    (`out_times`, beside `received`). `on_frame(port, frame)`, when given, is called in the
+    cycle a frame's last beat leaves tx `port` (a network that answers in zero simulated
+    time, `sim.bench_leaf`'s spines, sends from it)."""
 
-    def __init__(self, dut, seed=0, idle=0.0, backpressure=0.0):
+    def __init__(self, dut, seed=0, idle=0.0, backpressure=0.0, on_frame=None):
         self.dut, self.idle, self.backpressure = dut, idle, backpressure
+        self.on_frame = on_frame
         self.rng = random.Random(seed)
         self.queues = [[] for _ in range(PORTS)]
         self.sent = [[] for _ in range(PORTS)]          # frames fully sent, per port
@@ -48,6 +53,9 @@ class SwitchTB:
         self.commits = []                               # (cycle, port, nulled)
         self.cycle = 0
         self.beats_in = [0] * PORTS
+        self.beats_out = [0] * PORTS
+        self.in_times = [[] for _ in range(PORTS)]     # (first, last) cycle, beside `sent`
+        self.out_times = [[] for _ in range(PORTS)]    # (first, last) cycle, beside `received`
         self.stalls = [0] * PORTS                       # cycles a beat waited for tready
         self.last_in_cycle = 0                          # the latest beat taken on any port
         self.frame_starts = []                          # cycle of each frame's first beat out
@@ -80,6 +88,7 @@ class SwitchTB:
         beats = [[] for _ in range(PORTS)]       # beats of the frame being sent
         current = [None] * PORTS
         partial = [bytearray() for _ in range(PORTS)]
+        first_in, first_out = [0] * PORTS, [0] * PORTS
         while True:
             for p in range(PORTS):
                 rx = self.rx[p]
@@ -109,14 +118,19 @@ class SwitchTB:
                 if fired[p]:
                     self.last_in_cycle = self.cycle
                 if tx["tvalid"].value and tx["tready"].value:
+                    self.beats_out[p] += 1
                     if not partial[p]:
                         self.frame_starts.append(self.cycle)
+                        first_out[p] = self.cycle
                     keep = int(tx["tkeep"].value)
                     n = bin(keep).count("1")
                     partial[p] += int(tx["tdata"].value).to_bytes(NB, "little")[:n]
                     if tx["tlast"].value:
                         self.received[p].append(bytes(partial[p]))
+                        self.out_times[p].append((first_out[p], self.cycle))
                         partial[p] = bytearray()
+                        if self.on_frame is not None:
+                            self.on_frame(p, self.received[p][-1])
                 if self.committed[p].value:
                     self.commits.append((self.cycle, p, bool(self.nulled[p].value)))
             self.sending = any(beats) or any(partial)
@@ -125,9 +139,12 @@ class SwitchTB:
             for p in range(PORTS):
                 if fired[p]:
                     self.beats_in[p] += 1
+                    if len(beats[p]) * NB >= len(current[p]):     # its first beat
+                        first_in[p] = self.cycle - 1
                     beats[p].pop(0)
                     if not beats[p]:
                         self.sent[p].append(current[p])
+                        self.in_times[p].append((first_in[p], self.cycle - 1))
 
     async def drain(self, quiet=1000, limit=2_000_000):
         """Wait until every frame is sent, and nothing has been committed or come out for
