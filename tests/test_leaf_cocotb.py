@@ -30,3 +30,16 @@ def test_line_rate():
 def test_hop_latency(hop, params):
     """One use through a spine and through a single switch completes."""
     run("hop_latency", params=params, module="netagg.sim.bench_leaf", NETAGG_HOP=hop)
+
+
+@pytest.mark.parametrize("testcase", ["upstream_downstream", "spraying", "uplink_failure",
+                                      "loss"])
+def test_leaf(testcase):
+    run(testcase)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [31, 32, 33, 34])
+def test_leaf_loss_long(seed):
+    """More seeds and uses of loss, duplication and reordering at both levels (20 %)."""
+    run("loss", NETAGG_SEED=str(seed), NETAGG_USES="8", NETAGG_LOSS="0.2")
