@@ -13,8 +13,9 @@ from pathlib import Path
 from netagg.sim.build import cocotb_runner
 
 
-def _line_rate_run(top: str, module: str, params: dict, env: dict, console, what: str) -> dict:
-    """Build `top` with `params` (cached) and run the cocotb testcase `line_rate` of
+def cocotb_run(top: str, module: str, params: dict, env: dict, console, what: str,
+               testcase: str = "line_rate") -> dict:
+    """Build `top` with `params` (cached) and run the cocotb testcase `testcase` of
     `module`, which writes its figures as JSON; return them with the build time."""
     with console.status(f"{what}: building (cached after the first run) ..."):
         t0 = time.perf_counter()
@@ -23,13 +24,13 @@ def _line_rate_run(top: str, module: str, params: dict, env: dict, console, what
     with console.status(f"{what}: streaming frames ..."), tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         runner.test(
-            test_module=module, hdl_toplevel="top", testcase="line_rate",
+            test_module=module, hdl_toplevel="top", testcase=testcase,
             build_dir=build_dir, test_dir=tmp, extra_env={"NETAGG_BENCH_OUT": str(out), **env},
             log_file=Path(tmp) / "sim.log",
         )
         if not out.exists():
             log = (Path(tmp) / "sim.log").read_text(errors="replace")[-3000:]
-            raise SystemExit(f"the line-rate run of {what} failed:\n{log}")
+            raise SystemExit(f"the {testcase} run of {what} failed:\n{log}")
         result = json.loads(out.read_text())
     result["build_seconds"] = round(build_seconds, 1)
     return result
@@ -43,7 +44,7 @@ def bench_datapath(widths, quiet: bool) -> dict:
     console = Console(stderr=True, quiet=quiet)
     results = {}
     for width in widths:
-        result = _line_rate_run("datapath", "netagg.sim.bench_datapath", {"width": width},
+        result = cocotb_run("datapath", "netagg.sim.bench_datapath", {"width": width},
                                 {"NETAGG_WIDTH": str(width)}, console, f"width {width}")
         results[str(width)] = result
         console.print(
@@ -63,6 +64,6 @@ def bench_switch(ports: int, width: int, rounds: int, quiet: bool) -> dict:
     params = {"ports": ports, "width": width, "jobs": 1, "max_workers": ports, "slots": 16}
     env = {"NETAGG_SWITCH": json.dumps(params), "NETAGG_ROUNDS": str(rounds),
            "NETAGG_WIDTH": str(width)}
-    result = _line_rate_run("switch", "netagg.sim.bench_switch", params, env, console,
+    result = cocotb_run("switch", "netagg.sim.bench_switch", params, env, console,
                             f"{ports} x {width} bits")
     return {"bench": "switch", **result}

@@ -5,13 +5,12 @@ level's latency (sim/bench_leaf.py) under pytest."""
 import json
 
 import pytest
+from netagg.apps.bench_leafspine import LEAF, SINGLE, SPINE, rtl_figures
 
 from tests.conftest import run_cocotb
 
-# One build of the leaf: 2 downlinks (ports 0, 1) and 2 uplinks (ports 2, 3), test_switch's
-# tables; its spine and single switch alike (the single switch is test_switch's build).
-SWITCH = {"ports": 4, "width": 64, "jobs": 2, "max_workers": 4, "slots": 16}
-LEAF = {**SWITCH, "uplinks": 2}
+# The builds are the bench's: the leaf of 2 downlinks (ports 0, 1) and 2 uplinks (ports 2,
+# 3), the spine, and the single switch (tests/test_switch.py's tables, so its build).
 
 
 def run(testcase, params=LEAF, module="tests.cocotb_leaf", **env):
@@ -25,8 +24,7 @@ def test_line_rate():
     run("line_rate", module="netagg.sim.bench_leaf")
 
 
-@pytest.mark.parametrize("hop, params", [("spine", {**SWITCH, "spine": True}),
-                                         ("single", SWITCH)])
+@pytest.mark.parametrize("hop, params", [("spine", SPINE), ("single", SINGLE)])
 def test_hop_latency(hop, params):
     """One use through a spine and through a single switch completes."""
     run("hop_latency", params=params, module="netagg.sim.bench_leaf", NETAGG_HOP=hop)
@@ -43,3 +41,21 @@ def test_leaf(testcase):
 def test_leaf_loss_long(seed):
     """More seeds and uses of loss, duplication and reordering at both levels (20 %)."""
     run("loss", NETAGG_SEED=str(seed), NETAGG_USES="8", NETAGG_LOSS="0.2")
+
+
+def test_bench_leafspine_rtl_figures():
+    """`netagg bench leafspine`'s RTL figures: every uplink took beats out and in, in both
+    cases, the 1:1 uplinks about one a cycle and the 2:1 about half; every latency positive,
+    the second level adding at least the spine's."""
+    rtl = rtl_figures(rounds=2)
+    for uplinks in rtl["uplink_beats_per_cycle"].values():
+        assert sorted(uplinks) == ["uplink0", "uplink1"]
+        for v in uplinks.values():
+            assert v["out"] > 0 and v["in"] > 0
+    assert all(v["out"] >= 0.95 for v in rtl["uplink_beats_per_cycle"]["1:1"].values())
+    assert all(0.4 <= v["out"] <= 0.6 for v in rtl["uplink_beats_per_cycle"]["2:1"].values())
+    c = rtl["latency_cycles"]
+    assert all(c[k] > 0 for k in ("leaf_up", "spine", "leaf_down", "single_switch"))
+    assert c["two_levels"] == c["leaf_up"] + c["spine"] + c["leaf_down"]
+    assert c["added"] == c["two_levels"] - c["single_switch"] >= c["spine"] - c["single_switch"]
+    assert rtl["ports"]["1:1"]["downlink0"]["in_beats_per_cycle"] > 0.95
