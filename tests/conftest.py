@@ -69,6 +69,8 @@ def pytest_collection_modifyitems(items):
             group = f"{module}-{params['simulator']}"
         elif module == "test_switch":
             group = "switch"            # one switch build for all its testbenches
+        elif module == "test_leaf_cocotb":
+            group = "leaf-cocotb"       # the leaf's, the spine's and the switch's builds
         elif "rtl" in item.name:
             group = "rtl-model"         # host tests on the switch's Python-driven model
         else:
