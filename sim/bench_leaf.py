@@ -39,7 +39,7 @@ import os
 import cocotb
 import numpy as np
 from netagg.sim import wire as W
-from netagg.sim.bench_switch import HOST, NB, PARAMS, PORTS, SwitchTB
+from netagg.sim.bench_switch import HOST, NB, PARAMS, PORTS, SWITCH, SwitchTB
 from netagg.sim.golden_spine import GoldenSpine
 from netagg.sim.model import BENCH_KEY
 from netagg.sim.topology import Role, default_ip, default_mac
@@ -283,12 +283,13 @@ async def hop_latency(dut):
     hop = os.environ.get("NETAGG_HOP", "single")
     tb = SwitchTB(dut, seed=9)
     await tb.reset()
-    me, slots = (spine(0), SLOTS) if hop == "spine" else (leaf(), SLOTS)
     if hop == "spine":
-        records = spine_job_records(0, 2, 0, slots)
+        me = spine(0)
+        records = spine_job_records(0, 2, 0, SLOTS)
         senders = [(leaf(l), l, SPINE_KEY, W.pack_imm(W.PARTIAL, count=1)) for l in range(2)]
     else:
-        records = job_records(0, [(worker(0, p), p, 0) for p in range(2)], 0, slots, BENCH_KEY)
+        me = SWITCH
+        records = job_records(0, [(worker(0, p), p, 0) for p in range(2)], 0, SLOTS, BENCH_KEY)
         senders = [(worker(0, p), p, BENCH_KEY, 0) for p in range(2)]
     for f in requests(address_records(me) + records, me):
         tb.send(0, f)

@@ -17,6 +17,7 @@ check every result against numpy's sum of all four world ranks' data.
 
 from __future__ import annotations
 
+import enum
 import os
 import random
 
@@ -48,6 +49,14 @@ from tests.test_spine_rtl import _read
 
 LEAVES, PER_LEAF = 2, 2
 UP, DOWN = Direction.UP, Direction.DOWN
+
+
+class Cable(enum.Enum):
+    """A worker's cable to its leaf port, or a leaf's uplink to a spine."""
+
+    HOST = "host"
+    UPLINK = "uplink"
+
 TABLES = {"jobs": PARAMS.get("jobs", 2), "max_workers": PARAMS.get("max_workers", 4),
           "slots": PARAMS.get("slots", 16)}
 
@@ -77,9 +86,10 @@ class World:
                               va=(l + 1) << 40 | (r + 1) << 32, slot_count=slots,
                               key=job_key(JOB)) for r in range(PER_LEAF)]
                       for l in range(LEAVES)]
-        self.links = {("host", l, r): Link(f"host{l}.{r}", 0, f"leaf{l}", r)
+        self.links = {(Cable.HOST, l, r): Link(f"host{l}.{r}", 0, f"leaf{l}", r)
                       for l in range(LEAVES) for r in range(PER_LEAF)}
-        self.links.update({("up", l, i): Link(f"leaf{l}", DOWNLINKS + i, f"spine{i}", l)
+        self.links.update({(Cable.UPLINK, l, i):
+                           Link(f"leaf{l}", DOWNLINKS + i, f"spine{i}", l)
                            for l in range(LEAVES) for i in range(UPLINKS)})
         self.held: dict[tuple, list[bytes]] = {}       # reordered frames, per cable and way
         self.tap = None
@@ -124,17 +134,17 @@ class World:
         """Spine i sends and takes nothing (its cables lose every frame); the leaves do not
         know."""
         for l in range(LEAVES):
-            self.links["up", l, i].cut = silent
+            self.links[Cable.UPLINK, l, i].cut = silent
 
-    def set_faults(self, faults: LinkFaults, kinds=("host", "up")):
+    def set_faults(self, faults: LinkFaults, kinds=tuple(Cable)):
         for key, link in self.links.items():
             if key[0] in kinds:
                 link.faults = faults
 
     def _carry(self, key: tuple, direction: Direction, frame: bytes):
-        if key[0] == "up" and direction is UP:
+        if key[0] is Cable.UPLINK and direction is UP:
             self.up_frames.append((key[1], key[2], frame))
-        if key[0] == "up" and self.tap is not None and \
+        if key[0] is Cable.UPLINK and self.tap is not None and \
                 self.tap(key[1], key[2], direction, frame):
             return
         link = self.links[key]
@@ -158,13 +168,13 @@ class World:
 
     def _deliver(self, key: tuple, direction: Direction, frame: bytes):
         kind, l, n = key
-        if kind == "host" and direction is DOWN:
+        if kind is Cable.HOST and direction is DOWN:
             self.inbox.append((l, n, frame))
-        elif kind == "host":
+        elif kind is Cable.HOST:
             self._into_leaf(l, n, frame)
         elif direction is UP:
             for port, out in self.spines[n].receive(l, frame):
-                self._carry(("up", port, n), DOWN, out)
+                self._carry((Cable.UPLINK, port, n), DOWN, out)
         else:
             self._into_leaf(l, DOWNLINKS + n, frame)
 
@@ -177,9 +187,9 @@ class World:
 
     def _out_of_leaf(self, l: int, port: int, frame: bytes):
         if port < DOWNLINKS:
-            self._carry(("host", l, port), DOWN, frame)
+            self._carry((Cable.HOST, l, port), DOWN, frame)
         else:
-            self._carry(("up", l, port - DOWNLINKS), UP, frame)
+            self._carry((Cable.UPLINK, l, port - DOWNLINKS), UP, frame)
 
     def _from_rtl(self, port: int, frame: bytes):
         """`SwitchTB.on_frame`: the RTL's frame out of `port`, onto its cable."""
@@ -205,7 +215,7 @@ class World:
         """The workers' frames onto their cables, and everything they cause."""
         outbox, self.outbox = self.outbox, []
         for l, r, frame in outbox:
-            self._carry(("host", l, r), UP, frame)
+            self._carry((Cable.HOST, l, r), UP, frame)
         await self.settle()
 
     def check_shadow(self, dut):
