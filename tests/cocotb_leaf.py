@@ -160,10 +160,11 @@ class World:
     def _release(self) -> bool:
         """Deliver every frame held back; whether there was one."""
         any_held = False
-        for (key, direction), held in self.held.items():
-            while held:
-                any_held = True
-                self._deliver(key, direction, held.pop(0))
+        while any(self.held.values()):
+            any_held = True
+            for (key, direction), held in list(self.held.items()):
+                while held:
+                    self._deliver(key, direction, held.pop(0))
         return any_held
 
     def _deliver(self, key: tuple, direction: Direction, frame: bytes):
@@ -370,6 +371,64 @@ async def uplink_failure(dut):
               for s in [W.unpack_imm(W.REQUEST_IMM, W.parse_frame(f).imm)["slot"]]
               if W.unpack_imm(W.PARTIAL, W.parse_frame(f).psn)["final"]]
     assert {s for _, s in finals} == {1, 5} and {i for i, _ in finals} == {0}
+    world.check_shadow(dut)
+
+
+async def mark_down(world: World, uplinks: int):
+    """REG_UPLINK_DOWN at both leaves: by a control frame at the RTL, directly at leaf 1."""
+    assert await world.control([(W.WRITE | W.REG_UPLINK_DOWN, uplinks)]) == [uplinks]
+    control(world.leaf1, [(W.WRITE | W.REG_UPLINK_DOWN, uplinks)])
+
+
+@cocotb.test()
+async def every_uplink_down(dut):
+    """Both uplinks marked down before use 1: the locally complete uses go nowhere
+    (`no_uplink`, nothing up) and wait; uplink 1 marked up again, the workers'
+    retransmissions send every partial up it, and every use completes exactly."""
+    world = World(dut, seed=25)
+    await world.start()
+    job = LeafJob(world, uses=3, seed=25)
+    await job.round()
+    await mark_down(world, 0b11)
+    sent = len(world.up_frames)
+    await job.round()
+    await job.round()
+    assert len(world.up_frames) == sent and job.pending()
+    held = await world.counters(("no_uplink", "upstream", "completed"))
+    # each use: its completion and both workers' retransmissions find no uplink
+    assert held == {"no_uplink": 3 * world.slots, "upstream": world.slots,
+                    "completed": world.slots}
+    await mark_down(world, 0b01)
+    await job.run()
+    assert {i for _, i, _ in world.up_frames[sent:]} == {1}
+    counters = await world.counters(("completed", "no_uplink"))
+    assert counters == {"completed": job.uses * world.slots, "no_uplink": 3 * world.slots}
+    world.check_shadow(dut)
+
+
+@cocotb.test()
+async def spine_dies_under_loss(dut):
+    """Loss, duplication and reordering at both levels (NETAGG_LOSS, 10 % by default), and
+    one spine (drawn by NETAGG_SEED) silent from a random round on, its uplink marked down a
+    round later: every use completes exactly, frame for frame as the golden leaf."""
+    seed = int(os.environ.get("NETAGG_SEED", "26"))
+    rate = float(os.environ.get("NETAGG_LOSS", "0.1"))
+    rng = random.Random(seed)
+    world = World(dut, seed=seed)
+    await world.start()
+    world.set_faults(LinkFaults(drop=rate, duplicate=rate, reorder=rate))
+    job = LeafJob(world, uses=int(os.environ.get("NETAGG_USES", "4")), seed=seed)
+    dead, at = rng.randrange(UPLINKS), rng.randrange(1, job.uses)
+    for _ in range(at):
+        await job.round()
+    world.silence(dead)
+    await job.round()
+    await mark_down(world, 1 << dead)
+    await job.run()
+    world.set_faults(LinkFaults())
+    counters = await world.counters(("completed", "resends", "pulled", "parent_results"))
+    dut._log.info("spine %d dead at round %d; RTL leaf %s", dead, at, counters)
+    assert counters["completed"] == job.uses * world.slots
     world.check_shadow(dut)
 
 

@@ -31,7 +31,7 @@ def test_hop_latency(hop, params):
 
 
 @pytest.mark.parametrize("testcase", ["upstream_downstream", "spraying", "uplink_failure",
-                                      "loss"])
+                                      "every_uplink_down", "spine_dies_under_loss", "loss"])
 def test_leaf(testcase):
     run(testcase)
 
@@ -41,6 +41,13 @@ def test_leaf(testcase):
 def test_leaf_loss_long(seed):
     """More seeds and uses of loss, duplication and reordering at both levels (20 %)."""
     run("loss", NETAGG_SEED=str(seed), NETAGG_USES="8", NETAGG_LOSS="0.2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [41, 42, 43, 44, 45, 46])
+def test_leaf_spine_dies_under_loss_long(seed):
+    """More seeds of a spine dying mid-run under loss at both levels (20 %)."""
+    run("spine_dies_under_loss", NETAGG_SEED=str(seed), NETAGG_USES="6", NETAGG_LOSS="0.2")
 
 
 def test_bench_leafspine_rtl_figures():
