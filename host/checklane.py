@@ -28,9 +28,11 @@ whose result holds too few.
   the quorum; the other ranks send nothing and wait for the result (after max(16 RTOs,
   `rto_max`) they send zeros, which only asks for the result: zeros that arrive while the
   round still waits for a slow rank's data close it without that data, and let the slot
-  move on past that rank). The sums of the rounds add up, each rank's data once. Without
-  the bitmap (more than 16 workers) the chunk is redone whole instead, which cannot help
-  against a quorum, so then a quorum needs a loss budget that allows it. Then the sums of
+  move on past that rank). In a fabric the rule holds per leaf, with the leaf's ranks and
+  its local quorum (`host.fabric_quorum`), so that the round completes at every leaf. The
+  sums of the rounds add up, each rank's data once. Without the bitmap (more than 16
+  workers) the chunk is redone whole instead, which cannot help against a quorum, so then
+  a quorum needs a loss budget that allows it. Then the sums of
   c_total < workers contributions are scaled by workers / c_total (the missing ones
   estimated by the mean of those present, as LTP does) before they are dequantised; a mean
   then divides by the world size as usual. With loss_budget 0 every chunk is exact, quorum
@@ -183,12 +185,15 @@ class CheckLane:
             # is redone with a larger exponent
         return Outcome.COMPLETE
 
-    def fill_in(self, members: int, rank: int, needed: int) -> Send:
+    def fill_in(self, members: int, rank: int, needed: int, ranks: range | None = None) -> Send:
         """What `rank` sends to fill in a chunk whose sums hold the ranks of `members`: its
         data if missing; zeros if it is among the lowest present ranks that make up the
-        `needed` contributions that close a use; else nothing."""
-        missing = [r for r in range(self.workers) if not members >> r & 1]
-        present = [r for r in range(self.workers) if members >> r & 1]
+        `needed` contributions that close a use; else nothing. `ranks`: the ranks whose
+        contributions close a use together, `rank` among them (default every rank; in a
+        fabric, its leaf's: `host.fabric_quorum`)."""
+        ranks = range(self.workers) if ranks is None else ranks
+        missing = [r for r in ranks if not members >> r & 1]
+        present = [r for r in ranks if members >> r & 1]
         senders = set(missing) | set(present[:max(0, needed - len(missing))])
         if rank in missing:
             return Send.DATA

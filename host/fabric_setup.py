@@ -20,8 +20,9 @@ its check lane carries the world rank's bit, so the spines' results hold the wor
    as configured for this session (enabled, CONFIG.partials, one epoch whose key is the
    leaves' R_Keys) and the world's rank 0 beats with that epoch (`_spines_epoch`: its BEAT
    in leaf 0 carries the epoch's mark and moves), and configures its leaf's job with that
-   epoch (so one key and one tag for the whole fabric): its local ranks, credits, quorum and
-   deadline as on one switch, and the parent: JOB_PARENT (enable, rank = the leaf's index),
+   epoch (so one key and one tag for the whole fabric): its local ranks, credits and deadline
+   as on one switch, the leaf's share of the world's quorum as its QUORUM (below), and the
+   parent: JOB_PARENT (enable, rank = the leaf's index),
    JOB_PARENT_KEY (the spines' KEY, the leaf job's own as the epoch is the same) and
    JOB_SPRAY (slot s up uplink s % uplinks).
 3. The leaf's other ranks join it as on one switch (`JobSetup.rank_check`).
@@ -31,10 +32,16 @@ configured with its epoch, whose keys match the session as well; its rank 0 is g
 beat in leaf 0 stands still, while this run's rank 0 beats with its own fresh epoch only
 after it has configured every spine with it. A leaf's first rank that comes first waits.
 
-No quorum (a leaf's QUORUM counts its local contributions, the hosts' fill-in rounds a quorum
-of the world's ranks: they disagree); a deadline closes a use short at a leaf, its partial
-carries the smaller count, and the hosts fill in as on one switch (every rank sends in the
-fill-in round, so every leaf completes it). Liveness spans the leaves
+A world quorum (`host.fabric_quorum`): `quorum=Q` of the world's W ranks deals the W - Q
+ranks a use may close without to the leaves, one at a time to the leaf with the most ranks
+still needed, never a leaf's last; leaf l closes its local uses at q_l of its ranks (its
+QUORUM), the spines wait for every leaf, so a result holds at least sum(q_l) >= Q ranks
+(8 ranks on two leaves, Q = 6: 3 at each leaf; Q = 7: 3 at leaf0, all 4 at leaf1). Every
+rank passes the same Q and checks its leaf's QUORUM when it joins. The world's check lane
+shows which ranks a result holds, and a fill-in round's senders are chosen per leaf, with
+its leaf's quorum, so the round completes at every leaf (`FabricEngine.fill_send`). A
+deadline closes a use short at a leaf too, its partial carries the smaller count, and the
+hosts fill in alike. Liveness spans the leaves
 (`host.fabric_liveness`): every worker reads every leaf's heartbeats, through a control
 channel of its own to each other leaf, and names a rank gone on any of them.
 
@@ -56,9 +63,11 @@ from netagg.host.engine import Engine
 from netagg.host.errors import NetaggError
 from netagg.host.fabric import Fabric, Placement
 from netagg.host.fabric_liveness import FabricLiveness
+from netagg.host.fabric_quorum import FabricQuorum
 from netagg.host.job_setup import JobSetup, slot_range
 from netagg.host.liveness import COUNT_BITS, MARK
 from netagg.host.lossy import LossyTransport
+from netagg.host.messages import Send
 from netagg.host.progress import Progress
 from netagg.host.session import JobKeys, fresh_epoch
 from netagg.host.wire_arrays import ContributionWriter
@@ -72,13 +81,15 @@ def spray_all(uplinks: int) -> int:
 
 class FabricEngine(Engine):
     """A worker's engine in a fabric: ImmDt rank `leaf_rank` of its leaf's job, the check
-    lane's bit and the fill-in rounds by its world rank among `world` workers, heartbeats
-    among the leaf's ranks (the ones its leaf holds)."""
+    lane's bit by its world rank among `world` workers, the fill-in rounds among its leaf's
+    ranks with its leaf's quorum (`quorums`), heartbeats among the leaf's ranks (the ones its
+    leaf holds)."""
 
-    def __init__(self, transport, *, placement: Placement, leaf: str, job: int, **kw):
+    def __init__(self, transport, *, placement: Placement, leaf: str, job: int,
+                 quorums: FabricQuorum, **kw):
         super().__init__(transport, job=job, rank=placement.rank, workers=placement.world,
                          slots=None, **kw)
-        self.placement = placement
+        self.placement, self.quorums, self.leaf_name = placement, quorums, leaf
         self.liveness = FabricLiveness(self.control, placement=placement, leaf=leaf, job=job,
                                        session_tag=self.session_tag, stats=self.stats)
 
@@ -89,10 +100,25 @@ class FabricEngine(Engine):
 
     def set_job(self, slots: int, credits: int = 0, quorum: int = 0, completed: int = 0,
                 keys: JobKeys | None = None):
-        super().set_job(slots, credits, quorum, completed, keys)   # check lane: the world's
+        """As `Engine.set_job`, `quorum` the leaf's QUORUM: it must be the one the world's
+        quorum gives the leaf (every rank passes the same), and the engine's `needed` is the
+        world's ranks a result holds at least."""
+        p, q = self.placement, self.quorums
+        if quorum != q.local[p.leaf]:
+            raise NetaggError(
+                f"rank {p.rank} (rank {p.leaf_rank} at {self.leaf_name}) of job {self.job}: "
+                f"{self.leaf_name} closes a use at QUORUM {quorum}, this rank's quorum="
+                f"{q.quorum} of {p.world} gives it {q.local[p.leaf]} ({q.closing(p.leaf)} of "
+                f"its {q.sizes[p.leaf]} ranks): every rank of a fabric passes the same quorum")
+        super().set_job(slots, credits, q.needed, completed, keys)   # check lane: the world's
         self.writer = ContributionWriter(self.job, self.placement.leaf_rank,
                                          self.transport.path_endpoints(),
                                          self.transport.switch, key=self.key)
+
+    def fill_send(self, members: int) -> Send:
+        """A fill-in round's rule among this rank's leaf's ranks, with its leaf's quorum, so
+        that the round completes at every leaf (`FabricQuorum.fill_in`)."""
+        return self.quorums.fill_in(self.check_lane, members, self.placement)
 
 
 def fabric_worker(worker, fabric, switch, *, slots, slot_base, credits, quorum, paths, spray,
@@ -104,11 +130,6 @@ def fabric_worker(worker, fabric, switch, *, slots, slot_base, credits, quorum, 
     `sim.topology.Topology`). A fabric's workers are flat (`local_size` 1)."""
     if worker.local_size != 1:
         raise ValueError("a fabric's workers are flat: local_size must be 1")
-    if quorum:
-        raise ValueError("a fabric's job has no quorum yet: a leaf's QUORUM counts its local "
-                         "contributions, and the hosts' fill-in rounds make up a quorum of the "
-                         "world's ranks, which may all sit on one leaf (a deadline works: "
-                         "quorum=0, deadline=)")
     if not isinstance(switch, (str, type(None))):
         switch = None
     worker.engine = worker.transport = None
@@ -153,8 +174,9 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
     if faults:
         transport = LossyTransport(transport, **faults)
     worker.transport, worker.placement, worker.fabric = transport, where, fabric
+    quorums = FabricQuorum.of(quorum, worker.world_size, len(fabric.leaves))
     engine = FabricEngine(transport, placement=where, leaf=leaf.name, job=worker.job, qpn=qpn,
-                          timeout=worker.timeout, spray=spray)
+                          timeout=worker.timeout, spray=spray, quorums=quorums)
     worker.engine = engine
     p = read_params(engine.control)
     at = f"rank {worker.rank} (rank {where.leaf_rank} at {leaf.name})"
@@ -190,7 +212,8 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
                      p["jobs"], p["slots"], switch=leaf.name)
     if r != 0:
         engine.joined = False
-        engine.join_check = setup.rank_check(credits, quorum, worker.deadline_ticks)
+        engine.join_check = setup.rank_check(credits, quorums.local[where.leaf],
+                                             worker.deadline_ticks)
         return
     credits = count if credits is None else credits
     if credits > 0xFFFF:
@@ -209,12 +232,13 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
             channel.transport.close()
     keys = JobKeys.derive(worker.session, j, epoch)
     setup.base, setup.count, setup.credits = base, count, credits
-    setup.quorum, setup.deadline, setup.epoch = quorum, worker.deadline_ticks, epoch
+    setup.quorum, setup.deadline = quorums.local[where.leaf], worker.deadline_ticks
+    setup.epoch = epoch
     setup.parent = W.PARENT.pack(enable=1, rank=where.leaf)
     setup.extra = [(W.job_reg(j, W.JOB_PARENT_KEY), keys.key),
                    (W.job_reg(j, W.JOB_SPRAY), spray_all(len(fabric.spines)))]
     keys = setup.claim()
-    engine.set_job(count, credits, quorum, keys=keys)
+    engine.set_job(count, credits, quorums.local[where.leaf], keys=keys)
 
 
 UPLINK_FIELDS = {W.UPLINK_PORT: "UPLINK_PORT", W.UPLINK_MAC_HI: "UPLINK_MAC_HI",

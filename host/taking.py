@@ -225,6 +225,11 @@ class Taking:
         self._answered(m)
         st.queue.appendleft(m.again(**changes))
 
+    def fill_send(self, members: int) -> Send:
+        """What this worker sends in a fill-in round of a chunk whose sums hold `members`
+        (`CheckLane.fill_in`, over every rank and the job's quorum)."""
+        return self.check_lane.fill_in(members, self.rank, self.needed)
+
     def _redo(self, st: SlotState, m: Message, bump: int):
         """The message again, whole: every rank sends its data."""
         self.stats["redone"] += 1
@@ -232,7 +237,7 @@ class Taking:
 
     def _fill(self, st: SlotState, m: Message):
         """Fill the chunk in (see `CheckLane.fill_in` for who sends what)."""
-        send = self.check_lane.fill_in(m.members, self.rank, self.needed)
+        send = self.fill_send(m.members)
         self.stats["fill_rounds"] += 1
         if m.kind is MessageKind.DATA and not m.filled:
             m.work.filled_chunks += 1
