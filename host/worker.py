@@ -52,12 +52,14 @@ on the handles; waiting drives every worker of that backend. They may also run i
 Credits and quorum (`credits=`, `quorum=`, set by rank 0 for the job, read by the others): a
 worker opens at most `credits` uses of the job's slots beyond those completed (default: the
 job's slot count; 0: no limit), and a use completes with `quorum` contributions (default 0:
-all workers; the late ones get the result when theirs arrives). A use still open `deadline`
-seconds after it began (at most 1 s; default 0: none, every use waits for every rank, and a
-dead one is named, `host.liveness`) is closed by the switch at the next retransmission into
-it, with the contributions it has, as a quorum would: with a loss budget that allows it, the
-job goes on without a dead or stalled rank, its sums scaled (a rank that falls behind by
-more than a use of a slot is left behind: its contributions are stale).
+all workers; the late ones get the result when theirs arrives; in a fabric, at least `quorum`
+of the world's ranks, each leaf closing at its share: `host.fabric_quorum`). A use still
+open `deadline` seconds after it began (at most 1 s; default 0: none, every use waits for
+every rank, and a dead one is named, `host.liveness`) is closed by the switch at the next
+retransmission into it, with the contributions it has, as a quorum would: with a loss
+budget that allows it, the job goes on without a dead or stalled rank, its sums scaled (a
+rank that falls behind by more than a use of a slot is left behind: its contributions are
+stale).
 
 Loss tolerance (`allreduce(..., loss_budget=0.02, priority=3)`, a value or one per tensor):
 each worker may let the switch drop (as null contributions, under congestion) up to

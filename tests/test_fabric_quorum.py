@@ -197,12 +197,11 @@ def test_a_world_quorum_with_a_lossy_rank_sums_as_the_check_lane_says(quorum, lo
         jobs["spine0"]["completed"] + jobs["spine1"]["completed"]
     for leaf in ("leaf0", "leaf1"):
         assert jobs[leaf]["drop_credit"] == 0 and jobs[leaf]["overflows"] == 0
-    # a leaf that closes at its quorum sends its partial again for each late contribution
-    # (resent: the spine counts a duplicate and pulls the leaves missing from the use)
-    closes_early = [lf for lf in range(2) if q.local[lf]]
-    assert all(jobs[f"leaf{lf}"]["resends"] > 0 for lf in closes_early)
-    assert sum(jobs[s]["pulls"] for s in ("spine0", "spine1")) <= \
-        sum(jobs[f"leaf{lf}"]["resends"] for lf in range(2))
+    # a contribution into a use its leaf sent up (late, or a retransmission while the other
+    # leaf waits for the lossy rank) sends the partial again, resent: the spine pulls the
+    # leaf missing from the use, at most one for each
+    resends = sum(jobs[f"leaf{lf}"]["resends"] for lf in range(2))
+    assert 0 < sum(jobs[s]["pulls"] for s in ("spine0", "spine1")) <= resends
     for w in ws:
         w.close()
 
