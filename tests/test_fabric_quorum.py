@@ -8,6 +8,7 @@ the needed count of them, and the fill-in rounds make the int32 sums exact."""
 from __future__ import annotations
 
 import random
+import threading
 import time
 import uuid
 
@@ -254,6 +255,36 @@ def test_deadline_and_quorum_together_close_the_leaf_without_slack():
     assert all(w.counters()["fill_rounds"] > 0 for w in ws)
     for w in ws:
         w.close()
+
+
+def test_udp_workers_of_a_fabric_server_with_a_quorum():
+    """`sim serve --topology 2x2`'s server, 8 UDP workers in threads with quorum 6: the fill-in
+    rounds run over UDP as in process, every rank alike, and the int32 sums are exact."""
+    from netagg.sim.topology_serve import FabricServer
+    session = uuid.uuid4().hex
+    rng = np.random.default_rng(3)
+    xs = [rng.integers(-999, 999, 5_000, dtype=np.int32) for _ in range(8)]
+    outs, fills, errors = {}, {}, []
+
+    def run(rank, fabric):
+        try:
+            leaf = fabric["leaves"][rank // 4]["url"]
+            with Worker(rank, 8, leaf, session=session, fabric=fabric, timeout=30,
+                        quorum=6) as w:
+                outs[rank] = [w.allreduce(xs[rank]) for _ in range(2)]
+                fills[rank] = w.counters()["fill_rounds"]
+        except Exception as e:          # (named in the assertion below)
+            errors.append(f"rank {rank}: {e}")
+
+    with FabricServer(2, 2).start() as server:
+        threads = [threading.Thread(target=run, args=(r, server.describe())) for r in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(90)
+    assert errors == [] and len(outs) == 8
+    assert all(np.array_equal(o, np.sum(xs, axis=0)) for got in outs.values() for o in got)
+    assert len(set(fills.values())) == 1 and fills[0] > 0
 
 
 def test_every_rank_of_a_fabric_passes_the_same_quorum():
