@@ -25,6 +25,8 @@ from netagg.sim import wire as W
 from netagg.sim.codec import decode
 from netagg.sim.topology import Topology
 
+from tests.host_workers import assert_within_bound
+
 
 @pytest.mark.parametrize("world,leaves", [(8, 2), (7, 3), (12, 4), (2, 2)])
 def test_the_leaves_quorums_add_up_to_at_least_the_worlds(world, leaves):
@@ -203,6 +205,25 @@ def test_a_world_quorum_with_a_lossy_rank_sums_as_the_check_lane_says(quorum, lo
     # leaf missing from the use, at most one for each
     resends = sum(jobs[f"leaf{lf}"]["resends"] for lf in range(2))
     assert 0 < sum(jobs[s]["pulls"] for s in ("spine0", "spine1")) <= resends
+    for w in ws:
+        w.close()
+
+
+def test_float32_with_a_quorum_and_a_lossy_rank_is_within_the_bound():
+    """Quorum 6 with rank 6 losing half its contributions, float32 (exponent messages, whose
+    proposals a quorum may close without, then the fill-in rounds): the same result on every
+    rank, within the fixed-point bound of the world's sum."""
+    topo = Topology(2, 2)
+    lost = drop_contributions(topo, 0.5, seed=11)
+    ws = _workers(topo, quorum=6)
+    lost["from"].add(W.ip_to_int(ws[6].transport.local.ip))
+    rng = np.random.default_rng(11)
+    xs = [rng.standard_normal(2 * N.LANES * N.DEFAULT_BLOCK + 7).astype(np.float32)
+          for _ in ws]
+    outs = [h.wait(60) for h in [w.allreduce_async(x) for w, x in zip(ws, xs)]]
+    assert all(np.array_equal(o, outs[0]) for o in outs)
+    assert_within_bound(outs[0], xs, N.FLOAT32)
+    assert lost["lost"] > 0 and all(w.counters()["fill_rounds"] > 0 for w in ws)
     for w in ws:
         w.close()
 
