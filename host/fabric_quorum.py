@@ -84,8 +84,3 @@ class FabricQuorum:
         quorum (`CheckLane.fill_in`)."""
         ranks = Placement.ranks_of(where.leaf, where.world, len(self.sizes))
         return check_lane.fill_in(members, where.rank, self.closing(where.leaf), ranks)
-
-    def describe(self, leaf_names: list[str]) -> str:
-        """Each leaf's quorum, as text."""
-        return ", ".join(f"{name} at {self.closing(lf)} of {self.sizes[lf]}"
-                         for lf, name in enumerate(leaf_names))

@@ -42,8 +42,9 @@ def test_the_leaves_quorums_add_up_to_at_least_the_worlds(world, leaves):
             assert q.local == (0,) * leaves and q.needed == world
         else:
             assert q.needed == sum(closing) == max(quorum, leaves)    # one rank a leaf at least
-            assert max(c - n for c, n in zip(closing, sizes)) - \
-                min(c - n for c, n in zip(closing, sizes)) <= 1 or min(closing) == 1
+            # dealt to the leaf with the most ranks still needed: a leaf that got slack
+            # needs at most one rank fewer than any other
+            assert all(c >= max(closing) - 1 for c, n in zip(closing, sizes) if c < n)
 
 
 def test_the_slack_goes_to_the_leaf_with_the_most_ranks_still_needed():
@@ -52,8 +53,6 @@ def test_the_slack_goes_to_the_leaf_with_the_most_ranks_still_needed():
     assert FabricQuorum.of(5, 8, 2).local == (2, 3)
     assert FabricQuorum.of(1, 8, 2).local == (1, 1) and FabricQuorum.of(1, 8, 2).needed == 2
     assert FabricQuorum.of(5, 7, 3).local == (1, 0, 2)    # leaves of 2, 2 and 3 ranks
-    assert FabricQuorum.of(6, 8, 2).describe(["leaf0", "leaf1"]) == \
-        "leaf0 at 3 of 4, leaf1 at 3 of 4"
 
 
 @pytest.mark.parametrize("quorum", [0, 5, 6, 7])
@@ -73,10 +72,10 @@ def test_a_fill_in_round_has_its_leafs_quorum_of_senders_at_every_leaf(quorum):
             assert all(sends[r] is Send.DATA for r in missing)
             assert all(sends[r] is not Send.DATA for r in ranks if members >> r & 1)
             assert len(senders) == max(len(missing), q.closing(lf))
-    one = FabricQuorum.of(3, 4, 1)                      # one leaf: one switch's rule
+    one, lane = FabricQuorum.of(3, 4, 1), CheckLane(1, 0, 4)   # one leaf: one switch's rule
     for members in range(1, 16):
-        assert [one.fill_in(lane4 := CheckLane(1, 0, 4), members, Placement.of(r, 4, 1))
-                for r in range(4)] == [lane4.fill_in(members, r, 3) for r in range(4)]
+        assert [one.fill_in(lane, members, Placement.of(r, 4, 1)) for r in range(4)] == \
+            [lane.fill_in(members, r, 3) for r in range(4)]
 
 
 # --- in-process workers over a 2x2 topology ------------------------------------------------
