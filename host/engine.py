@@ -472,7 +472,7 @@ class Engine(Taking):
             self.window.leave()             # its slots, to name what is stuck
         stuck = [s.inflight for s in self.slots if s.inflight]
         return (f"slot {stuck[0].slot} (use {stuck[0].use}) sent {stuck[0].timer.attempts} "
-                f"times" if stuck else "no slot in flight")
+                f"times{self.lacking(stuck[0])}" if stuck else "no slot in flight")
 
     def _diagnose(self) -> str:
         """Whether the switch still answers a control read (then a peer is missing)."""

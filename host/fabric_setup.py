@@ -85,11 +85,12 @@ class FabricEngine(Engine):
     ranks with its leaf's quorum (`quorums`), heartbeats among the leaf's ranks (the ones its
     leaf holds)."""
 
-    def __init__(self, transport, *, placement: Placement, leaf: str, job: int,
+    def __init__(self, transport, *, placement: Placement, leaves: list[str], job: int,
                  quorums: FabricQuorum, **kw):
         super().__init__(transport, job=job, rank=placement.rank, workers=placement.world,
                          slots=None, **kw)
-        self.placement, self.quorums, self.leaf_name = placement, quorums, leaf
+        self.placement, self.quorums, self.leaf_names = placement, quorums, leaves
+        self.leaf_name = leaf = leaves[placement.leaf]
         self.liveness = FabricLiveness(self.control, placement=placement, leaf=leaf, job=job,
                                        session_tag=self.session_tag, stats=self.stats)
 
@@ -114,6 +115,15 @@ class FabricEngine(Engine):
         self.writer = ContributionWriter(self.job, self.placement.leaf_rank,
                                          self.transport.path_endpoints(),
                                          self.transport.switch, key=self.key)
+
+    def name_ranks(self, ranks: list[int]) -> str:
+        """World ranks with their leaf's rank and name."""
+        q, p = self.quorums, self.placement
+        named = []
+        for r in ranks:
+            at = Placement.of(r, p.world, len(q.sizes))
+            named.append(f"{r} (rank {at.leaf_rank} at {self.leaf_names[at.leaf]})")
+        return ("ranks " if len(ranks) > 1 else "rank ") + ", ".join(named)
 
     def fill_send(self, members: int) -> Send:
         """A fill-in round's rule among this rank's leaf's ranks, with its leaf's quorum, so
@@ -175,8 +185,9 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
         transport = LossyTransport(transport, **faults)
     worker.transport, worker.placement, worker.fabric = transport, where, fabric
     quorums = FabricQuorum.of(quorum, worker.world_size, len(fabric.leaves))
-    engine = FabricEngine(transport, placement=where, leaf=leaf.name, job=worker.job, qpn=qpn,
-                          timeout=worker.timeout, spray=spray, quorums=quorums)
+    engine = FabricEngine(transport, placement=where, leaves=[lf.name for lf in fabric.leaves],
+                          job=worker.job, qpn=qpn, timeout=worker.timeout, spray=spray,
+                          quorums=quorums)
     worker.engine = engine
     p = read_params(engine.control)
     at = f"rank {worker.rank} (rank {where.leaf_rank} at {leaf.name})"

@@ -230,6 +230,17 @@ class Taking:
         (`CheckLane.fill_in`, over every rank and the job's quorum)."""
         return self.check_lane.fill_in(members, self.rank, self.needed)
 
+    def lacking(self, m: Message) -> str:
+        """The ranks whose data a message being filled in still lacks, as text ("" when it
+        is not filled in or its contributors are not known)."""
+        if not (m.filled and self.check_lane.membership):
+            return ""
+        missing = [r for r in range(self.workers) if not m.members >> r & 1]
+        return f", a fill-in round that lacks the data of {self.name_ranks(missing)}"
+
+    def name_ranks(self, ranks: list[int]) -> str:
+        return ("ranks " if len(ranks) > 1 else "rank ") + ", ".join(map(str, ranks))
+
     def _redo(self, st: SlotState, m: Message, bump: int):
         """The message again, whole: every rank sends its data."""
         self.stats["redone"] += 1

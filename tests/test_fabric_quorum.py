@@ -17,7 +17,7 @@ import pytest
 from netagg.host import Worker
 from netagg.host import numerics as N
 from netagg.host.checklane import CheckLane
-from netagg.host.errors import NetaggError
+from netagg.host.errors import NetaggError, NetaggTimeout
 from netagg.host.fabric import Placement
 from netagg.host.fabric_quorum import FabricQuorum
 from netagg.host.messages import Send
@@ -242,6 +242,24 @@ def test_an_absent_rank_is_left_out_within_the_loss_budget():
     np.testing.assert_allclose(outs[0], total * 8 / 7, atol=1e-5)
     assert all(w.counters()["lost_contributions"] == 3 for w in ws)      # 3 chunks, 1 each
     assert _job_counters(topo)["leaf0"]["completed"] > 0
+    for w in ws:
+        w.close()
+
+
+def test_an_absent_rank_without_a_loss_budget_is_named_in_bounded_time():
+    """Rank 6 never comes, quorum 6, loss_budget 0: its data can never be filled in, which is
+    a NetaggTimeout within the timeout that names the rank and its leaf, not rounds of zeros
+    forever."""
+    topo = Topology(2, 2)
+    session = uuid.uuid4().hex
+    ws = [Worker(r, 8, None, session=session, fabric=topo, timeout=2, quorum=6)
+          for r in range(8) if r != 6]
+    handles = [w.allreduce_async(np.ones(600, np.int32)) for w in ws]
+    t0 = time.monotonic()
+    with pytest.raises(NetaggTimeout, match=r"in job 0 \(rank 0 of 8\): .* a fill-in round "
+                                            r"that lacks the data of rank 6 \(rank 2 at leaf1\)"):
+        handles[0].wait(30)
+    assert time.monotonic() - t0 < 8
     for w in ws:
         w.close()
 
