@@ -130,9 +130,10 @@ class Control(wiring.Component):
             "sent": In(range(ports + 1)).array(jobs * len(SENT_COUNTERS)),
         }
         if fabric.uplinks:
-            # a leaf's uplink table, and which uplinks are down (REG_UPLINK_DOWN)
+            # a leaf's uplink table; which uplinks are down: marked (REG_UPLINK_DOWN) or on a
+            # port whose link is lost (`link_down`, bit p: port p's MAC reports it)
             more |= {"uplinks": Out(UPLINK).array(fabric.uplinks),
-                     "uplink_down": Out(fabric.uplinks)}
+                     "uplink_down": Out(fabric.uplinks), "link_down": In(ports)}
         super().__init__({
             **more,
             "records": In(RecordPort(ports)),
@@ -353,16 +354,18 @@ class Control(wiring.Component):
     def _leaf(self, m, jobs, job_ok, switch_ok):
         """A leaf's registers (`hw.fabric.leaf_registers`) and the uplink table it shows."""
         uplinks = [Signal(UPLINK, name=f"uplink{i}") for i in range(self.fabric.uplinks)]
-        down = Signal(self.fabric.uplinks)
+        down = Signal(self.fabric.uplinks)          # REG_UPLINK_DOWN as written
+        lost = Cat(*((self.link_down >> u.port)[0] for u in uplinks))
         m.d.comb += [self.uplinks[i].eq(u) for i, u in enumerate(uplinks)]
-        m.d.comb += self.uplink_down.eq(down)
+        m.d.comb += self.uplink_down.eq(down | lost)
 
         def register(addr, value, field=None, allowed=None, copy=None):
             value = Const(value, 32) if isinstance(value, int) else value
             return Register(addr, value, field, Const(1) if allowed is None else allowed,
                             copy=copy)
 
-        return leaf_registers(m, self.fabric, jobs, job_ok, switch_ok, uplinks, down, register)
+        return leaf_registers(m, self.fabric, jobs, job_ok, switch_ok, uplinks, down,
+                              self.uplink_down, register)
 
     def _config(self, job):
         """A job's CONFIG as a read shows it (CONFIG.partials on a spine)."""

@@ -86,14 +86,16 @@ def job_layout(base: data.StructLayout, fabric: Fabric) -> data.StructLayout:
     return data.StructLayout(fields)
 
 
-def leaf_registers(m, fabric: Fabric, jobs, job_ok, switch_ok, uplinks, down, register):
+def leaf_registers(m, fabric: Fabric, jobs, job_ok, switch_ok, uplinks, down, shown,
+                   register):
     """A leaf's registers, as `register(addr, value, field, allowed, copy=...)` makes them
-    (`hw.control_registers.Register`): REG_UPLINKS, REG_UPLINK_DOWN (`down`) and the uplink
+    (`hw.control_registers.Register`): REG_UPLINKS, REG_UPLINK_DOWN (written to `down`, read
+    as `shown`: the uplinks marked down or on a lost link) and the uplink
     table (`uplinks`, of `UPLINK`), the switch's own (written by its manager, once it has
     one: `switch_ok`); each job's PARENT (read as its enable and rank), PARENT_KEY (write
     only) and SPRAY, its block's (`job_ok`)."""
     regs = [register(R.REG_UPLINKS, fabric.uplinks),
-            register(R.REG_UPLINK_DOWN, down, down, switch_ok, copy=0)]
+            register(R.REG_UPLINK_DOWN, shown, down, switch_ok)]   # not a copy: it moves
     for i, up in enumerate(uplinks):
         regs += [
             register(R.uplink_reg(i, R.UPLINK_PORT), up.port, up.port, switch_ok, copy=0),

@@ -97,12 +97,15 @@ class Switch(wiring.Component):
         self.icrc = check_icrc(icrc)
         self.mac, self.ip = mac, ip         # reset values of the switch's own addresses
         self.fabric = Fabric(spine=spine, uplinks=uplinks)
+        # a leaf's: bit p, port p's MAC reports its link lost (an uplink on it is down)
+        links = {"link_down": In(ports)} if uplinks else {}
         super().__init__({
             "rx": In(FrameStream(width, checked=icrc == "mac")).array(ports),
             "tx": Out(FrameStream(width)).array(ports),
             "committed": Out(1).array(ports),
             "nulled": Out(1).array(ports),
             "tick": In(1),      # a tick of the deadlines' clock, every TICK_SECONDS (`hw.regmap`)
+            **links,
         })
 
     def elaborate(self, platform):
@@ -187,7 +190,8 @@ class Switch(wiring.Component):
                 m.d.comb += control.sent[j].eq(sum(
                     (port.pull & (port.result_job == j)) for port in egress))
         if self.fabric.uplinks:
-            m.d.comb += aggregator.uplink_down.eq(control.uplink_down)
+            m.d.comb += [control.link_down.eq(self.link_down),
+                         aggregator.uplink_down.eq(control.uplink_down)]
             for i, up in enumerate(control.uplinks):
                 m.d.comb += aggregator.uplinks[i].eq(up)
                 m.d.comb += [port.uplinks[i].eq(up) for port in egress + ingress]

@@ -10,7 +10,8 @@ and counter at the end of each epoch) interleaved with mutated copies of recent 
 take its place. The same seed gives the same frames.
 
 The comparer (`Comparer`) sends the stream in batches of at most one frame per port (a
-control request alone; a tick alone, to both switches' `tick`), runs the RTL until its ports
+control request alone; a tick alone, to both switches' `tick`; a leaf's link change alone,
+to both), runs the RTL until its ports
 are quiet, and applies the batch to the golden model in the switch's commit order (the frame
 that ends first, then the lower port), so the two see the same thing. It compares:
 
@@ -286,6 +287,11 @@ class Comparer:
         if batch[0][1].kind is Kind.TICK:
             self.golden.tick()
             self.rtl.tick()
+            return True
+        if batch[0][1].kind is Kind.LINK:
+            link = batch[0][1]
+            self.golden.set_link(link.port, bool(link.data[0]))
+            self.rtl.set_link(link.port, bool(link.data[0]))
             return True
         s.reads += sum(f.kind is Kind.READ for _, f in batch)
         want: dict[int, list[tuple[int, Frame, bytes]]] = {}

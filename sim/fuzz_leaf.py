@@ -8,8 +8,10 @@ pulls.
 `LeafTraffic` is the fuzzer's good traffic (`sim.fuzz_traffic.Traffic`) with the uplink
 table written first (uplink i leaves by port i + 1, to spine i's MAC, IP and UDP port), each
 job given a parent most of the time (rank 0 writes its PARENT with a random rank,
-PARENT_KEY and a random SPRAY after its set-up), and REG_UPLINK_DOWN written now and then
-(by the operator, the manager once it is one: every uplink down too). A fake spine answers
+PARENT_KEY and a random SPRAY after its set-up), REG_UPLINK_DOWN written now and then
+(by the operator, the manager once it is one: every uplink down too), and now and then an
+uplink's port (or another) losing its link or getting it back (`Kind.LINK`, to both
+switches' `set_link`). A fake spine answers
 now and then (`_parent_result`): a result of a recent use, from an uplink's spine by its
 port (now and then by another), RETH.rkey the job's PARENT_KEY, RESULT_IMM a random count,
 exponent and overflow, and sums of the use's length (now and then of another); the leaf
@@ -116,6 +118,11 @@ class LeafTraffic(Traffic):
                 yield Frame(rng.randrange(self.ports), W.control_request(
                     [(W.WRITE | W.REG_UPLINK_DOWN, down)], 0, OPERATOR, SWITCH).frame(),
                     Kind.CONTROL)
+            if frame.kind is Kind.CONTRIBUTION and rng.random() < 0.02:
+                # an uplink's port (now and then another) loses its link, or gets it back
+                port = (rng.randrange(UPLINKS) + 1) % self.ports if rng.random() < 0.9 else \
+                    rng.randrange(self.ports)
+                yield Frame(port, bytes([rng.random() < 0.6]), Kind.LINK)
 
 
 def leaf_parts(rng: random.Random, ports: int, jobs: int, max_workers: int, slots: int,

@@ -44,6 +44,8 @@ class Kind(enum.Enum):
     RESEND = "resend"                # good, sent again: a duplicate, a replay or stale
     READ = "read"                    # good: a read of the registers and counters
     TICK = "tick"                    # a tick of the deadlines' clock (no frame: `data` empty)
+    LINK = "link"                    # a leaf's port's link lost or back (no frame: `data` is
+                                     # one byte, 1 up, 0 lost)
     FOREIGN = "foreign"              # good: writes to a job from neither its owner nor manager
     MANAGE = "manage"                # good: the operator makes itself the manager (not mutated:
                                      # a changed address would lock it out for the whole stream)
@@ -58,13 +60,13 @@ class Kind(enum.Enum):
     @property
     def mutated(self) -> bool:
         return self not in (Kind.CONTROL, Kind.CONTRIBUTION, Kind.RESEND, Kind.READ,
-                            Kind.TICK, Kind.FOREIGN, Kind.MANAGE)
+                            Kind.TICK, Kind.LINK, Kind.FOREIGN, Kind.MANAGE)
 
     @property
     def mutable(self) -> bool:
-        """Whether the stream mutates frames of this kind (reads, ticks and the manager's are
-        left alone)."""
-        return self not in (Kind.READ, Kind.TICK, Kind.MANAGE)
+        """Whether the stream mutates frames of this kind (reads, ticks, links and the
+        manager's are left alone)."""
+        return self not in (Kind.READ, Kind.TICK, Kind.LINK, Kind.MANAGE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +85,9 @@ class Frame:
 
     @property
     def alone(self) -> bool:
-        """Whether it goes into the switches on its own: a control request, or a tick."""
-        return self.control or self.kind is Kind.TICK
+        """Whether it goes into the switches on its own: a control request, a tick or a
+        link's change."""
+        return self.control or self.kind in (Kind.TICK, Kind.LINK)
 
 
 TICK = Frame(0, b"", Kind.TICK)

@@ -77,7 +77,7 @@ class GoldenLeaf(LeafRegisters, GoldenSwitch):
     def __init__(self, *args, uplinks: int = 0, **kwargs):
         if not 0 <= uplinks <= W.MAX_UPLINKS:
             raise ValueError(f"uplinks must be 0..{W.MAX_UPLINKS}, not {uplinks}")
-        self.uplinks, self.uplink_down = uplinks, 0
+        self.uplinks, self.uplink_down, self.links_down = uplinks, 0, 0
         self.uplink = [Uplink() for _ in range(uplinks)]
         super().__init__(*args, **kwargs)
         self.fabric_counters = [dict.fromkeys(W.FABRIC_COUNTERS, 0) for _ in range(self.jobs)]
@@ -197,7 +197,7 @@ class GoldenLeaf(LeafRegisters, GoldenSwitch):
         entry = W.spray_entry(job.spray, slot)
         for k in range(self.uplinks):
             u = (entry + k) % self.uplinks
-            if not self.uplink_down >> u & 1:
+            if not self.down >> u & 1:
                 return u
         return None
 

@@ -65,8 +65,21 @@ _FABRIC_JOB = (W.JOB_PARENT, W.JOB_PARENT_KEY, W.JOB_SPRAY)
 
 class LeafRegisters:
     """The leaf's and spine's registers, before a `GoldenSwitch`'s in the method order: the
-    switch keeps `uplinks`, `uplink` (a list of `Uplink`), `uplink_down` (REG_UPLINK_DOWN),
-    `fabric_counters` (by job, FABRIC_COUNTERS) and `FabricJob`s."""
+    switch keeps `uplinks`, `uplink` (a list of `Uplink`), `uplink_down` (REG_UPLINK_DOWN as
+    written), `links_down` (bit p: port p's link is lost), `fabric_counters` (by job,
+    FABRIC_COUNTERS) and `FabricJob`s."""
+
+    @property
+    def down(self) -> int:
+        """The uplinks that are down (bit i): marked down, or on a port whose link is lost;
+        what REG_UPLINK_DOWN reads."""
+        lost = sum(1 << i for i, u in enumerate(self.uplink) if self.links_down >> u.port & 1)
+        return self.uplink_down | lost
+
+    def set_link(self, port: int, up: bool):
+        """Port `port`'s MAC reports its link up or lost (an uplink on a lost link is down,
+        as if marked so, until the link is back)."""
+        self.links_down = self.links_down & ~(1 << port) | (0 if up else 1 << port)
 
     def _fabric(self, addr: int):
         """(what, index, field) of an address that is a leaf's or spine's register here, or
@@ -98,7 +111,7 @@ class LeafRegisters:
         if what == "uplinks":
             return self.uplinks
         if what == "down":
-            return self.uplink_down
+            return self.down
         if what == "uplink":
             u = self.uplink[index]
             return (u.port, u.mac >> 32, u.mac & 0xFFFFFFFF, u.ip, u.udp_port)[field]

@@ -48,7 +48,7 @@ from .verilated import ContractError, Harness, LoadedModel, build_library, check
 
 # Part of every model's key: bump it when what this module writes for the harness
 # (netagg_ports.h) or expects of it changes.
-HARNESS_ABI = 2
+HARNESS_ABI = 3
 RECEIVE_IDLE = 600          # quiet cycles that end a `receive` (a control request's records)
 BENCH_KEY = 0x5EEDC0DE      # the benchmarks' job's KEY, every contribution's RETH.rkey
 _PORT_SIGNALS = ("rx{i}_tdata", "rx{i}_tkeep", "rx{i}_tlast", "rx{i}_tvalid", "rx{i}_tready",
@@ -91,6 +91,7 @@ def _port_header(signals: dict[str, tuple[str, int]], top: str) -> str:
     return (f"#define NETAGG_PORTS {count}\n#define NETAGG_WIDTH {width}\n"
             f"#define NETAGG_HAS_RST {int('rst' in signals)}\n"
             f"#define NETAGG_HAS_TICK {int('tick' in signals)}\n"
+            f"#define NETAGG_HAS_LINK_DOWN {int('link_down' in signals)}\n"
             f"#define NETAGG_FOR_EACH_PORT(X) {each}\n")
 
 
@@ -111,6 +112,7 @@ def _load(library: Path) -> ctypes.CDLL:
         "nm_create": ([], handle), "nm_destroy": ([handle], None),
         "nm_reset": ([handle, ctypes.c_uint], None), "nm_cycles": ([handle], u64),
         "nm_step": ([handle, u64], None), "nm_tick": ([handle], ctypes.c_int),
+        "nm_link_down": ([handle, ctypes.c_uint32], ctypes.c_int),
         "nm_run_until_idle": ([handle, u64, u64], ctypes.c_int),
         "nm_port_state": ([handle, ctypes.c_int, p], None),
         "nm_queued": ([handle, ctypes.c_int], i64),
@@ -161,6 +163,7 @@ class SwitchModel(LoadedModel):
         self._h = self._lib.nm_create()
         self._pend_ports: list[int] = []
         self._pend_frames: list[bytes] = []
+        self._links_down = 0
 
     # -- frames in and out --------------------------------------------------------------
 
@@ -206,6 +209,14 @@ class SwitchModel(LoadedModel):
         if not self._lib.nm_tick(self._h):
             raise ValueError(f"top {self.top!r} has no tick input")
         return self._collect()
+
+    def set_link(self, port: int, up: bool) -> None:
+        """Port `port`'s MAC reports its link up or lost (a leaf's `link_down` input), from
+        the next cycle on: between runs, so that the frames before it are judged on the
+        links before it. ValueError for a top without the input."""
+        self._links_down = self._links_down & ~(1 << port) | (0 if up else 1 << port)
+        if not self._lib.nm_link_down(self._h, self._links_down):
+            raise ValueError(f"top {self.top!r} has no link_down input (not a leaf)")
 
     @property
     def cycles(self) -> int:

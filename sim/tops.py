@@ -198,8 +198,9 @@ class SwitchTop(Elaboratable):
     """The aggregation switch (`hw.switch.Switch`) with flat ports: ``rx{i}_*`` in and
     ``tx{i}_*`` out (AXI-Stream style), ``committed{i}``, high in the cycle port i's
     ingress commits a good frame (the order the golden model applies frames in),
-    ``nulled{i}``, high with it when that frame was dropped by priority to a null, and
-    ``tick`` in, a tick of the deadlines' clock (the harness's `nm_tick`)."""
+    ``nulled{i}``, high with it when that frame was dropped by priority to a null,
+    ``tick`` in, a tick of the deadlines' clock (the harness's `nm_tick`), and a leaf's
+    ``link_down`` in (bit p: port p's link is lost, `nm_link_down`)."""
 
     def __init__(self, ports: int = 4, width: int = 64, **params):
         from netagg.hw.switch import Switch
@@ -210,10 +211,12 @@ class SwitchTop(Elaboratable):
         self.committed = [Signal(name=f"committed{i}") for i in range(ports)]
         self.nulled = [Signal(name=f"nulled{i}") for i in range(ports)]
         self.tick = Signal(name="tick")
+        # a leaf's: bit p, port p's link is lost
+        self.link_down = [Signal(ports, name="link_down")] if self.switch.fabric.uplinks else []
 
     def ports(self):
         return [*(s for axis in [*self.rx, *self.tx] for s in axis.ports()), *self.committed,
-                *self.nulled, self.tick]
+                *self.nulled, self.tick, *self.link_down]
 
     def elaborate(self, platform):
         m = Module()
@@ -223,6 +226,8 @@ class SwitchTop(Elaboratable):
             tx.observe(m, sw.tx[i])
             m.d.comb += [self.committed[i].eq(sw.committed[i]), self.nulled[i].eq(sw.nulled[i])]
         m.d.comb += sw.tick.eq(self.tick)
+        for link_down in self.link_down:
+            m.d.comb += sw.link_down.eq(link_down)
         return m
 
 

@@ -15,7 +15,7 @@
 //
 // netagg_ports.h is written by sim/model.py from the verilated header: NETAGG_PORTS (count),
 // NETAGG_WIDTH (tdata bits), NETAGG_HAS_RST, NETAGG_HAS_TICK (an input `tick`, which nm_tick
-// holds high for one cycle) and NETAGG_FOR_EACH_PORT(X), which expands X(i) for every port
+// holds high for one cycle), NETAGG_HAS_LINK_DOWN (a leaf's input `link_down`) and NETAGG_FOR_EACH_PORT(X), which expands X(i) for every port
 // index i.
 
 #include <chrono>
@@ -377,6 +377,18 @@ int nm_tick(Model* m) {
     return 1;
 #else
     (void)m;
+    return 0;
+#endif
+}
+// The ports whose link is lost (bit p, port p), on a leaf's `link_down` input; 1, or 0 when
+// the top has none.
+int nm_link_down(Model* m, uint32_t ports) {
+#if NETAGG_HAS_LINK_DOWN
+    m->top->link_down = ports;
+    return 1;
+#else
+    (void)m;
+    (void)ports;
     return 0;
 #endif
 }
