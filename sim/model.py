@@ -235,9 +235,12 @@ class SwitchModel(LoadedModel):
         return dict(zip(names, state))
 
     def reset(self, cycles: int = 4) -> None:
-        """Drop every queued and partial frame, hold rst for `cycles` cycles, count from 0."""
+        """Drop every queued and partial frame, every link back up, hold rst for `cycles`
+        cycles, count from 0."""
         self._pend_ports.clear()
         self._pend_frames.clear()
+        self._links_down = 0
+        self._lib.nm_link_down(self._h, 0)
         self._lib.nm_reset(self._h, cycles)
 
     # -- traffic shaping ----------------------------------------------------------------

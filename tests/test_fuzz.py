@@ -75,7 +75,7 @@ def test_the_same_seed_gives_the_same_frames():
 
 def test_every_mutation_and_every_field_is_made():
     frames = list(stream(5, 20_000))
-    assert {f.kind for f in frames} == set(Kind)
+    assert {f.kind for f in frames} == set(Kind) - {Kind.LINK}     # a leaf's (fuzz_leaf)
     fields = {f.note.split("=")[0] for f in frames if f.kind is Kind.FIELD}
     assert {field.name for field in FIELDS} | {ICRC} <= fields
 

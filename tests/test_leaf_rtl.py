@@ -1,10 +1,11 @@
 """The RTL leaf as far as it is built (`hw.switch.Switch(uplinks=N)`, docs/leafspine.md):
 its registers (REG_UPLINKS, REG_UPLINK_DOWN, the uplink table, each job's PARENT,
 PARENT_KEY and SPRAY) read and written as the golden leaf's, the manager's and the job
-owner's rules included; a leaf's jobs without a parent served frame for frame as
-`GoldenLeaf` serves them (the fuzzer's good traffic, every register and counter read); its
-upward half against the golden leaf (the fuzzer's leaf mode: uses that complete locally go
-up as partials, re-sent on retransmissions, held back with every uplink down) and its
+owner's rules included, and a lost link's uplink down; a leaf's jobs without a parent
+served frame for frame as `GoldenLeaf` serves them (the fuzzer's good traffic, every
+register and counter read); its upward half against the golden leaf (the fuzzer's leaf
+mode: uses that complete locally go up as partials, re-sent on retransmissions, held back
+with every uplink down or its link lost) and its
 downward half (a fake spine's results and pulls, and their mutations) with no difference; a
 use's partial as scapy reads it, from both leaves; and a leaf (golden or RTL) beside a
 golden leaf under two golden spines, whose lost partial a spine pulls: every worker's
@@ -90,6 +91,20 @@ def _totals(golden) -> collections.Counter:
     for counters in golden.counters()["jobs"]:
         total.update(counters)
     return total
+
+
+def test_a_lost_link_reads_as_its_uplink_down(leaf):
+    """An uplink whose port's MAC reports the link lost is down, and REG_UPLINK_DOWN reads it
+    beside what was written; the link back, only what was written."""
+    table = [(W.WRITE | W.uplink_reg(0, W.UPLINK_PORT), 3),
+             (W.WRITE | W.uplink_reg(1, W.UPLINK_PORT), 2)]
+    assert control(leaf, table) == [3, 2]
+    leaf.set_link(2, False)
+    leaf.set_link(1, False)                         # no uplink's port
+    assert control(leaf, [(W.REG_UPLINK_DOWN, 0)]) == [0b10]
+    assert control(leaf, [(W.WRITE | W.REG_UPLINK_DOWN, 0b01)]) == [0b11]
+    leaf.set_link(2, True)
+    assert control(leaf, [(W.REG_UPLINK_DOWN, 0)]) == [0b01]
 
 
 def test_the_golden_leaf_against_itself_goes_up_and_down():
