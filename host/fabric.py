@@ -24,7 +24,10 @@ hosts reach a switch's control path: `udp://IP:PORT`, or `sim://NAME` for an in-
 
 Ranks sit on the leaves in blocks, in the description's order: leaf l holds the world's ranks
 `l * world // leaves` .. `(l + 1) * world // leaves - 1` (`Placement`), its rank at the leaf
-(the ImmDt rank of its contributions) counting from 0 there.
+(the ImmDt rank of its contributions) counting from 0 there. Hierarchical workers
+(`local_size` L > 1) sit by node: the nodes (ranks `node * L` .. `node * L + L - 1`) in
+blocks over the leaves, a node's rank at its leaf counting from 0 there, in each of its
+switch jobs alike.
 """
 
 from __future__ import annotations
@@ -164,29 +167,57 @@ class Fabric:
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-    """Where world rank `rank` of `world` sits: its leaf, its rank there and the leaf's
-    ranks."""
+    """Where a worker sits in the fabric's job: its rank there (`rank` of `world`: the world
+    rank, or hierarchical, `local_size` > 1, its node among the world's nodes, the switch
+    workers), its leaf, its rank there and the leaf's ranks; `local_rank` of `local_size`
+    its place in its node (its switch job is the job's + `local_rank`)."""
 
     rank: int
     world: int
     leaf: int
     leaf_rank: int
-    first: int          # the leaf's first world rank
+    first: int          # the leaf's first rank in the fabric's job
     leaf_workers: int
+    local_rank: int = 0
+    local_size: int = 1
 
     @classmethod
-    def of(cls, rank: int, world: int, leaves: int) -> Placement:
-        if world < leaves:
-            raise NetaggError(f"{world} workers cannot fill {leaves} leaves")
-        leaf = next(lf for lf in range(leaves) if rank < (lf + 1) * world // leaves)
-        first = leaf * world // leaves
-        return cls(rank, world, leaf, rank - first, first,
-                   (leaf + 1) * world // leaves - first)
+    def of(cls, rank: int, world: int, leaves: int, local_size: int = 1) -> Placement:
+        """World rank `rank` of `world`, in nodes of `local_size` consecutive ranks (1:
+        flat), over `leaves` leaves: the nodes in blocks, leaf by leaf."""
+        node, local_rank = divmod(rank, local_size)
+        nodes = world // local_size
+        if nodes < leaves:
+            what = "workers" if local_size == 1 else f"nodes ({world} workers in nodes of " \
+                                                     f"{local_size})"
+            raise NetaggError(f"{nodes} {what} cannot fill {leaves} leaves")
+        leaf = next(lf for lf in range(leaves) if node < (lf + 1) * nodes // leaves)
+        first = leaf * nodes // leaves
+        return cls(node, nodes, leaf, node - first, first,
+                   (leaf + 1) * nodes // leaves - first, local_rank, local_size)
 
     @staticmethod
     def ranks_of(leaf: int, world: int, leaves: int) -> range:
-        """The world ranks leaf `leaf` of `leaves` holds."""
+        """The ranks of the fabric's job (world ranks, or nodes) leaf `leaf` of `leaves`
+        holds among `world`."""
         return range(leaf * world // leaves, (leaf + 1) * world // leaves)
+
+    def world_rank(self, rank: int) -> int:
+        """The world rank of rank `rank` of the fabric's job in this worker's switch job (a
+        node's local worker `local_rank`, hierarchical)."""
+        return rank * self.local_size + self.local_rank
+
+    def who(self, rank: int, leaf_rank: int, leaf: str, note: str = "") -> str:
+        """Rank `rank` of the fabric's job (in this worker's switch job), at `leaf` as
+        `leaf_rank`, for errors after "rank ": "6 (rank 2 at leaf1)", or hierarchical "7
+        (node 3, rank 1 at leaf1)" (its world rank first); `note` ends the parenthesis."""
+        if self.local_size == 1:
+            return f"{rank} (rank {leaf_rank} at {leaf}{note})"
+        return f"{self.world_rank(rank)} (node {rank}, rank {leaf_rank} at {leaf}{note})"
+
+    def me(self, leaf: str) -> str:
+        """This worker, for errors: "rank 4 (rank 0 at leaf1)", or "rank 5 (node 2, ...)"."""
+        return "rank " + self.who(self.rank, self.leaf_rank, leaf)
 
 
 # --- in process ----------------------------------------------------------------------------

@@ -15,8 +15,10 @@ The rules are the one-switch rules (`host.liveness`), with the world for the job
 whose beat (with this run's mark) has not moved for `DEAD_AFTER` seconds while another
 rank's, on any leaf, moved meanwhile is gone; a read sent more than `READ_GAP` seconds after
 its leaf's previous answer, or a stall of this worker's engine, starts the watch of that
-leaf (or of every leaf) again. The error (`NetaggRankGone`, its `ranks` the world ranks)
-names each gone rank by its world rank, its rank at its leaf, the leaf and the job.
+leaf (or of every leaf) again. The error (`NetaggRankGone`, its `ranks` the ranks of the
+fabric's job: the world ranks, or hierarchical the nodes) names each gone rank by its world
+rank (and node), its rank at its leaf, the leaf and the job (the switch job: a node's local
+worker i watches, and is watched, in the job's job + i).
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ class FabricLiveness(Liveness):
         if self.gone and waiting and now - engine.last_progress >= STUCK_AFTER:
             p = self.placement
             raise NetaggRankGone(
-                f"{self.describe()}; rank {p.rank} (rank {p.leaf_rank} at {self.leaf}) of "
+                f"{self.describe()}; {p.me(self.leaf)} of "
                 f"{p.world} waits: {engine.stuck()}", self.job,
                 tuple(g.rank for g in self.gone))
 
@@ -166,11 +168,12 @@ class FabricLiveness(Liveness):
             self.stats["ranks_gone"] = len(self.gone)
 
     def describe(self) -> str:
-        """The gone ranks: world rank, rank at its leaf, the leaf, and how long their beats
-        stood still."""
+        """The gone ranks: world rank (and node, hierarchical), rank at its leaf, the leaf,
+        and how long their beats stood still."""
         where = {w.first + r: (r, w.name) for w in self.watches for r in range(w.workers)}
-        names = ", ".join(f"{g.rank} (rank {where[g.rank][0]} at {where[g.rank][1]}"
-                          + (", its worker closed)" if g.closed else ")") for g in self.gone)
+        p = self.placement
+        names = ", ".join(p.who(g.rank, *where[g.rank], ", its worker closed" if g.closed else "")
+                          for g in self.gone)
         leaves = sorted({where[g.rank][1] for g in self.gone})
         silent = ", ".join(f"{g.silent:.1f} s" for g in self.gone)
         return (f"rank{'s' if len(self.gone) > 1 else ''} {names} of job {self.job} gone: "

@@ -68,7 +68,6 @@ from netagg.host.job_setup import JobSetup, slot_range
 from netagg.host.liveness import COUNT_BITS, MARK
 from netagg.host.lossy import LossyTransport
 from netagg.host.messages import Send
-from netagg.host.progress import Progress
 from netagg.host.session import JobKeys, fresh_epoch
 from netagg.host.wire_arrays import ContributionWriter
 from netagg.sim import wire as W
@@ -107,7 +106,7 @@ class FabricEngine(Engine):
         p, q = self.placement, self.quorums
         if quorum != q.local[p.leaf]:
             raise NetaggError(
-                f"rank {p.rank} (rank {p.leaf_rank} at {self.leaf_name}) of job {self.job}: "
+                f"{p.me(self.leaf_name)} of job {self.job}: "
                 f"{self.leaf_name} closes a use at QUORUM {quorum}, this rank's quorum="
                 f"{q.quorum} of {p.world} gives it {q.local[p.leaf]} ({q.closing(p.leaf)} of "
                 f"its {q.sizes[p.leaf]} ranks): every rank of a fabric passes the same quorum")
@@ -120,9 +119,9 @@ class FabricEngine(Engine):
         """World ranks with their leaf's rank and name."""
         q, p = self.quorums, self.placement
         named = []
-        for r in ranks:
+        for r in ranks:                 # ranks of the fabric's job: world ranks, or nodes
             at = Placement.of(r, p.world, len(q.sizes))
-            named.append(f"{r} (rank {at.leaf_rank} at {self.leaf_names[at.leaf]})")
+            named.append(p.who(r, at.leaf_rank, self.leaf_names[at.leaf]))
         return ("ranks " if len(ranks) > 1 else "rank ") + ", ".join(named)
 
     def fill_send(self, members: int) -> Send:
@@ -132,67 +131,73 @@ class FabricEngine(Engine):
 
 
 def fabric_worker(worker, fabric, switch, *, slots, slot_base, credits, quorum, paths, spray,
-                  bind, faults, qpn: int):
-    """The rest of `Worker(..., fabric=)`'s making (`worker`: its rank, world, job, session,
-    timeout and deadline are set): `switch` names its leaf (its URL or name; None, or an
-    in-process topology: the leaf its rank sits on), `fabric` describes the fabric
-    (`Fabric.load`: a description, its JSON or file, or an in-process
-    `sim.topology.Topology`). A fabric's workers are flat (`local_size` 1)."""
-    if worker.local_size != 1:
-        raise ValueError("a fabric's workers are flat: local_size must be 1")
+                  bind, faults, qpn: int) -> bool:
+    """The rest of `Worker(..., fabric=)`'s making (`worker`: its rank, world, node, switch
+    job, session, timeout and deadline are set): `switch` names its leaf (its URL or name;
+    None, or an in-process topology: the leaf its rank sits on), `fabric` describes the
+    fabric (`Fabric.load`: a description, its JSON or file, or an in-process
+    `sim.topology.Topology`). Sets the worker's transport and engine; False for a local
+    worker beyond its leaf's jobs (hierarchical: it shares memory only, and holds neither)."""
     if not isinstance(switch, (str, type(None))):
         switch = None
     worker.engine = worker.transport = None
-    worker.leaders, worker.shm, worker.progress = 1, None, None
+    networked = False
     try:
-        join_fabric(worker, fabric, switch, slots=slots, slot_base=slot_base,
-                    credits=credits, quorum=quorum, paths=paths, spray=spray, bind=bind,
-                    faults=faults, qpn=qpn)
-    except BaseException:
-        if worker.engine is not None:
-            worker.engine.close()
-        if worker.transport is not None:
-            worker.transport.close()
-        raise
+        networked = join_fabric(worker, fabric, switch, slots=slots, slot_base=slot_base,
+                                credits=credits, quorum=quorum, paths=paths, spray=spray,
+                                bind=bind, faults=faults, qpn=qpn)
+    finally:
+        if not networked:
+            if worker.engine is not None:
+                worker.engine.close()
+            if worker.transport is not None:
+                worker.transport.close()
+            worker.engine = None
     worker.switch_rank = worker.placement.leaf_rank
     worker.switch_workers = worker.placement.leaf_workers
-    if worker.transport.driver is not None:
-        worker.transport.driver.engines.append(worker.engine)
-    else:
-        worker.progress = Progress(worker.engine)
+    return networked
 
 
 def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, paths, spray,
-                bind, faults, qpn: int):
+                bind, faults, qpn: int) -> bool:
     """Set `worker` (a `host.worker.Worker` being made) up in `fabric`: its transport to its
     leaf, its `FabricEngine`, and the configuration its place asks for (the module's
-    docstring). `switch`: its leaf's URL or name (None: the one its rank sits on)."""
+    docstring); False, once it has read its leaf's jobs, for a local worker beyond them.
+    `switch`: its leaf's URL or name (None: the one its rank sits on)."""
     fabric = Fabric.load(fabric)
-    if worker.world_size > W.MAX_DATA_COUNT:
+    if worker.nodes > W.MAX_DATA_COUNT:
+        what = "ranks" if worker.local_size == 1 else \
+            f"nodes (switch workers; {worker.world_size} ranks in nodes of {worker.local_size})"
         raise NetaggError(f"rank {worker.rank}, job {worker.job}: a fabric's job holds at most "
                           f"{W.MAX_DATA_COUNT} ranks (a result's count is 6 bits: a spine's "
-                          f"would wrap), not {worker.world_size}")
-    where = Placement.of(worker.rank, worker.world_size, len(fabric.leaves))
+                          f"would wrap), not {worker.nodes} {what}")
+    where = Placement.of(worker.rank, worker.world_size, len(fabric.leaves), worker.local_size)
     named = where.leaf if switch is None else fabric.leaf_named(switch)
     if named != where.leaf:
-        raise NetaggError(f"rank {worker.rank} of {worker.world_size} sits on "
+        node = "" if worker.local_size == 1 else f" (node {where.rank})"
+        raise NetaggError(f"rank {worker.rank}{node} of {worker.world_size} sits on "
                           f"{fabric.leaves[where.leaf].name} ({fabric.leaves[where.leaf].url}) "
                           f"by the fabric's placement, not on {switch!r}")
     leaf = fabric.leaves[where.leaf]
-    ip = f"10.{1 + worker.job}.{worker.rank // 250}.{worker.rank % 250 + 1}"
+    j = worker.switch_job                   # the job's + the local rank (hierarchical)
+    ip = f"10.{1 + j}.{where.rank // 250}.{where.rank % 250 + 1}"
     transport = fabric.transport(leaf, ip, paths=paths, bind=bind)
     if faults:
         transport = LossyTransport(transport, **faults)
     worker.transport, worker.placement, worker.fabric = transport, where, fabric
-    quorums = FabricQuorum.of(quorum, worker.world_size, len(fabric.leaves))
+    quorums = FabricQuorum.of(quorum, where.world, len(fabric.leaves))    # of nodes, hier.
     engine = FabricEngine(transport, placement=where, leaves=[lf.name for lf in fabric.leaves],
-                          job=worker.job, qpn=qpn, timeout=worker.timeout, spray=spray,
+                          job=j, qpn=qpn, timeout=worker.timeout, spray=spray,
                           quorums=quorums)
     worker.engine = engine
     p = read_params(engine.control)
-    at = f"rank {worker.rank} (rank {where.leaf_rank} at {leaf.name})"
+    at = where.me(leaf.name)
     if worker.job >= p["jobs"]:
         raise NetaggError(f"{at}: {leaf.name} has jobs 0..{p['jobs'] - 1}, not job {worker.job}")
+    # Hierarchical: one local worker per switch job takes part, as far as the leaf has jobs
+    worker.leaders = min(worker.local_size, p["jobs"] - worker.job)
+    if where.local_rank >= worker.leaders:
+        return False
     if where.leaf_workers > p["max_workers"]:
         raise NetaggError(f"{at}: {leaf.name} takes at most {p['max_workers']} workers per job,"
                           f" not {where.leaf_workers}")
@@ -213,11 +218,11 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
     transport.result_source = W.Endpoint(p["ip"], p["udp_sport"])
     for lf, other in enumerate(fabric.leaves):
         if lf != where.leaf:
-            ranks = Placement.ranks_of(lf, worker.world_size, len(fabric.leaves))
+            ranks = Placement.ranks_of(lf, where.world, len(fabric.leaves))
             engine.liveness.add_leaf(lf, other.name, ranks.start, len(ranks),
                                      _channel(worker, fabric, other, ip, LEAF_PORTS + lf))
-    base, count = slot_range(p, worker.job, slots, slot_base)
-    j, r = worker.job, where.leaf_rank
+    base, count = slot_range(p, j, slots, slot_base, where.local_rank)
+    r = where.leaf_rank
     entry = W.entry_records(j, r, transport.switch_port, transport.local, engine.qpn)
     setup = JobSetup(engine.control, j, r, where.leaf_workers, worker.session, entry,
                      p["jobs"], p["slots"], switch=leaf.name)
@@ -225,7 +230,7 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
         engine.joined = False
         engine.join_check = setup.rank_check(credits, quorums.local[where.leaf],
                                              worker.deadline_ticks)
-        return
+        return True
     credits = count if credits is None else credits
     if credits > 0xFFFF:
         raise NetaggError(f"{at}: {credits} credits do not fit in JOB_CREDITS (16 bits)")
@@ -233,7 +238,7 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
     try:
         for s, spine in enumerate(fabric.spines):
             spines.append(_channel(worker, fabric, spine, ip, SPINE_PORTS + s))
-        if worker.rank == 0:
+        if where.rank == 0:         # the world's rank 0, or node 0's leader of this job
             epoch = fresh_epoch()
             _claim_spines(worker, fabric, spines, base, count, epoch)
         else:
@@ -250,6 +255,7 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
                    (W.job_reg(j, W.JOB_SPRAY), spray_all(len(fabric.spines)))]
     keys = setup.claim()
     engine.set_job(count, credits, quorums.local[where.leaf], keys=keys)
+    return True
 
 
 UPLINK_FIELDS = {W.UPLINK_PORT: "UPLINK_PORT", W.UPLINK_MAC_HI: "UPLINK_MAC_HI",
@@ -301,9 +307,18 @@ def _claim_spines(worker, fabric: Fabric, spines: list[ControlChannel], base: in
         try:
             _claim_spine(worker, fabric, s, channel, base, count, epoch)
         except NetaggError as e:
-            released = _release(worker.job, fabric, spines[:s])
-            raise NetaggError(f"rank 0: {e}" + (f"; the jobs it had claimed at {released} are "
-                                                f"disabled again" if released else "")) from e
+            released = _release(worker.switch_job, fabric, spines[:s])
+            raise NetaggError(f"{first_rank(worker.placement)}: {e}"
+                              + (f"; the jobs it had claimed at {released} are disabled again"
+                                 if released else "")) from e
+
+
+def first_rank(placement: Placement) -> str:
+    """The rank that configures the spines' job of `placement`'s switch job, for errors: the
+    world's rank 0, or (hierarchical) node 0's local worker of that job."""
+    if placement.local_size == 1:
+        return "rank 0"
+    return f"rank {placement.world_rank(0)} (node 0)"
 
 
 def _release(job: int, fabric: Fabric, channels: list[ControlChannel]) -> str:
@@ -323,13 +338,15 @@ def _release(job: int, fabric: Fabric, channels: list[ControlChannel]) -> str:
 def _claim_spine(worker, fabric: Fabric, s: int, channel: ControlChannel, base: int,
                  count: int, epoch: int):
     """The world's rank 0 configures spine `s`'s job: the leaves as its ranks."""
-    spine, j = fabric.spines[s], worker.job
+    spine, j = fabric.spines[s], worker.switch_job
     p = read_params(channel)
+    if j >= p["jobs"]:
+        raise NetaggError(f"{spine.name} ({spine.url}) has jobs 0..{p['jobs'] - 1}, not job {j}")
     if p["ip"] != spine.ip:
         raise NetaggError(f"{spine.name} ({spine.url}) holds REG_IP {p['ip']}, the "
                           f"fabric's description {spine.ip}")
     if len(fabric.leaves) > p["max_workers"]:
-        raise NetaggError(f"rank 0: {spine.name} takes at most {p['max_workers']} leaves per "
+        raise NetaggError(f"{spine.name} takes at most {p['max_workers']} leaves per "
                           f"job, not {len(fabric.leaves)}")
     entries = [record for lf, leaf in enumerate(fabric.leaves)
                for record in W.entry_records(j, lf, spine.leaf_ports[lf],
@@ -349,7 +366,7 @@ def _spines_epoch(worker, fabric: Fabric, spines: list[ControlChannel], at: str)
     reads. An earlier run of the same session left its spines with its own epoch, but its
     rank 0's beat stands still (its process is gone); this run's rank 0 beats with the mark
     only after it configured every spine with its fresh epoch."""
-    j = worker.job
+    j, first = worker.switch_job, first_rank(worker.placement)
     reads = [(W.job_reg(j, W.JOB_CONFIG), 0), (W.job_reg(j, W.JOB_EPOCH), 0),
              (W.worker_reg(j, 0, W.WORKER_RKEY), 0)]
     leaf0 = next(w.control for w in worker.engine.liveness.watches if w.leaf == 0)
@@ -364,7 +381,7 @@ def _spines_epoch(worker, fabric: Fabric, spines: list[ControlChannel], at: str)
             if not fields["enable"] or not fields["partials"] or \
                     rkey != JobKeys.derive(worker.session, j, epoch).key:
                 waiting = (f"{fabric.spines[s].name}'s job {j} was not configured for this "
-                           f"run by rank 0")
+                           f"run by {first}")
                 break
             epochs.add(epoch)
         else:
@@ -374,15 +391,15 @@ def _spines_epoch(worker, fabric: Fabric, spines: list[ControlChannel], at: str)
                 [(_, now)] = leaf0.request([(W.beat_reg(j, 0), 0)])
                 if now >> COUNT_BITS != mark:
                     beat = None
-                    waiting = (f"the spines hold epoch {epoch:#010x}, but rank 0 does not "
+                    waiting = (f"the spines hold epoch {epoch:#010x}, but {first} does not "
                                f"beat with it in {fabric.leaves[0].name} (an earlier run's "
-                               f"configuration, this run's rank 0 not yet there)")
+                               f"configuration, this run's {first} not yet there)")
                 elif beat is not None and beat != now:
                     return epoch
                 else:
                     beat = now
-                    waiting = (f"rank 0's heartbeat in {fabric.leaves[0].name} does not move "
-                               f"(an earlier run's rank 0, gone)")
+                    waiting = (f"{first}'s heartbeat in {fabric.leaves[0].name} does not "
+                               f"move (an earlier run's {first}, gone)")
             else:
                 waiting = "the spines' jobs hold different epochs"
         if time.monotonic() > deadline:

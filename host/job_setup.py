@@ -88,13 +88,16 @@ class JobView:
 VIEW_FIELDS = (W.JOB_CONFIG, W.JOB_SLOT_BASE, W.JOB_SLOT_COUNT, W.JOB_OWNER)
 
 
-def slot_range(params: dict, job: int, slots: int | None,
-               slot_base: int | None) -> tuple[int, int]:
+def slot_range(params: dict, job: int, slots: int | None, slot_base: int | None,
+               local_rank: int = 0) -> tuple[int, int]:
     """A job's slot range (base, count) on a switch of `params` (`control.read_params`):
-    `slots` from `slot_base` as asked, else the switch's slots dealt evenly over its jobs."""
+    `slots` from `slot_base` as asked, else the switch's slots dealt evenly over its jobs.
+    Hierarchical, local worker `local_rank`'s switch job (the run's job + `local_rank`) takes
+    the range after its node's lower local workers' (`slot_base` + `local_rank` counts), so
+    that a node's jobs never share a slot."""
     per_job = params["slots"] // params["jobs"]
-    return (job * per_job if slot_base is None else slot_base,
-            per_job if slots is None else slots)
+    count = per_job if slots is None else slots
+    return (job * per_job if slot_base is None else slot_base + local_rank * count, count)
 
 
 def view_records(jobs) -> Pairs:

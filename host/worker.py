@@ -157,40 +157,59 @@ class Worker:
         self._closed = False
         T.Sprayer(paths, spray)        # checks both before any socket opens
         self.fabric = self.placement = None
+        self.engine = self.transport = self.progress = self.shm = None
+        self.lanes = N.LANES
+        qpn = _queue_pair()
         if fabric is not None:
-            fabric_worker(self, fabric, switch, slots=slots, slot_base=slot_base,
-                          credits=credits, quorum=quorum, paths=paths, spray=spray, bind=bind,
-                          faults=faults, qpn=_queue_pair())
-            return
+            networked = fabric_worker(self, fabric, switch, slots=slots, slot_base=slot_base,
+                                      credits=credits, quorum=quorum, paths=paths, spray=spray,
+                                      bind=bind, faults=faults, qpn=qpn)
+        else:
+            networked = self._join(switch, slots, slot_base, credits, quorum, paths, spray, bind,
+                                   faults, qpn)
+        if local_size > 1:
+            from netagg.host.node import NodeShm
+            try:
+                self.shm = NodeShm(self.session, self.node, self.local_rank, local_size,
+                                   timeout, job)
+            except BaseException:
+                self._close_network()
+                raise
+        if networked and self.transport.driver is not None:
+            self.transport.driver.engines.append(self.engine)
+        elif networked:
+            self.progress = Progress(self.engine)   # the background progress of a UDP worker
+
+    # --- set-up -------------------------------------------------------------------------
+
+    def _join(self, switch, slots, slot_base, credits, quorum, paths, spray, bind, faults,
+              qpn) -> bool:
+        """Join the job at one switch: this worker's transport and engine, and the job's
+        configuration (`_configure`); False for a local worker beyond the switch's jobs (it
+        shares memory only, and holds neither)."""
         ip = f"10.{1 + self.switch_job}.{self.switch_rank // 250}.{self.switch_rank % 250 + 1}"
         transport = make_transport(switch, ip, paths, bind)
         if faults:
             transport = LossyTransport(transport, **faults)
         self.transport = transport
         self.engine = Engine(transport, job=self.switch_job, rank=self.switch_rank,
-                             workers=self.switch_workers, slots=None, qpn=_queue_pair(),
-                             timeout=timeout, spray=spray)
-        self.lanes = N.LANES
+                             workers=self.switch_workers, slots=None, qpn=qpn,
+                             timeout=self.timeout, spray=spray)
         try:
             networked = self._configure(slots, slot_base, credits, quorum)
         except BaseException:
             self.transport.close()
             raise
-        if not networked:           # a local worker beyond the switch's jobs: shares only
+        if not networked:
             transport.close()
             self.engine = None
-        self.shm = None
-        if local_size > 1:
-            from netagg.host.node import NodeShm
-            self.shm = NodeShm(self.session, self.node, self.local_rank, local_size, timeout,
-                               job)
-        self.progress = None        # the background progress of a UDP worker
-        if self.engine is not None and transport.driver is not None:
-            transport.driver.engines.append(self.engine)
-        elif self.engine is not None:
-            self.progress = Progress(self.engine)
+        return networked
 
-    # --- set-up -------------------------------------------------------------------------
+    def _close_network(self):
+        if self.engine is not None:
+            getattr(self.engine, "close", lambda: None)()   # a fabric's: its other channels
+        if self.transport is not None:
+            self.transport.close()
 
     def _configure(self, slots, slot_base, credits, quorum):
         e, t = self.engine, self.transport
@@ -222,7 +241,7 @@ class Worker:
         t.attach_switch(p["ports"], p["port"])   # the port of its job-table entry
         t.result_source = W.Endpoint(p["ip"], p["udp_sport"])
         total_slots = p["slots"]
-        base, count = slot_range(p, self.switch_job, slots, slot_base)
+        base, count = slot_range(p, self.switch_job, slots, slot_base, self.local_rank)
         r, j = self.switch_rank, self.switch_job
         entry = W.entry_records(j, r, t.switch_port, t.local, e.qpn)
         setup = JobSetup(e.control, j, r, self.switch_workers, self.session, entry, p["jobs"],
