@@ -1,9 +1,10 @@
 """One worker process of tests/test_liveness.py over UDP:
 
     python -m tests.liveness_job URL RANK WORLD SESSION VALUES [--gate] [--late SECONDS]
-                                 [--local-size L]
+                                 [--local-size L] [--fabric FILE]
 
-joins the switch at URL as RANK of WORLD (hierarchical with `--local-size`), says so,
+joins the switch at URL as RANK of WORLD (hierarchical with `--local-size`; with `--fabric`,
+the leaf and spine fabric FILE describes, at the leaf its rank sits on, URL unused), says so,
 waits for a line on stdin (`--gate`) or `--late` seconds (alive all the while, so beating),
 starts an allreduce (int32 sum) of VALUES values (rank r's are all r + 1), says so once it
 has sent a contribution, and waits for it. It writes one JSON object a line to stdout:
@@ -38,9 +39,10 @@ def main():
     p.add_argument("--gate", action="store_true")
     p.add_argument("--late", type=float, default=0.0)
     p.add_argument("--local-size", type=int, default=1)
+    p.add_argument("--fabric")
     a = p.parse_args()
-    with Worker(a.rank, a.world, a.url, session=a.session, timeout=30,
-                local_size=a.local_size) as w:
+    with Worker(a.rank, a.world, None if a.fabric else a.url, session=a.session, timeout=30,
+                local_size=a.local_size, fabric=a.fabric) as w:
         say("ready")
         if a.gate:
             sys.stdin.readline()

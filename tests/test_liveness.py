@@ -1,7 +1,8 @@
 """A rank whose process is gone is named by the survivors within 2 s, from the heartbeats the
 switch keeps (`host.liveness`); a rank that is only slow is not: the BEAT registers on the
 golden model and the RTL, and workers in process and in their own processes over UDP through
-`netagg sim serve` (golden and RTL), one of them killed or late."""
+`netagg sim serve` (golden and RTL), one of them killed or late; a hierarchical run's killed
+local worker on one switch and across a leaf and spine fabric."""
 
 from __future__ import annotations
 
@@ -362,6 +363,37 @@ def test_killed_rank_is_named_in_a_hierarchical_run(serve_golden):
         assert all(e["event"] == "error" for e in ends), ends
         assert ends[1]["type"] == "NetaggRankGone" and ends[1]["ranks"] == [1], ends[1]
         assert ends[1]["message"].startswith("rank 1 of job 1 is gone"), ends[1]
+        assert "ranks [3] of job 0 (local workers [1] of node 1) are gone" in \
+            ends[2]["message"], ends[2]
+        assert "ranks [1] of job 0 (local workers [1] of node 0) failed" in \
+            ends[0]["message"], ends[0]
+        return [e["time"] for e in ends], killed
+    named_in_time(scenario)
+
+
+@pytest.fixture
+def serve_fabric(tmp_path):
+    """`netagg sim serve --topology 2x2`'s server (golden), its description in a file."""
+    from netagg.sim.topology_serve import FabricServer
+    with FabricServer(2, 2).start() as server:
+        path = tmp_path / "fabric.json"
+        path.write_text(json.dumps(server.describe()))
+        yield str(path)
+
+
+def test_killed_local_worker_is_named_in_a_hierarchical_fabric_run(serve_fabric):
+    """The hierarchical case above across a 2x2 fabric: node 0 at leaf0, node 1 at leaf1,
+    switch jobs 0 and 1 at every switch. World rank 3 (node 1's local worker 1: job 1, rank 0
+    at leaf1) is SIGKILLed in its allreduce. Within 2 s: rank 1 (job 1 at leaf0) names it from
+    its heartbeat in leaf1, by world rank, node, rank at its leaf and the leaf; rank 2, its node
+    peer, names its process gone; rank 0 says its local worker 1 failed."""
+    def scenario():
+        ends, killed = _kill_rank_3("fabric", "--local-size", "2", "--fabric", serve_fabric)
+        assert all(e["event"] == "error" for e in ends), ends
+        assert ends[1]["type"] == "NetaggRankGone" and ends[1]["ranks"] == [1], ends[1]
+        assert ends[1]["job"] == 1, ends[1]
+        assert ends[1]["message"].startswith("rank 3 (node 1, rank 0 at leaf1) of job 1 gone: "
+                                             "heartbeats in leaf1 still"), ends[1]
         assert "ranks [3] of job 0 (local workers [1] of node 1) are gone" in \
             ends[2]["message"], ends[2]
         assert "ranks [1] of job 0 (local workers [1] of node 0) failed" in \
