@@ -17,6 +17,12 @@ carries one share of the node's sum to the switch). `NETAGG_BIND` (or
 `NetaggOptions.bind`) names the address to send from. A gloo group over the same store
 starts beside the worker.
 
+A leaf and spine fabric (`NetaggOptions.fabric` or `NETAGG_FABRIC`: its description, JSON or
+a file's path, `host.fabric`): rank 0's description goes to every rank through torch's store
+(another rank's own, if it has one, must be the same), and each rank joins at its leaf
+(`NETAGG_SWITCH`, if set, names it; by default the leaf its node sits on), flat or
+hierarchical alike (`host.fabric_setup`).
+
 Collectives: `all_reduce` of what `host.torch_tensors.switch_op` accepts (SUM of int32, SUM
 and AVG of float32, float16 and bfloat16 CPU tensors) goes through the switch, with the
 worker's default priority and no loss budget (`host.torch_hook` sets them per gradient for
@@ -41,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import os
 import secrets
 import warnings
@@ -54,7 +61,7 @@ from netagg.host.worker import Worker, deadline_ticks
 
 BACKEND = "netagg"
 MAX_WORKER_TIMEOUT = 60.0       # seconds without progress before an allreduce fails
-SESSION_KEY, SWITCH_KEY = "netagg/session", "netagg/switch"
+SESSION_KEY, SWITCH_KEY, FABRIC_KEY = "netagg/session", "netagg/switch", "netagg/fabric"
 
 
 @dataclasses.dataclass
@@ -62,8 +69,9 @@ class NetaggOptions:
     """`dist.init_process_group("netagg", pg_options=NetaggOptions(...))`: the switch
     (`udp://host:port`; default NETAGG_SWITCH), the local address to send from (default
     NETAGG_BIND, else the kernel's route), the worker's timeout in seconds, its first switch
-    job, whether LOCAL_WORLD_SIZE > 1 makes it hierarchical, and the job's deadline in seconds
-    (`Worker`'s: 0, none)."""
+    job, whether LOCAL_WORLD_SIZE > 1 makes it hierarchical, the job's deadline in seconds
+    (`Worker`'s: 0, none), and a leaf and spine fabric's description (default NETAGG_FABRIC:
+    JSON, or a file's path; `switch` then names this rank's leaf, by default its node's)."""
 
     switch: str | None = None
     bind: str | None = None
@@ -71,6 +79,7 @@ class NetaggOptions:
     job: int = 0
     hierarchical: bool = True
     deadline: float = 0.0
+    fabric: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +121,23 @@ def _agree(store, rank: int, key: str, mine: str | None, what: str) -> str:
     return theirs
 
 
+def _fabric(store, rank: int, described: str | None) -> dict | None:
+    """The run's fabric: rank 0's description (`described`: JSON or a file's path), which it
+    publishes; another rank takes it from the store (its own, if any, must be the same). None
+    when rank 0 has none: one switch."""
+    from netagg.host.fabric import Fabric
+    mine = None if not described else json.dumps(Fabric.load(described).to_dict(),
+                                                  sort_keys=True)
+    if rank == 0:
+        store.set(FABRIC_KEY, mine or "")
+        return None if mine is None else json.loads(mine)
+    theirs = store.get(FABRIC_KEY).decode()
+    if mine and mine != theirs:
+        raise NetaggError(f"netagg rank {rank}: its fabric's description is not rank 0's"
+                          + ("" if theirs else " (rank 0 has none: one switch)"))
+    return json.loads(theirs) if theirs else None
+
+
 def _by_gloo(name: str):
     """A collective of torch's Python trampoline (`PyProcessGroup`) that goes to gloo. Left
     to the base class, the trampoline would call gloo holding the GIL, and gloo's own thread,
@@ -140,8 +166,10 @@ class NetaggProcessGroup(dist.ProcessGroup):
             return
         seconds = min(timeout.total_seconds(), MAX_WORKER_TIMEOUT) if options.timeout is None \
             else options.timeout
-        switch = _agree(store, rank, SWITCH_KEY, options.switch or os.environ.get(
-            "NETAGG_SWITCH"), "switch")
+        switch = options.switch or os.environ.get("NETAGG_SWITCH") or None
+        fabric = _fabric(store, rank, options.fabric or os.environ.get("NETAGG_FABRIC"))
+        if fabric is None:
+            switch = _agree(store, rank, SWITCH_KEY, switch, "switch")
         session = _agree(store, rank, SESSION_KEY, f"torch-{secrets.token_hex(16)}"
                          if rank == 0 else None, "session")
         self.placement = placement(rank, world_size, options.hierarchical)
@@ -151,9 +179,11 @@ class NetaggProcessGroup(dist.ProcessGroup):
             self.worker = Worker(rank, world_size, switch, options.job, session=session,
                                  local_size=self.placement.local_size, timeout=seconds,
                                  bind=options.bind or os.environ.get("NETAGG_BIND"),
-                                 deadline=options.deadline)
+                                 deadline=options.deadline, fabric=fabric)
         except Exception as e:
-            raise NetaggError(f"{self.where}: cannot join switch {switch}: "
+            place = f"switch {switch}" if fabric is None else \
+                f"the fabric at {switch or 'its leaf'}"
+            raise NetaggError(f"{self.where}: cannot join {place}: "
                               f"{type(e).__name__}: {e}") from e
         self.completer = Completer(self.where, seconds)
 

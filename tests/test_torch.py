@@ -6,8 +6,9 @@ against `netagg sim serve` (golden model), once as one node of 2 (hierarchical) 
 bit for bit, floats within the fixed-point bound of host/numerics.py), that what the switch
 cannot do is gloo's (right results, no packet sent), the other collectives, Work futures,
 DDP with and without the netagg hook beside gloo's DDP, and an inf on one rank reaching
-every rank (GradScaler skips the step on every rank alike). Set-up errors name the rank;
-`netagg train` runs small, and its command line hands its options on.
+every rank (GradScaler skips the step on every rank alike); the job's all_reduce over a
+leaf and spine fabric, 2 nodes of 2. Set-up errors name the rank; `netagg train` runs
+small, and its command line hands its options on.
 """
 
 from __future__ import annotations
@@ -76,6 +77,31 @@ def test_torchrun_job_through_the_switch(tmp_path, switch, nodes, per_node):
                                 {"scale": 512.0, "moved": True}], nf
         assert nf["weights"] == ranks[0]["nonfinite"]["weights"]
         assert r["shut_down"]
+
+
+def test_torchrun_job_through_a_leaf_and_spine_fabric(tmp_path, monkeypatch):
+    """2 torchrun agents of 2 processes (hierarchical) over `sim serve --topology 2x2`'s
+    server: NETAGG_FABRIC names its description and no switch is named, so node 0 joins at
+    leaf0 and node 1 at leaf1, local rank i in switch job i; all_reduce as on one switch."""
+    from netagg.sim.topology_serve import FabricServer
+    with FabricServer(2, 2).start() as server:
+        described = tmp_path / "fabric.json"
+        described.write_text(json.dumps(server.describe()))
+        monkeypatch.setenv("NETAGG_FABRIC", str(described))
+        torch_runs.torchrun([os.path.join(ROOT, "tests", "torch_job.py"), str(tmp_path),
+                             "--only-switch"], url="", nodes=2, per_node=2, logs=tmp_path,
+                            what="tests/torch_job.py over a fabric", timeout=JOB_TIMEOUT)
+        partials = server.topology.partials()
+    for rank in range(4):
+        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert (r["local_size"], r["leaf"], r["switch_job"]) == (2, rank // 2, rank % 2)
+        for case, got in r["switch_vs_gloo"].items():
+            if case.startswith("int32"):
+                assert got["equal_to_gloo"] and got["equal_to_exact"], (rank, case)
+            else:
+                assert got["exact_over_bound"] <= 1.0, (rank, case, got)
+            assert got["packets"] > 0, (rank, case, got)
+    assert all(p[0] > 0 and p[1] > 0 for p in partials.values()), partials
 
 
 def test_a_rank_without_a_switch_is_an_error_naming_it(monkeypatch):

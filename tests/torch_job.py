@@ -2,7 +2,9 @@
 `netagg sim serve`, then all_reduce beside a gloo group, the fallbacks, the other
 collectives and DDP, with and without the netagg hook. Each rank writes what it saw to
 `<out>/rank<r>.json`; the test asserts on it. Inputs are drawn from the rank's seed, so every
-rank can rebuild every rank's inputs and the exact sums."""
+rank can rebuild every rank's inputs and the exact sums. `--only-switch` (a fabric's run)
+does the all_reduce beside gloo alone, and says where the rank ran (its leaf, its switch
+job)."""
 
 from __future__ import annotations
 
@@ -172,10 +174,19 @@ def nonfinite(world: int) -> dict:
             "scaler": steps, "weights": [float(p.detach().sum()) for p in model.parameters()]}
 
 
-def main(out: str):
+def main(out: str, only_switch: bool = False):
     dist.init_process_group("netagg")
     pg, world = dist.group.WORLD, dist.get_world_size()
     gloo = dist.new_group(backend="gloo")
+    if only_switch:             # a fabric's run: all_reduce through it, and where it ran
+        w = pg.worker
+        report = {"rank": dist.get_rank(), "local_size": pg.placement.local_size,
+                  "switch_vs_gloo": switch_vs_gloo(pg, gloo, world),
+                  "leaf": w.placement.leaf, "switch_job": w.switch_job}
+        dist.destroy_process_group()
+        with open(f"{out}/rank{report['rank']}.json", "w") as f:
+            json.dump(report, f)
+        return
     report = {"rank": dist.get_rank(), "group": type(pg).__name__,
               "backend": dist.get_backend(), "local_size": pg.placement.local_size,
               "switch_vs_gloo": switch_vs_gloo(pg, gloo, world),
@@ -189,5 +200,5 @@ def main(out: str):
 
 if __name__ == "__main__":
     assert tb.BACKEND == "netagg"
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:] == ["--only-switch"])
     exit_now(0)         # torch 2.13's teardown after DDP over gloo may abort (see there)
