@@ -104,14 +104,15 @@ def run_workers(url: str, *, workers: int, nodes: int, values: int, steps: int =
     `paths` / `spray`: each worker sprays its packets over that many UDP source ports.
     `binds`: local addresses, node i's workers send from `binds[i % len(binds)]`. `fabric`:
     a leaf and spine fabric's description (`host.fabric`; `url` is ignored: each worker
-    names the leaf its rank sits on)."""
+    names the leaf its node sits on)."""
     from netagg.host.fabric import Fabric, Placement
-    urls = [url] * workers
-    if fabric is not None:
-        leaves = Fabric.load(fabric).leaves
-        urls = [leaves[Placement.of(r, workers, len(leaves)).leaf].url for r in range(workers)]
     if workers % nodes:
         raise ValueError(f"{workers} workers do not split into {nodes} nodes")
+    urls = [url] * workers
+    if fabric is not None:          # each worker at its node's leaf
+        leaves = Fabric.load(fabric).leaves
+        urls = [leaves[Placement.of(r, workers, len(leaves), workers // nodes).leaf].url
+                for r in range(workers)]
     ctx = mp.get_context("spawn")
     progress = ctx.Array("q", workers)
     results = ctx.Queue()

@@ -167,3 +167,17 @@ def test_set_up_errors_name_the_rank_and_its_node():
                                           r"the spines: spine0's job 1 was not configured for "
                                           r"this run by rank 1 \(node 0\)"):
         Worker(5, 8, None, local_size=2, session="s", fabric=topo, timeout=1)
+
+
+def test_8_worker_processes_in_4_nodes_over_udp_through_a_fabric_server():
+    """`netagg sim serve --topology 2x2`'s server, 8 worker processes (`apps.demo`'s, each at
+    its node's leaf over UDP) in 4 nodes of 2: float32 within the bound, every rank's result
+    the same bits, both leaves' partials up both uplinks."""
+    from netagg.apps.demo import run_workers
+    from netagg.sim.topology_serve import FabricServer
+    with FabricServer(2, 2).start() as server:
+        report = run_workers(None, workers=WORLD, nodes=WORLD // LOCAL, values=30_000, steps=2,
+                             timeout=30, fabric=server.describe())
+        partials = server.topology.partials()
+    assert report["errors"] == [] and report["verified"] and report["results_agree"], report
+    assert all(p[0] > 0 and p[1] > 0 for p in partials.values()), partials
