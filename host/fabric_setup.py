@@ -27,6 +27,18 @@ its check lane carries the world rank's bit, so the spines' results hold the wor
    JOB_SPRAY (slot s up uplink s % uplinks).
 3. The leaf's other ranks join it as on one switch (`JobSetup.rank_check`).
 
+Hierarchical workers (`local_size` L > 1) take part as on one switch (`host.hierarchical`):
+the fabric's job is over nodes (the switch workers), placed in blocks over the leaves, and a
+node's local worker i (as far as its leaf has jobs: the leaders) is the node in switch job
+`job + i` at its leaf and, through the leaves' partials, at every spine; the others share
+memory only. Steps 1-3 run per switch job: node 0's local worker i claims the spines' job
+`job + i` (one epoch of its own per switch job), each leaf's first node's worker i its
+leaf's, and the others join; every job's slot range is its own at every switch (the spines'
+are the leaves', `job_setup.slot_range`), so a node's jobs never share a slot anywhere.
+Liveness runs per switch job across the leaves: local worker i watches the nodes' workers of
+job `job + i`, and names a gone one by its world rank, its node, its rank at its leaf and
+the leaf; a local worker gone in its node is named by its node's others (`host.node`).
+
 One run's spines only: an earlier run of the same session string may have left the spines
 configured with its epoch, whose keys match the session as well; its rank 0 is gone, so its
 beat in leaf 0 stands still, while this run's rank 0 beats with its own fresh epoch only
@@ -48,10 +60,12 @@ channel of its own to each other leaf, and names a rank gone on any of them.
 Every rank compares its leaf with the description (its REG_IP and uplink table), and the
 world's rank 0 each spine's REG_IP: a switch cabled or addressed otherwise is a NetaggError
 naming the switch and the register (it would drop the other switches' frames, and the run
-time out). A fabric's job holds at most 63 ranks (`W.MAX_DATA_COUNT`: a result's count).
+time out). A fabric's job holds at most 63 ranks (`W.MAX_DATA_COUNT`: a result's count),
+nodes when hierarchical (each switch job's result counts the nodes).
 
-Ownership is as on one switch: the world's rank 0 owns the spines' jobs, each leaf's first
-rank its leaf's. Errors name the rank, the job and the switch.
+Ownership is as on one switch: the world's rank 0 (node 0's worker of each switch job) owns
+the spines' jobs, each leaf's first rank its leaf's. Errors name the rank (and its node),
+the job and the switch.
 """
 
 from __future__ import annotations

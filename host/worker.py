@@ -38,7 +38,9 @@ uses the network); the results are shared back through the same memory. A switch
 jobs (G = jobs - job < L) takes the first G local workers of each node as leaders, the
 shards cut G ways; with one job, local worker 0 alone carries the node's sums. Shards are whole
 exponent blocks, and a node proposes the maximum exponent of its local workers, so the
-answer is bit for bit the flat allreduce's. A fabric (`fabric=`: `host.fabric_setup`) is flat.
+answer is bit for bit the flat allreduce's. Across a leaf and spine fabric (`fabric=`:
+`host.fabric_setup`) the same: the nodes sit on the leaves, and local worker i is its node in
+switch job `job + i` at its leaf and every spine.
 
 Spraying (`paths=N`, `spray="round_robin"` or `"least_loaded"`): the worker sends its
 contributions from N UDP source ports (other sockets of its address; results still come back

@@ -171,6 +171,20 @@ def test_hierarchical_equals_flat(dtype, jobs):
         assert np.array_equal(flat[0][1], expected)
 
 
+def test_hierarchical_slot_base_gives_each_local_worker_the_range_after_the_ones_before():
+    switch, session = GoldenSwitch(jobs=4), uuid.uuid4().hex
+    xs = [np.full(2 * N.LANES * N.DEFAULT_BLOCK, r + 1, np.int32) for r in range(4)]
+
+    def hier(rank):
+        with Worker(rank, 4, switch, local_size=2, session=session, timeout=30, slots=8,
+                    slot_base=32) as w:
+            return w.allreduce(xs[rank])
+    for out in in_threads(hier, 4):
+        assert np.array_equal(out, np.full(len(xs[0]), 10))
+    regs = [W.job_reg(j, f) for j in (0, 1) for f in (W.JOB_SLOT_BASE, W.JOB_SLOT_COUNT)]
+    assert SwitchControl(switch).read(*regs) == [32, 8, 40, 8]
+
+
 # --- loss ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("rate", [0.01, 0.05])

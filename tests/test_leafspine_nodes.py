@@ -181,3 +181,16 @@ def test_8_worker_processes_in_4_nodes_over_udp_through_a_fabric_server():
         partials = server.topology.partials()
     assert report["errors"] == [] and report["verified"] and report["results_agree"], report
     assert all(p[0] > 0 and p[1] > 0 for p in partials.values()), partials
+
+
+def test_slot_base_gives_a_nodes_jobs_consecutive_ranges_at_every_switch():
+    topo = Topology(2, 2)
+    ws = _workers(topo, slots=6, slot_base=20)
+    xs = [np.full(3 * N.LANES * N.DEFAULT_BLOCK, r - 3, np.int32) for r in range(WORLD)]
+    for o in in_threads(lambda r: ws[r].allreduce(xs[r]), WORLD):
+        assert np.array_equal(o, np.sum(xs, axis=0))
+    for name in topo.nodes:
+        assert [_config(topo, name, j)["slots"] for j in range(LOCAL)] == \
+            [range(20, 26), range(26, 32)], name
+    for w in ws:
+        w.close()
