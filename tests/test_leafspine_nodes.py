@@ -2,8 +2,9 @@
 in 4 nodes of 2 over two leaves and two spines, several tensors and dtypes exact against numpy
 and floats bit for bit the flat fabric's; every switch's jobs (one per local worker) claimed
 with slot ranges of their own; a leaf with one job (local worker 0 alone carries the node's
-sums); a node gone named by every other node's workers, in each switch job; the 63-rank limit
-counted in nodes; set-up errors that name the rank and its node."""
+sums); a node gone named by every other node's workers, in each switch job; `slot_base=`; a
+quorum and the 63-rank limit counted in nodes; set-up errors that name the rank and its node;
+8 worker processes over UDP."""
 
 from __future__ import annotations
 
@@ -192,5 +193,22 @@ def test_slot_base_gives_a_nodes_jobs_consecutive_ranges_at_every_switch():
     for name in topo.nodes:
         assert [_config(topo, name, j)["slots"] for j in range(LOCAL)] == \
             [range(20, 26), range(26, 32)], name
+    for w in ws:
+        w.close()
+
+
+def test_a_quorum_counts_nodes():
+    """quorum=3 of the 4 nodes: the node of slack goes to leaf0 (QUORUM 1 of its 2 nodes,
+    leaf1 all of its 2), in both switch jobs; int32 sums stay exact (the fill-in rounds add
+    what a use closed without)."""
+    topo = Topology(2, 2)
+    ws = _workers(topo, quorum=3)
+    xs = [np.arange(3 * N.LANES * N.DEFAULT_BLOCK, dtype=np.int32) * (r + 1) for r in range(8)]
+    for _ in range(2):
+        for o in in_threads(lambda r: ws[r].allreduce(xs[r]), WORLD):
+            assert np.array_equal(o, np.sum(xs, axis=0))
+    quorums = {name: [topo.control(name, [(W.job_reg(j, W.JOB_QUORUM), 0)])[0][1]
+                      for j in range(LOCAL)] for name in ("leaf0", "leaf1")}
+    assert quorums == {"leaf0": [1, 1], "leaf1": [0, 0]}
     for w in ws:
         w.close()
