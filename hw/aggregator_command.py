@@ -12,7 +12,7 @@ from amaranth.lib import data
 from . import headers as H
 from . import regmap as R
 from .beat import BeatLayout
-from .fabric import NO_FABRIC, Fabric, copy_fields, descriptor_fields
+from .fabric import NO_FABRIC, Fabric, copy_fields, descriptor_fields, msn_bits
 
 MAX_CONTROL_PAYLOAD = H.MAX_CONTROL_RECORDS * H.CONTROL_RECORD.length     # 512 bytes
 
@@ -48,11 +48,13 @@ def egress_beat(width: int, ports: int, max_workers: int, fabric: Fabric = NO_FA
 
 def slot_copy(max_workers: int, fabric: Fabric = NO_FABRIC):
     """A slot copy's state: its contributors (`bitmap`), their number (`count`, 0: no use in
-    progress), how many brought data (`data`: not null), the payload length, the low bits
-    of the use's message number (`msn`) and the tick its use began at (`begun`); a leaf's
-    more (`hw.fabric.copy_fields`)."""
+    progress), how many brought data (`data`: not null), the payload length, the use's
+    message number (`msn`: its low 16 bits, its 32 on a switch that takes partials,
+    `hw.fabric.msn_bits`) and the tick its use began at (`begun`); a leaf's more
+    (`hw.fabric.copy_fields`)."""
     return data.StructLayout({"bitmap": max_workers, "count": 6, "data": 6, "length": 11,
-                              "msn": 16, "begun": R.DEADLINE_BITS, **copy_fields(fabric)})
+                              "msn": msn_bits(fabric), "begun": R.DEADLINE_BITS,
+                              **copy_fields(fabric)})
 
 
 def slot_state(max_workers: int, fabric: Fabric = NO_FABRIC):

@@ -141,8 +141,7 @@ class Decide(wiring.Component):
         new_state = Signal(slot_state(MW, self.fabric))
         m.d.comb += new_state.eq(self.copies)
         update = Signal()
-        distance = Signal(signed(16))       # of this message from the copy's use
-        m.d.comb += distance.eq(va.msn[:16] - mine.msn)
+        distance = self._distance(m, b_job, mine, va)
 
         spine = leaf = None
         if self.fabric.spine:
@@ -177,6 +176,19 @@ class Decide(wiring.Component):
             self.unserved.eq(decided & H.is_control(b.bth) & (b_look != Look.CONTROL)),
         ]
         return m
+
+    def _distance(self, m, b_job, mine, va):
+        """d, of this message from its copy's use: signed16 of the msns' low 16 bits; on a
+        switch that takes partials, a spine's job's (CONFIG.partials) signed32 of the whole
+        msns, which its copies keep."""
+        near = Signal(signed(16), name="distance" if not self.fabric.spine else "near")
+        if not self.fabric.spine:
+            m.d.comb += near.eq(va.msn[:16] - mine.msn)
+            return near
+        far, distance = Signal(signed(32)), Signal(signed(32))
+        m.d.comb += [near.eq(va.msn[:16] - mine.msn[:16]), far.eq(va.msn - mine.msn),
+                     distance.eq(Mux(b_job.partials, far, near))]
+        return distance
 
     def _count(self, name):
         """The packet's event `name`, of its port or of its job (a fabric switch's too)."""
@@ -371,7 +383,7 @@ class Decide(wiring.Component):
                 new.count.eq(Mux(finishes, 0, new_count)),
                 new.data.eq(new_data),
                 new.length.eq(b.payload_length),
-                new.msn.eq(msn[:16]),
+                new.msn.eq(msn[:len(new.msn)]),
                 new.begun.eq(Mux(new_use, self.now, mine.begun)),
             ]
             with m.If(finishes):

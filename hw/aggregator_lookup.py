@@ -175,6 +175,10 @@ class Lookup(wiring.Component):
         control_length_ok = (length >= 8) & (length <= MAX_CONTROL_PAYLOAD) & (length[:3] == 0)
         job_ok = (job_number < J) & job.enable
         worker_ok = (imm.rank < job.workers) & (imm.rank < MW) & (worker_ip == a.ip.src)
+        if self.fabric.spine:
+            # a spine's job takes a leaf's partial only by the port of the leaf's entry
+            entry_port = Array(self.table.worker_port)[job_number * MW + imm.rank]
+            worker_ok &= ~job.partials | (entry_port == a.port)
         key_ok = a.reth.rkey == job.key
         slot_ok = (imm.slot < job.slot_count) & (index < self.slots)
         ahead = Signal(32)          # the message's distance beyond the job's completed uses

@@ -10,7 +10,9 @@ partials too. With neither (`NO_FABRIC`, every board) no stage adds a signal: th
 a single switch's.
 
 What the stages add when the switch is a spine: the job table's CONFIG.partials bit
-(`job_layout`); the decide stage's events (`SPINE_EVENTS`, counted as FABRIC_COUNTERS); the
+(`job_layout`); a slot copy's whole msn (`msn_bits`: a spine's job compares 32 bits, the
+others 16, as on one switch); a contribution to a spine's job taken only from the port of
+its leaf's entry (the lookup's worker check); the decide stage's events (`SPINE_EVENTS`, counted as FABRIC_COUNTERS); the
 result descriptor's `pull` (a payload-less result to the leaves missing from a use) and the
 use's msn, which a spine's results and pulls carry in RETH.va (`descriptor_fields`); and the
 egress ports' count of pulls sent (`pulls`, like `results`). When it has uplinks (a
@@ -138,6 +140,14 @@ def parent_fields(fabric: Fabric) -> dict:
     UPLINK_QPN from an uplink's IP); `by`, it came in by the port of such an uplink, the
     first of which is `uplink` (a pull's answer goes up it)."""
     return {"parent": 1, "by": 1, "uplink": 2} if fabric.uplinks else {}
+
+
+def msn_bits(fabric: Fabric) -> int:
+    """The bits of its use's msn a slot copy keeps: 16 on a single switch (a worker's uses of
+    a copy are at most two apart); 32 on a switch that takes partials, whose spine's jobs
+    compare whole msns (a spine whose uplink was down while the leaves ran 2^15 messages or
+    more elsewhere still tells the new uses from the old, docs/leafspine.md)."""
+    return 32 if fabric.spine else 16
 
 
 def copy_fields(fabric: Fabric) -> dict:

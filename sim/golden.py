@@ -351,7 +351,7 @@ class GoldenSwitch(Registers):
                   length: int) -> bool:
         """Whether a contribution with `length` bytes of payload passes the checks that the
         slot's state takes no part in (`_refusal`, then the credit); what fails is counted."""
-        refusal = self._refusal(header.src_ip, reth.dma_length, req, length, reth.rkey)
+        refusal = self._refusal(header.src_ip, reth.dma_length, req, length, reth.rkey, port)
         if refusal is not None:
             scope = self.port_counters[port] if refusal in PORT_REFUSALS else \
                 self.job_counters[req.job]
@@ -364,23 +364,31 @@ class GoldenSwitch(Registers):
         return True
 
     def _refusal(self, src_ip: int, dma_length: int, req: Request, length: int,
-                 key: int) -> str | None:
+                 key: int, port: int | None = None) -> str | None:
         """The drop counter of a contribution of `length` bytes of payload and RETH.rkey
-        `key` that its length or the job table refuses (payload, job, worker, key, slot), or
-        None: the checks that neither the slot's state nor the credit take part in. The
-        first two count on the port, the others on the job (`PORT_REFUSALS`)."""
+        `key`, in at `port` (None: any), that its length or the job table refuses (payload,
+        job, worker, key, slot), or None: the checks that neither the slot's state nor the
+        credit take part in. The first two count on the port, the others on the job
+        (`PORT_REFUSALS`)."""
         if not (4 <= length <= self.max_payload and length % 4 == 0 and dma_length == length):
             return "drop_bad_payload"
         if req.job >= self.jobs or not self.job[req.job].enable:
             return "drop_bad_job"
         job = self.job[req.job]
-        if req.rank >= job.workers or src_ip != job.table[req.rank].ip:
+        if req.rank >= job.workers or src_ip != job.table[req.rank].ip or \
+                not self._by_entry_port(job, req.rank, port):
             return "drop_bad_worker"
         if key != job.key:
             return "drop_bad_key"
         if req.slot >= job.slot_count or job.slot_base + req.slot >= self.slots:
             return "drop_bad_slot"
         return None
+
+    def _by_entry_port(self, job: Job, rank: int, port: int | None) -> bool:
+        """Whether a contribution of `rank` in at `port` comes by the port its entry names
+        where the job asks for it: a single switch takes a worker's from any port (its source
+        IP names it); a spine's job takes a leaf's only from its entry's (`sim.golden_leaf`)."""
+        return True
 
     def tick(self):
         """A tick of the deadlines' clock (`hw.regmap.TICK_SECONDS`), between two frames."""

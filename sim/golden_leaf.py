@@ -105,7 +105,21 @@ class GoldenLeaf(LeafRegisters, GoldenSwitch):
         return self._add(Use(req.job, req.slot, req.version, *W.split_va(reth.va)), req.rank,
                          req.exponent, payload, part)
 
+    def _by_entry_port(self, job: FabricJob, rank: int, port: int | None) -> bool:
+        """A spine's job takes a leaf's partial only from the port of the leaf's entry (a
+        host that spoofs the leaf's IP elsewhere is `drop_bad_worker`, as a wrong IP is)."""
+        return port is None or not job.partials or port == job.table[rank].port
+
     # --- a contribution to a leaf's or a spine's job ---------------------------------------
+
+    @staticmethod
+    def _distance(job: FabricJob, copy: FabricCopy, msn: int) -> int:
+        """d: how far `msn` is beyond the use of `copy`: signed32 of the whole msns for a
+        spine's job (a spine back after any time away takes the new uses), signed16 of their
+        low 16 bits for another, as on one switch."""
+        if job.partials:
+            return _signed(msn - copy.msn, 32)
+        return _signed(msn - copy.msn16, 16)
 
     def _add(self, use: Use, rank: int, exponent: int, payload: bytes, part: Partial) -> list:
         """A contribution of `rank` to `use`, past the checks: a spine's is a partial, a
@@ -113,7 +127,7 @@ class GoldenLeaf(LeafRegisters, GoldenSwitch):
         job, counters = self.job[use.job], self.job_counters[use.job]
         fabric = self.fabric_counters[use.job]
         copy, needed, ranks = self._aggregation(job, job.slot_base + use.slot, use.version, rank)
-        bit, d = 1 << rank, _signed(use.msn - copy.msn16, 16)
+        bit, d = 1 << rank, self._distance(job, copy, use.msn)
         if copy.count == 0:
             if copy.bitmap and d == 0 and len(payload) != copy.length:
                 counters["drop_bad_length"] += 1
@@ -258,7 +272,7 @@ class GoldenLeaf(LeafRegisters, GoldenSwitch):
             return []
         use = Use(j, slot, version, *W.split_va(reth.va))
         copy = self.state[job.slot_base + slot][version]
-        ours = copy.bitmap and copy.count == 0 and _signed(use.msn - copy.msn16, 16) == 0
+        ours = copy.bitmap and copy.count == 0 and self._distance(job, copy, use.msn) == 0
         if payload and ours and copy.state is CopyState.UPSTREAM and \
                 len(payload) == copy.length:
             fabric["parent_results"] += 1

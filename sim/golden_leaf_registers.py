@@ -29,9 +29,15 @@ class CopyState(enum.Enum):
 
 @dataclasses.dataclass(eq=False)
 class FabricCopy(SlotCopy):
-    """A slot copy of a leaf or a spine: a slot copy and its `CopyState`."""
+    """A slot copy of a leaf or a spine: a slot copy, its `CopyState` and the use's whole
+    msn (32 bits: a spine's job compares them, docs/leafspine.md)."""
 
     state: CopyState = CopyState.FRESH
+    msn: int = 0                      # the use's MSN, 32 bits
+
+    def begin(self, bit: int, sums, null: bool, msn: int, exponent: int, now: int):
+        super().begin(bit, sums, null, msn, exponent, now)
+        self.msn = msn & 0xFFFFFFFF
 
 
 @dataclasses.dataclass
