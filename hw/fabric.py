@@ -12,19 +12,19 @@ a single switch's.
 What the stages add when the switch is a spine: the job table's CONFIG.partials bit
 (`job_layout`); a slot copy's whole msn (`msn_bits`: a spine's job compares 32 bits, the
 others 16, as on one switch); a contribution to a spine's job taken only from the port of
-its leaf's entry (the lookup's worker check); the decide stage's events (`SPINE_EVENTS`, counted as FABRIC_COUNTERS); the
-result descriptor's `pull` (a payload-less result to the leaves missing from a use) and the
-use's msn, which a spine's results and pulls carry in RETH.va (`descriptor_fields`); and the
-egress ports' count of pulls sent (`pulls`, like `results`). When it has uplinks (a
-leaf): the uplink table (`UPLINK`) and REG_UPLINK_DOWN, each job's PARENT, PARENT_KEY and
-SPRAY (`leaf_registers`); a slot copy's `upstream` and `done` bits (`copy_fields`); the
-descriptor's partial fields (`up`, the uplink, the `resent` and `final` marks), which the
-egress ports address from the uplink table; the events `LEAF_EVENTS`; a header entry's mark
-of a frame from an uplink's spine (`parent_fields`: opcode 0x2B at UPLINK_QPN from an
-uplink's IP, never dropped by priority), which the lookup stage checks as the golden leaf's
-`drop_parent` does and the decide stage takes as a result of a use gone up (DONE:
-COMPLETED + 1, its sums to every local worker) or as a pull (answered up the uplink it came
-by with the copy's partial, or its final marked `final`).
+its leaf's entry (the lookup's worker check); the decide stage's events (`SPINE_EVENTS`,
+counted as FABRIC_COUNTERS); the result descriptor's `pull` (a payload-less result to the
+leaves missing from a use) and the use's msn, which a spine's results and pulls carry in
+RETH.va (`descriptor_fields`); and the egress ports' count of pulls sent (`pulls`, like
+`results`). When it has uplinks (a leaf): the uplink table (`UPLINK`) and REG_UPLINK_DOWN,
+each job's PARENT, PARENT_KEY and SPRAY (`leaf_registers`); a slot copy's `upstream` and
+`done` bits (`copy_fields`); the descriptor's partial fields (`up`, the uplink, the `resent`
+and `final` marks), which the egress ports address from the uplink table; the events
+`LEAF_EVENTS`; a header entry's mark of a frame from an uplink's spine (`parent_fields`:
+opcode 0x2B at UPLINK_QPN from an uplink's IP, never dropped by priority), which the lookup
+stage checks as the golden leaf's `drop_parent` does and the decide stage takes as a result
+of a use gone up (DONE: COMPLETED + 1, its sums to every local worker) or as a pull
+(answered up the uplink it came by with the copy's partial, or its final marked `final`).
 """
 
 from __future__ import annotations

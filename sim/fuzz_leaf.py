@@ -18,7 +18,10 @@ exponent and overflow, and sums of the use's length (now and then of another); t
 takes it when the use went up (DONE: its result to every local worker), and counts
 `drop_parent` else. A third of them are pulls (no payload): the leaf answers a use gone up
 or done with its partial or its final. A use not answered stays UPSTREAM, and its workers'
-retransmissions re-send its partial.
+retransmissions re-send its partial. A job's msns jump ahead now and then (`jumps`, 2^15 and
+more: stale at a leaf's copy, which compares 16 bits), and a fifth of the jobs take partials
+too (`PARTIALS`: CONFIG.partials written after the set-up; the whole msns compared, a
+contribution taken only from its rank's entry's port).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from netagg.sim.fuzz_traffic import HOST, OPERATOR, SWITCH, Frame, Kind, Member,
 UPLINKS = 2
 ANSWERS = 0.12        # a fake spine's results and pulls per contribution
 PULLS = 0.3           # of which pulls
+PARTIALS = 0.2        # jobs that take partials too (a spine's job on a leaf's gateware)
 
 
 def spine_endpoint(i: int) -> W.Endpoint:
@@ -45,6 +49,8 @@ def spine_endpoint(i: int) -> W.Endpoint:
 class LeafTraffic(Traffic):
     """Good traffic to a leaf's local workers' jobs (see the module's docstring)."""
 
+    jumps = 0.1
+
     def __init__(self, *args):
         super().__init__(*args)
         self.parent_keys: dict[int, int] = {}     # job -> its PARENT_KEY
@@ -53,7 +59,8 @@ class LeafTraffic(Traffic):
 
     def _contribution(self, m: Member, slot: int, use: int, count: int, lanes: np.ndarray,
                       exponent: int) -> Frame:
-        one = (m.job, use % 2, slot, use * count + slot, slot * 4 * self.lanes, 4 * len(lanes))
+        one = (m.job, use % 2, slot, self._msn(m.job, use, count, slot), slot * 4 * self.lanes,
+               4 * len(lanes))
         if one not in self.uses[-8:]:
             self.uses = self.uses[-15:] + [one]
         return super()._contribution(m, slot, use, count, lanes, exponent)
@@ -104,6 +111,9 @@ class LeafTraffic(Traffic):
                 (W.job_reg(job, W.JOB_SPRAY), spray),
                 (W.job_reg(job, W.JOB_PARENT), W.PARENT.pack(enable=1,
                                                              rank=rng.randrange(32)))])
+        if rng.random() < PARTIALS:
+            yield self._control(members[0], [(W.job_reg(job, W.JOB_CONFIG), W.CONFIG.pack(
+                enable=1, partials=1, workers=len(members)))])
 
     def epoch(self) -> Iterator[Frame]:
         rng = self.rng

@@ -6,15 +6,20 @@ to a spine (docs/leafspine.md): its jobs enabled with CONFIG.partials, their wor
 leaves (QPN UPLINK_QPN), and each contribution a leaf's partial: IPv4 DSCP PARTIAL_DSCP,
 BTH.dqpn 0, never droppable, BTH.psn a `PARTIAL` of a random count (0..3), now and then
 marked `overflow`, `resent` (the spine pulls the leaves missing from a use it leaves in
-progress) or `final` (it completes the use as it is); and a leaf's partial to a use is left
+progress) or `final` (it completes the use as it is); a leaf's partial to a use is left
 out now and then (`skip`), so that uses stay in progress, resent partials pull, and a later
-use of the copy gives one up (`abandoned`). `PartialMutator` adds to the fuzzer's mutations
+use of the copy gives one up (`abandoned`); a job's msns jump ahead now and then (`jumps`:
+2^15 and more, as a spine whose uplink was down sees them, up to 2^31), while the
+retransmissions of older frames are late partials of uses left behind; and a fifth of the
+partials come in by another port than their leaf's entry (`drop_bad_worker`, a spoofed
+leaf). `PartialMutator` adds to the fuzzer's mutations
 one that sets a PARTIAL field of a contribution's BTH.psn.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 import numpy as np
 from netagg.hw import headers as H
@@ -34,6 +39,14 @@ class SpineTraffic(Traffic):
     config = {"partials": 1}
     qpn = W.UPLINK_QPN
     skip = 0.15
+    jumps = 0.15
+
+    def _configure(self, job: int, members: list[Member], base: int, count: int, credits: int,
+                   quorum: int) -> Iterator[Frame]:
+        """A spine's job as the hosts set it up half of the time (CREDITS 0: the leaves hold
+        the credit, and the msns' jumps reach the copies); else as one switch's."""
+        credits = 0 if self.rng.random() < 0.5 else credits
+        yield from super()._configure(job, members, base, count, credits, quorum)
 
     def _contribution(self, m: Member, slot: int, use: int, count: int, lanes: np.ndarray,
                       exponent: int) -> Frame:
@@ -43,7 +56,8 @@ class SpineTraffic(Traffic):
         packet = W.contribution(job=m.job, rank=m.rank, slot=slot, version=use % 2,
                                 offset=slot * 4 * self.lanes, lanes=lanes.tobytes(), psn=psn,
                                 src=m.endpoint, dst=SWITCH, exponent=exponent,
-                                msn=use * count + slot, key=m.key, dscp=W.PARTIAL_DSCP, dqpn=0)
+                                msn=self._msn(m.job, use, count, slot), key=m.key,
+                                dscp=W.PARTIAL_DSCP, dqpn=0)
         port = rng.randrange(self.ports) if rng.random() < 0.2 else m.port
         return Frame(port, packet.frame(), Kind.CONTRIBUTION)
 

@@ -36,6 +36,11 @@ FOREIGN = W.Endpoint("10.66.0.9", 0xD100, 0x02CC00000009)      # a host that own
 OPERATOR = W.Endpoint("10.0.255.250", 0xD200, 0x02BB000000FA)  # the manager, once it is one
 
 
+# How far a job's msns jump ahead at a use, with `Traffic.jumps`: past a 16-bit copy's
+# window (2^15 .. 2^16 and beyond) and near a 32-bit one's (2^31).
+MSN_JUMPS = (0x8000, 0xC000, 0x10000, 0x1C000, 0x7FFF_FF00, 0x8000_0000)
+
+
 class Kind(enum.Enum):
     """What made a frame of the stream."""
 
@@ -156,6 +161,7 @@ class Traffic:
     config: dict = {}
     qpn: int | None = None
     skip = 0.0
+    jumps = 0.0               # the chance that a job's msns jump ahead at a use (`_msn`)
 
     def __init__(self, rng: random.Random, ports: int, jobs: int, max_workers: int,
                  slots: int, max_payload: int):
@@ -167,6 +173,7 @@ class Traffic:
         self.owned: dict[int, list[W.Endpoint]] = {}  # job: who wrote its CONFIG
         # the epoch from which the operator makes itself the manager (if no one is)
         self.manager_epoch = 0 if rng.random() < 0.75 else rng.randint(1, 3)
+        self.msn_jump: dict[int, tuple[int, int]] = {}     # job -> (its use, msns skipped)
 
     def _member(self, job: int, rank: int, key: int, tag: int) -> Member:
         rng = self.rng
@@ -275,6 +282,19 @@ class Traffic:
                 m.endpoint, SWITCH).frame(), Kind.READ))
         return out
 
+    def _msn(self, job: int, use: int, count: int, slot: int) -> int:
+        """The msn of `use` of `slot` of a job of `count` slots: use * count + slot, and, with
+        `jumps`, the messages the job skipped before it: at a use of the job, with chance
+        `jumps`, as many as another switch took meanwhile (2^15 and more: a spine back after
+        its uplink was down) or far more (2^31: as far behind as ahead)."""
+        if self.jumps:
+            last, skipped = self.msn_jump.get(job, (use, 0))
+            if use != last and self.rng.random() < self.jumps:
+                skipped += self.rng.choice(MSN_JUMPS)
+            self.msn_jump[job] = use, skipped
+            return (use * count + slot + skipped) & 0xFFFFFFFF
+        return use * count + slot
+
     def _contribution(self, m: Member, slot: int, use: int, count: int, lanes: np.ndarray,
                       exponent: int) -> Frame:
         rng = self.rng
@@ -284,8 +304,8 @@ class Traffic:
         packet = W.contribution(job=m.job, rank=m.rank, slot=slot, version=use % 2,
                                 offset=slot * 4 * self.lanes, lanes=lanes.tobytes(),
                                 psn=m.next_psn(), src=m.endpoint, dst=SWITCH,
-                                exponent=exponent, msn=use * count + slot, key=m.key,
-                                **marks)
+                                exponent=exponent, msn=self._msn(m.job, use, count, slot),
+                                key=m.key, **marks)
         port = rng.randrange(self.ports) if rng.random() < 0.2 else m.port
         return Frame(port, packet.frame(), Kind.CONTRIBUTION)
 

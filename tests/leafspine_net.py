@@ -15,6 +15,7 @@ answers is read from its RETH.va (the offset encodes the use and slot)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 from netagg.sim import wire as W
@@ -169,6 +170,7 @@ class Job:
     uses: int
     seed: int = 0
     high: int = 1 << 20           # lanes in [-high, high)
+    skipped: Callable[[int], int] | None = None    # use -> the job's msns skipped before it
 
     def __post_init__(self):
         rng = np.random.default_rng(self.seed)
@@ -189,8 +191,14 @@ class Job:
         if key not in self.frames:
             w = self.net.hosts[l][r]
             self.frames[key] = w.contribution(s, u % 2, CHUNK * (u * self.net.slots + s),
-                                              self.lanes[key], 0, msn=u * self.net.slots + s)
+                                              self.lanes[key], 0, msn=self.msn(u, s))
         return self.frames[key]
+
+    def msn(self, u: int, s: int) -> int:
+        """The msn of use u of slot s: u * slots + s, and the messages the job skipped
+        before it (`skipped`: as if the leaves ran them elsewhere meanwhile)."""
+        skipped = self.skipped(u) if self.skipped else 0
+        return (u * self.net.slots + s + skipped) & 0xFFFFFFFF
 
     def round(self):
         """Every worker sends each slot's use it has no result for; the network drains;
@@ -221,16 +229,20 @@ class Job:
         self.results += 1
         return u, s
 
-    def done(self) -> bool:
-        return all(u >= self.uses for u in self.cur.values())
+    def done(self, uses: int | None = None) -> bool:
+        """Whether every worker has the results of every slot's first `uses` uses (all)."""
+        uses = self.uses if uses is None else uses
+        return all(u >= uses for u in self.cur.values())
 
-    def run(self, rounds: int = 200) -> int:
-        """Rounds until every use is done (AssertionError after `rounds`); how many."""
+    def run(self, rounds: int = 200, uses: int | None = None) -> int:
+        """Rounds until the first `uses` uses (all) are done (AssertionError after
+        `rounds`); how many."""
         for n in range(1, rounds + 1):
             self.round()
-            if self.done():
+            if self.done(uses):
                 return n
-        raise AssertionError(f"not done after {rounds} rounds: {self.pending()}")
+        raise AssertionError(f"not done after {rounds} rounds: {self.pending(uses)}")
 
-    def pending(self) -> dict:
-        return {k: u for k, u in self.cur.items() if u < self.uses}
+    def pending(self, uses: int | None = None) -> dict:
+        uses = self.uses if uses is None else uses
+        return {k: u for k, u in self.cur.items() if u < uses}
