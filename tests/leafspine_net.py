@@ -246,3 +246,32 @@ class Job:
     def pending(self, uses: int | None = None) -> dict:
         uses = self.uses if uses is None else uses
         return {k: u for k, u in self.cur.items() if u < uses}
+
+
+AWAY_STEP = 14000       # msns skipped before each use while a spine is away (< 2^15 / 2)
+
+
+def away_for_2_16(before: int = 2, away: int = 8) -> Callable[[int], int]:
+    """A `Job.skipped` for `away_and_back`: no msns skipped before use `before`, AWAY_STEP
+    more before each of the `away` uses from it (two uses of a copy stay less than 2^15
+    apart, as a leaf's and a working spine's 16-bit copies need), then as many as then: the
+    uses after it are more than 2^16 messages on, and behind by their low 16 bits."""
+    return lambda u: AWAY_STEP * min(max(u - before + 1, 0), away)
+
+
+def away_and_back(net: Net, job: Job, spine: int = 1, before: int = 2, away: int = 8) -> dict:
+    """The first `before` uses through every spine; `spine` cut and marked down at every
+    leaf for the next `away` uses (with `away_for_2_16`'s msns: more than 2^16 messages
+    through the others); then mended and marked up for the rest: every use done, each
+    result checked. The uses the spine completed before it came back, and after."""
+    def completed() -> int:
+        return control(net.spine[spine], [(W.job_counter(JOB, "completed"), 0)])[0]
+
+    job.run(uses=before)
+    net.topology.cut(spine)
+    job.run(uses=before + away)
+    net.topology.restore(spine)
+    net.mark_down(0)
+    back = completed()
+    job.run()
+    return {"before": back, "after": completed() - back}

@@ -12,7 +12,7 @@ from netagg.sim import wire as W
 from netagg.sim.golden_leaf_registers import CopyState
 from netagg.sim.topology import Direction, LinkFaults
 
-from tests.leafspine_net import JOB, Job, Net
+from tests.leafspine_net import JOB, Job, Net, away_and_back, away_for_2_16
 
 
 def counters(sw) -> dict:
@@ -98,3 +98,21 @@ def test_every_uplink_down_waits_then_completes():
     net.mark_down(0b10)
     job.run()
     assert net.sent_up[0][1] == 0 and job.results == 2 * 8 * 4
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_spine_back_after_2_16_messages_elsewhere_takes_the_new_uses(seed):
+    """Spine 1 marked down while the leaves run more than 2^16 of the job's messages through
+    spine 0 (msns driven directly: `away_for_2_16`), then marked up: its copies, far
+    behind by 16 bits, take the new uses by their whole msns, and every use completes with
+    numpy's sums (seed 0 lossless; the others under loss, duplication and reordering)."""
+    net = Net(leaves=3, spines=2, seed=seed)
+    if seed:
+        net.set_faults(LinkFaults(drop=0.1, duplicate=0.1, reorder=0.3))
+    job = Job(net, uses=14, seed=seed, skipped=away_for_2_16())
+    assert job.msn(13, 0) - job.msn(1, 0) > 1 << 16
+    assert (job.msn(13, 1) - job.msn(1, 1)) & 0xFFFF >= 1 << 15      # behind, by 16 bits
+    completed = away_and_back(net, job)
+    assert job.results >= 14 * 8 * 6             # every worker's, each checked
+    # back, it completed its 4 slots' uses (lossless: every one of the last 4 uses)
+    assert completed["after"] == 4 * 4 if not seed else completed["after"] >= 4

@@ -19,7 +19,7 @@ from netagg.sim.scapy_frames import RETH, ImmDt
 from netagg.sim.topology import LinkFaults
 from scapy.contrib.roce import BTH
 
-from tests.leafspine_net import JOB, Job, Net
+from tests.leafspine_net import JOB, Job, Net, away_and_back, away_for_2_16
 from tests.switch_traffic import dissect
 from tests.test_fuzz import InOrderGolden
 from tests.test_leaf_golden import partial
@@ -177,6 +177,55 @@ def test_a_spine_takes_finals_gives_up_and_pulls(spine):
     assert (c["completed"], c["results"]) == (2, 6)
 
 
+MSN = 4                                  # a use's msn, and one 2^16 and more beyond it
+BEYOND = MSN + 0x1C000                   # its low 16 bits 0xC004: behind MSN's, by 16 bits
+
+
+def test_a_spine_takes_uses_2_16_messages_on_and_keeps_old_ones_stale(spine):
+    """A spine's copy compares whole msns: a use 0x1C000 messages on (behind, by the low 16
+    bits) begins; a late partial or final of the old use is stale (by 16 bits it would be
+    ahead, and reopen the copy); the new use completes exactly and replays as it is."""
+    for l in range(LEAVES):
+        out = spine.receive(l, partial(l, MSN, [l, 1], count=1))
+    assert sorted(port for port, _ in out) == [0, 1, 2]
+    assert spine.receive(0, partial(0, BEYOND, [10, 20], count=2)) == []
+    assert spine.receive(1, partial(1, MSN, [7, 7], count=1, resent=1)) == []       # late
+    assert spine.receive(2, partial(2, MSN, [9, 9], count=3, final=1)) == []        # late
+    assert spine.receive(1, partial(1, BEYOND, [1, 2], count=1)) == []
+    out = spine.receive(2, partial(2, BEYOND, [100, 200], count=2))
+    assert sorted(port for port, _ in out) == [0, 1, 2]
+    for _, frame in out:
+        _, reth, imm, lanes = _read(frame)
+        assert W.split_va(reth.va)[0] == BEYOND and W.unpack_imm(W.RESULT_IMM, imm)["count"] == 5
+        np.testing.assert_array_equal(lanes, [111, 222])
+    assert spine.receive(1, partial(1, MSN, [7, 7], count=1)) == []                 # late
+    [(port, frame)] = spine.receive(0, partial(0, BEYOND, [10, 20], count=2))      # a replay
+    assert port == 0
+    np.testing.assert_array_equal(_read(frame)[3], [111, 222])
+    c = _counters(spine)
+    assert (c["completed"], c["drop_stale"], c["finals"], c["replays"]) == (2, 3, 0, 1)
+    assert (c["abandoned"], c["pulls"], c["results"]) == (0, 0, 7)
+
+
+def test_a_spine_takes_a_partial_only_by_its_leafs_port(spine):
+    """A host on another port that spoofs leaf 2's IP (and knows the job's key) cannot
+    complete a use with its own final: `drop_bad_worker`, as a wrong IP is; leaf 2's own
+    partial, by its port, completes the use with the true sums."""
+    assert spine.receive(0, partial(0, MSN, [1, 2], count=1)) == []
+    assert spine.receive(1, partial(1, MSN, [3, 4], count=1)) == []
+    assert spine.receive(1, partial(2, MSN, [666, 666], count=9, final=1)) == []    # spoofed
+    assert spine.receive(3, partial(2, MSN, [666, 666], count=1)) == []             # spoofed
+    assert _counters(spine)["drop_bad_worker"] == 2
+    out = spine.receive(2, partial(2, MSN, [5, 6], count=1))
+    assert sorted(port for port, _ in out) == [0, 1, 2]
+    for _, frame in out:
+        _, _, imm, lanes = _read(frame)
+        assert W.unpack_imm(W.RESULT_IMM, imm)["count"] == 3
+        np.testing.assert_array_equal(lanes, [9, 12])
+    c = _counters(spine)
+    assert (c["drop_bad_worker"], c["finals"], c["completed"], c["contributions"]) == (2, 0, 1, 3)
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_golden_leaves_sum_exactly_through_an_rtl_spine(small_spine, seed):
     net = Net(leaves=LEAVES, seed=seed, make=with_rtl_spine(small_spine))
@@ -185,3 +234,24 @@ def test_golden_leaves_sum_exactly_through_an_rtl_spine(small_spine, seed):
     job.run()
     assert job.results >= 3 * 8 * 2 * LEAVES
     assert _counters(small_spine)["completed"] >= 3 * SLOTS
+
+
+def test_an_rtl_spine_back_after_2_16_messages_elsewhere_takes_the_new_uses(small_spine):
+    """The RTL as spine 1 of two (spine 0 and the leaves golden), marked down while the
+    leaves run more than 2^16 of the job's messages through spine 0, then marked up: it
+    takes its slots' new uses by their whole msns, and every use completes exactly."""
+    from netagg.sim.golden_leaf import GoldenLeaf
+    from netagg.sim.topology import Role, default_mac
+
+    small_spine.reset()
+
+    def make(uplinks=0, mac=0, **params):
+        if mac == default_mac(Role.SPINE, 1):
+            return small_spine
+        return GoldenLeaf(uplinks=uplinks, mac=mac, **params)
+
+    net = Net(leaves=LEAVES, spines=2, make=make)
+    job = Job(net, uses=14, skipped=away_for_2_16())
+    completed = away_and_back(net, job)
+    assert job.results == 14 * SLOTS * LEAVES * 2
+    assert completed == {"before": 2 * 4, "after": 4 * 4}    # its 4 slots, before and after
