@@ -16,6 +16,10 @@ A switch's `udp_port` is its REG_UDP_SPORT (the source port of its results and p
 default its reset value, 49152), an uplink's the spine's UDP port (default, and what a
 switch's parser takes: the RoCEv2 port, 4791).
 
+Two levels only: a spine with uplinks, a leaf with leaf ports, a switch both a leaf and a
+spine, or a level beside "leaves" and "spines" is a NetaggError (`Fabric.check`): a switch
+of a middle level would send a child's `final` up as an ordinary partial (docs/leafspine.md).
+
 Leaf l's uplink i goes to spine i, whose port `leaf_ports[l]` it arrives at; a spine's job
 table entry of leaf l sends the spine's results there, to the leaf's `ip` and `mac` (its
 REG_IP, REG_MAC: also the source of its partials) and the RoCEv2 UDP port. `url` is how
@@ -87,6 +91,11 @@ class Fabric:
 
     @classmethod
     def from_dict(cls, d: dict, backend=None) -> Fabric:
+        levels = sorted(set(d) - {"leaves", "spines"})
+        if levels:
+            raise NetaggError(f"a fabric's description has two levels, 'leaves' and "
+                              f"'spines', not {levels}: three-level fabrics are not supported "
+                              f"(docs/leafspine.md)")
         fabric = cls([_switch(s) for s in d["leaves"]], [_switch(s) for s in d["spines"]],
                      backend)
         fabric.check()
@@ -116,6 +125,7 @@ class Fabric:
         if not self.leaves or not self.spines:
             raise NetaggError("a fabric needs at least one leaf and one spine")
         names = [s.name for s in self.spines]
+        self._two_levels()
         for leaf in self.leaves:
             if [u.spine for u in leaf.uplinks] != names:
                 raise NetaggError(f"{leaf.name}'s uplinks go to "
@@ -125,6 +135,28 @@ class Fabric:
             if len(spine.leaf_ports) != len(self.leaves):
                 raise NetaggError(f"{spine.name} names {len(spine.leaf_ports)} leaf ports for "
                                   f"{len(self.leaves)} leaves")
+
+    def _two_levels(self):
+        """Refuse a description of more than two levels: a spine with uplinks (a switch
+        above it), a leaf with leaf ports (switches below it), a switch that is both. A
+        switch of a middle level would take its children's partials and send its own up,
+        but it sends a child's `final` up as an ordinary partial: three levels are wrong,
+        and not supported (docs/leafspine.md)."""
+        why = "three-level fabrics are not supported: leaves under spines only " \
+              "(docs/leafspine.md)"
+        for spine in self.spines:
+            if spine.uplinks:
+                raise NetaggError(f"spine {spine.name} has uplinks (to "
+                                  f"{[u.spine for u in spine.uplinks]}): {why}")
+        for leaf in self.leaves:
+            if leaf.leaf_ports:
+                raise NetaggError(f"leaf {leaf.name} has leaf ports {list(leaf.leaf_ports)} "
+                                  f"(switches under it): {why}")
+        for spine in self.spines:
+            for leaf in self.leaves:
+                if spine.name == leaf.name or spine.ip == leaf.ip or spine.url == leaf.url:
+                    raise NetaggError(f"{spine.name} is both a spine and a leaf "
+                                      f"({leaf.name}, {leaf.ip}, {leaf.url}): {why}")
 
     def to_dict(self) -> dict:
         def switch(s: FabricSwitch) -> dict:

@@ -274,6 +274,27 @@ def test_set_up_compares_the_switches_with_the_description(where, field, value, 
         Worker(rank, 8, None, session="s", fabric=Fabric.from_dict(d, backend=topo), timeout=2)
 
 
+@pytest.mark.parametrize("change, error", [
+    (lambda d: d["spines"][0].update(uplinks=d["leaves"][0]["uplinks"][:1]),
+     r"spine spine0 has uplinks \(to \['spine0'\]\): three-level fabrics are not supported"),
+    (lambda d: d["leaves"][1].update(leaf_ports=[0, 1]),
+     r"leaf leaf1 has leaf ports \[0, 1\] \(switches under it\): three-level"),
+    (lambda d: d["spines"][1].update(ip=d["leaves"][0]["ip"]),
+     r"spine1 is both a spine and a leaf \(leaf0, .*\): three-level"),
+    (lambda d: d.update(cores=[dict(d["spines"][0], name="core0")]),
+     r"two levels, 'leaves' and 'spines', not \['cores'\]: three-level"),
+])
+def test_a_description_of_more_than_two_levels_is_refused(change, error):
+    """A middle level would send a child's final up as an ordinary partial: a description
+    of three levels is refused when a worker sets up, before any switch is written."""
+    topo = Topology(2, 2)
+    d = topo.describe()
+    change(d)
+    with pytest.raises(NetaggError, match=error):
+        Worker(0, 8, None, session="s", fabric=d, timeout=2)
+    assert topo.control("spine0", [(W.job_reg(0, W.JOB_CONFIG), 0)])[0][1] == 0   # untouched
+
+
 def test_a_fabric_of_more_than_63_ranks_is_refused_at_set_up():
     topo = Topology(2, 2)
     with pytest.raises(NetaggError, match=r"rank 3, job 0: a fabric's job holds at most 63 "
