@@ -54,7 +54,7 @@ class Fabric:
     def __post_init__(self):
         if not 0 <= self.uplinks <= R.MAX_UPLINKS:
             raise ValueError(f"uplinks must be 0..{R.MAX_UPLINKS}, not {self.uplinks}")
-        # a switch with uplinks takes partials too (a switch of a middle level is both)
+        # a switch with uplinks takes partials too (its gateware serves as a spine as well)
         object.__setattr__(self, "spine", self.spine or self.uplinks > 0)
 
     @property

@@ -15,7 +15,10 @@ to every local worker). A local retransmission of a use re-sends its partial, ma
 0x2B at UPLINK_QPN from the uplink's IP, `_from_parent`) is a result (payload) or a pull (no
 payload: the leaf answers with its partial, or its final marked `final`).
 
-At a spine, a contribution's data count is its PARTIAL.count and its overflow ORs in (the
+At a spine, a partial comes in by the port of its leaf's entry (else `drop_bad_worker`), a
+copy keeps its use's whole msn and compares 32 bits (`_distance`: a spine back after 2^15
+or more of the job's messages elsewhere takes the new uses, and a late partial of an old one
+stays stale); a contribution's data count is its PARTIAL.count and its overflow ORs in (the
 use's data count is RESULT_IMM's 6 bits: it wraps modulo 64, as the RTL's does); a partial
 marked `final` completes the use with its sums as they are; a use in progress gives way to a
 later use of its copy (`abandoned`); a resent partial that leaves a use in progress pulls

@@ -1,6 +1,6 @@
 """The golden spine: a golden switch without uplinks whose jobs may take leaves' partials
 (CONFIG.partials), as docs/leafspine.md says; the rules are `sim.golden_leaf`'s, which a
-switch with uplinks (a leaf, or a switch of a middle level) follows too."""
+switch with uplinks (a leaf, which may serve as a spine as well) follows too."""
 
 from __future__ import annotations
 
