@@ -256,7 +256,12 @@ class Placement:
 
 class FabricHub(T.InProcessHub):
     """The in-process workers around one topology: its frames out of fabric host port p go
-    to the transport whose frames enter port p, by destination address."""
+    to the transport whose frames enter port p, by destination address. Each run of the
+    topology is a slice of its time (`Topology.advance`): results leave while the switches
+    work, and the workers answer them between slices."""
+
+    def run_backend(self) -> list[tuple[int, bytes]]:
+        return self.backend.advance()
 
     @staticmethod
     def reaches(transport, port: int) -> bool:

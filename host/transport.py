@@ -146,6 +146,7 @@ class InProcessHub:
         self.engines = []          # progress functions of the attached workers
         self.misrouted = 0
         self.clock = WallClock(backend)     # the deadlines' ticks
+        self.driving = False       # within `drive`: the backend runs once, at its end
 
     def attach(self, transport):
         with self.lock:
@@ -162,7 +163,7 @@ class InProcessHub:
 
     def pump(self):
         with self.lock:
-            for port, frame in self.backend.run() + self.clock.catch_up():
+            for port, frame in self.run_backend() + self.clock.catch_up():
                 try:
                     _, dst, _ = W.strip_frame(frame)
                 except Exception:
@@ -174,26 +175,40 @@ class InProcessHub:
                     continue
                 t.inbox.append(frame)
 
+    def run_backend(self) -> list[tuple[int, bytes]]:
+        """The backend's frames out (and its work on what it was sent)."""
+        return self.backend.run()
+
     @staticmethod
     def reaches(transport, port: int) -> bool:
         """Whether a frame out of backend port `port` reaches `transport` (its own port's)."""
         return transport.switch_port is None or transport.switch_port == port
 
     def drive(self):
-        """One step of every attached worker's engine (cooperative progress). An engine's
-        failure is its own (`Engine.failed`, which its worker's waits raise); a failed engine
-        only keeps its heartbeat."""
+        """One step of every attached worker's engine (cooperative progress), then one run of
+        the backend with what they all sent (their receives take what the last run left). An
+        engine's failure is its own (`Engine.failed`, which its worker's waits raise); a
+        failed engine only keeps its heartbeat."""
         with self.lock:
-            for engine in list(self.engines):
-                if engine.failed:
-                    engine.liveness.keep_beating()
-                    continue
-                try:
-                    engine.step(0.0)
-                except NetaggError:
-                    pass                    # kept in engine.failed
-                except Exception as e:      # the engine's own fault: its worker's waits raise
-                    engine.failed = engine.failed or e
+            outer, self.driving = self.driving, True
+            try:
+                self._step_engines()
+            finally:
+                self.driving = outer
+            if not outer:
+                self.pump()
+
+    def _step_engines(self):
+        for engine in list(self.engines):
+            if engine.failed:
+                engine.liveness.keep_beating()
+                continue
+            try:
+                engine.step(0.0)
+            except NetaggError:
+                pass                    # kept in engine.failed
+            except Exception as e:      # the engine's own fault: its worker's waits raise
+                engine.failed = engine.failed or e
 
 
 _HUBS: weakref.WeakValueDictionary[int, InProcessHub] = weakref.WeakValueDictionary()
@@ -245,7 +260,8 @@ class InProcessTransport(Transport):
 
     def recv(self, timeout: float) -> list[bytes]:
         with self.hub.lock:
-            self.hub.pump()
+            if not self.hub.driving:
+                self.hub.pump()
             frames, self.inbox = self.inbox, []
         out = []
         for frame in frames:

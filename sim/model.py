@@ -50,6 +50,7 @@ from .verilated import ContractError, Harness, LoadedModel, build_library, check
 # (netagg_ports.h) or expects of it changes.
 HARNESS_ABI = 3
 RECEIVE_IDLE = 600          # quiet cycles that end a `receive` (a control request's records)
+RUN_IDLE = 64               # quiet cycles that end a `run`: a packet's, last beat in to first out
 BENCH_KEY = 0x5EEDC0DE      # the benchmarks' job's KEY, every contribution's RETH.rkey
 _PORT_SIGNALS = ("rx{i}_tdata", "rx{i}_tkeep", "rx{i}_tlast", "rx{i}_tvalid", "rx{i}_tready",
                  "tx{i}_tdata", "tx{i}_tkeep", "tx{i}_tlast", "tx{i}_tvalid", "tx{i}_tready")
@@ -435,6 +436,8 @@ class RtlSwitch(SwitchModel):
         self.busy = False           # the switch may still hold work: run again
         self._sent = False
         self._control = False       # a control request sent since the last run
+        self._quiet = 0             # cycles `advance` has seen the switch quiet
+        self._state = (ctypes.c_int64 * 6)()
 
     def send(self, port: int, frame: bytes) -> None:
         super().send(port, frame)
@@ -443,7 +446,7 @@ class RtlSwitch(SwitchModel):
         self._control |= len(frame) > W.BTH_OFFSET and frame[W.BTH_OFFSET] == W.OP_CONTROL
 
     def run(self, max_cycles: int = 10_000_000,
-            idle_cycles: int = 64) -> list[tuple[int, bytes]]:
+            idle_cycles: int = RUN_IDLE) -> list[tuple[int, bytes]]:
         """Clock until the ports are quiet for `idle_cycles` (longer than a packet takes from
         its last beat in to its first beat out); nothing at all when nothing was sent and the
         last run brought nothing out. A frame still inside (a control request's records take
@@ -457,6 +460,10 @@ class RtlSwitch(SwitchModel):
         self.busy = bool(frames)
         return frames
 
+    def tick(self) -> list[tuple[int, bytes]]:
+        self.busy, self._quiet = True, 0        # (a deadline may start work: clock on)
+        return super().tick()
+
     def receive(self, port: int, frame: bytes) -> list[tuple[int, bytes]]:
         """One frame in and every frame it makes out (the golden model's `receive`), for a
         network that delivers one frame at a time: clocks until the switch is quiet for
@@ -468,14 +475,24 @@ class RtlSwitch(SwitchModel):
         return out
 
     SLICE = 1024          # cycles per `advance`
+    fed = property(lambda self: self._sent, doc="Frames were sent since the clock last ran.")
 
-    def advance(self) -> list[tuple[int, bytes]]:
-        """Clock one slice of `SLICE` cycles and return what came out: for a server that
-        takes datagrams and hands out results while the switch works, as a board does.
-        `busy` stays true until a slice with no input waiting and nothing out."""
-        self._sent = False
-        frames = self.step(self.SLICE)
-        self.busy = bool(frames) or any(self.queued(p) for p in range(self.ports))
+    def advance(self, cycles: int | None = None) -> list[tuple[int, bytes]]:
+        """Clock one slice (`cycles`, default `SLICE`) and return what came out: for a server
+        that takes datagrams and hands out results while the switch works, as a board does,
+        and for a fabric's time (`sim.topology`). `busy` stays true until the switch has been
+        quiet (nothing sent to it, no frame waiting, half in or half out, nothing out) for as
+        long as a `run` waits for its last frame."""
+        cycles = cycles or self.SLICE
+        fed, self._sent = self._sent, False
+        frames = self.step(cycles)
+        state = self._state
+        for port in range(self.ports):
+            self._lib.nm_port_state(self._h, port, state)
+            fed = fed or state[0] or state[5]
+        self._quiet = 0 if frames or fed else self._quiet + cycles
+        self.busy = self._quiet < (RECEIVE_IDLE if self._control else RUN_IDLE)
+        self._control &= self.busy
         return frames
 
 

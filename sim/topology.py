@@ -41,7 +41,9 @@ import random
 from collections.abc import Callable, Iterable
 
 from netagg.sim import wire as W
+from netagg.sim.topology_time import Slices, clocked, pool
 
+SLICE = 256         # cycles of an RTL switch per `Topology.advance`: the fabric's time step
 RACK = W.Endpoint("10.250.255.254", 0xBEEF, 0x02_00_00_FA_FF_FE)    # the operator's address
 
 
@@ -150,7 +152,8 @@ class Topology:
     def __init__(self, leaves: int = 2, spines: int = 2, backend: str = "golden", *,
                  downlinks: int = 4, jobs: int = 4, max_workers: int = 8, slots: int = 64,
                  faults: LinkFaults | None = None, seed: int = 0,
-                 addresses: dict[str, str] | None = None, make=None):
+                 addresses: dict[str, str] | None = None, make=None,
+                 slice_cycles: int = SLICE):
         if not 1 <= spines <= W.MAX_UPLINKS:
             raise ValueError(f"a leaf has 0..{W.MAX_UPLINKS} uplinks: spines must be "
                              f"1..{W.MAX_UPLINKS}, not {spines}")
@@ -191,6 +194,8 @@ class Topology:
         self._psn = 0
         self.hops = 0                                     # frames delivered between switches
         self.tap: Callable[[Link, Direction, bytes], bool] | None = None
+        self._time = Slices(list(self.nodes.values()), slice_cycles)     # `advance`'s
+        self._ticks = 0                                   # ticks due once a slice is over
         self._cable()
 
     # --- the wiring -------------------------------------------------------------------------
@@ -300,53 +305,106 @@ class Topology:
         self._send_in(name, port, frame)
 
     def _send_in(self, name: str, port: int, frame: bytes):
-        self.nodes[name].switch.send(port, frame)
+        node = self.nodes[name]
+        if not self._time.hold(node, port, frame):
+            node.switch.send(port, frame)
 
     def run(self) -> list[tuple[int, bytes]]:
         return [(self._port_index[sw, port], frame) for sw, port, frame in self.run_by_switch()]
 
     def run_by_switch(self) -> list[tuple[str, int, bytes]]:
         """The frames that left host ports since the last call: (switch, port, frame)."""
-        out, self._out = self._out + self._run(), []
+        run = self._run()
+        out, self._out = self._out + run, []
         return out
 
     def tick(self):
-        for node in self.nodes.values():
-            tick = getattr(node.switch, "tick", None)
-            if tick is not None:
-                for port, frame in tick() or []:
-                    self._out.append((node.name, port, frame))
+        """A tick to every switch (once the running slice, if any, is over); what it sent goes
+        on its links, or out by the next `run` or `advance`."""
+        if self._time.running:
+            self._ticks += 1
+            return []
+        ticked = [(n, n.switch.tick() or []) for n in self.nodes.values()
+                  if hasattr(n.switch, "tick")]
+        self._settle(self._deliver(ticked, self._out), self._out)
         return []
+
+    def advance(self) -> list[tuple[int, bytes]]:
+        """The fabric's time for hosts in this process (`sim.topology_time`): the frames that
+        left host ports in the slice that ran since the last call (and since any `run`), and
+        the next slice started in the background. A golden switch takes what it got at once,
+        and so does a golden far end of a link; the RTL's switches take the frames of a slice's
+        end (theirs, the hosts') in the next slice."""
+        self._join()
+        self._settle(self.nodes.values(), self._out)
+        self._time.start()
+        out, self._out = self._out, []
+        return [(self._port_index[sw, port], frame) for sw, port, frame in out]
+
+    def _join(self):
+        """The running slice's end: its frames carried or out (`_out`), the ticks due meanwhile
+        applied."""
+        if self._time.running:
+            self._settle(self._deliver(self._time.join(), self._out), self._out)
+        ticks, self._ticks = self._ticks, 0
+        for _ in range(ticks):
+            self.tick()
+
+    def _settle(self, nodes, out: list):
+        """The golden switches of `nodes` run, and so do the golden ones their frames reach,
+        until none of them has frames in flight (the RTL's keep theirs for a slice)."""
+        golden = [n for n in nodes if not clocked(n.switch)]
+        while golden:
+            golden = [n for n in self._deliver([(n, n.switch.run()) for n in golden], out)
+                      if not clocked(n.switch)]
 
     def _run(self) -> list[tuple[str, int, bytes]]:
         """Every switch runs, and the frames between switches are carried, until none is in
         flight; the frames out of host ports."""
+        self._join()
         out = []
         busy = list(self.nodes.values())
         while busy:
-            carried: dict[tuple[str, int], list[bytes]] = {}
-            for node in busy:
-                for port, frame in node.switch.run():
-                    if (node.name, port) in self.links:
-                        carried.setdefault((node.name, port), []).append(frame)
-                    else:
-                        out.append((node.name, port, frame))
-            busy = []
-            for (name, port), frames in carried.items():
-                link, direction = self.links[name, port]
-                if self.tap is not None:
-                    frames = [f for f in frames if not self.tap(link, direction, f)]
-                far, far_port = (link.b, link.b_port) if direction is Direction.UP else \
-                    (link.a, link.a_port)
-                arrived = link.carry(frames, direction, self.rng)
-                self.hops += len(arrived)
-                for frame in arrived:
-                    self.nodes[far].switch.send(far_port, frame)
-                if arrived and self.nodes[far] not in busy:
-                    busy.append(self.nodes[far])
-            busy += [n for n in self.nodes.values()     # the RTL's: a frame still inside
-                     if getattr(n.switch, "busy", False) and n not in busy]
+            got = self._deliver(self._each(busy), out)
+            busy = got + [n for n in self.nodes.values()     # the RTL's: a frame still inside
+                          if getattr(n.switch, "busy", False) and n not in got]
         return out
+
+    @staticmethod
+    def _each(nodes: list[Node]) -> list[tuple[Node, list]]:
+        """(node, its switch's `run()`) for each of `nodes`, in their order; the RTL's models
+        side by side in threads (their clock runs without the GIL)."""
+        models = [n for n in nodes if clocked(n.switch)]
+        if len(models) < 2:
+            return [(n, n.switch.run()) for n in nodes]
+        done = dict(zip(map(id, models), pool().map(lambda n: n.switch.run(), models)))
+        return [(n, done[id(n)] if id(n) in done else n.switch.run()) for n in nodes]
+
+    def _deliver(self, outputs: list[tuple[Node, list]], out: list) -> list[Node]:
+        """Each switch's frames out (`outputs`) into the far switch of their link (through the
+        tap and the link's faults), or to `out` from a host port; the switches that got
+        frames, in the order they got their first."""
+        carried: dict[tuple[str, int], list[bytes]] = {}
+        for node, frames in outputs:
+            for port, frame in frames:
+                if (node.name, port) in self.links:
+                    carried.setdefault((node.name, port), []).append(frame)
+                else:
+                    out.append((node.name, port, frame))
+        got = []
+        for (name, port), frames in carried.items():
+            link, direction = self.links[name, port]
+            if self.tap is not None:
+                frames = [f for f in frames if not self.tap(link, direction, f)]
+            far, far_port = (link.b, link.b_port) if direction is Direction.UP else \
+                (link.a, link.a_port)
+            arrived = link.carry(frames, direction, self.rng)
+            self.hops += len(arrived)
+            for frame in arrived:
+                self.nodes[far].switch.send(far_port, frame)
+            if arrived and self.nodes[far] not in got:
+                got.append(self.nodes[far])
+        return got
 
     # --- the description ----------------------------------------------------------------
 
