@@ -5,9 +5,12 @@ with the workers (in-process `host.Worker`s with `fabric=`, their ranks in block
 leaves, driven cooperatively): each allreduces `values` float32 (or int32) values in `steps`
 tensors, and every worker's result is checked against numpy (float64 sum: int32 exactly,
 floats within the fixed-point bound, `apps.demo.check_result`) and against the others' (bit
-for bit). `uplink_down_at` (0..1): once that share of the tensors is complete, the last
-spine's links fail and every leaf marks its uplink down (`Topology.cut`), while later
-tensors are in flight; the uses it held complete through the workers' retransmissions.
+for bit). `uplink_down_at` (0..1): once that share of the tensors is complete, and as soon
+as the last spine holds uses in flight (partials it took whose result has not reached every
+leaf: `sim.topology_watch.SpineUses`), its links fail and every leaf marks its uplink down
+(`Topology.cut`); the uses it held complete through the workers' retransmissions (the
+leaves re-send their partials to the spine that remains, which pulls the leaves that are
+done: the report's `cut` and fabric counters).
 
 `demo_described(fabric)`: worker processes over UDP against a fabric that runs elsewhere
 (`netagg sim serve --topology 2x2 --describe fabric.json`, or boards described by hand),
@@ -15,8 +18,9 @@ each naming its leaf (`netagg demo --fabric fabric.json`), checked in the same w
 (`apps.demo.run_workers`).
 
 The report: verified, the time, the partials each leaf sent up each uplink (the spines'
-balance), frames between switches, retransmissions and the leaves' and spines' fabric
-counters.
+balance), frames between switches, retransmissions, the leaves' and spines' fabric counters
+and, with `uplink_down_at`, the cut: its spine, after how many tensors, and the uses it held
+in flight.
 """
 
 from __future__ import annotations
@@ -40,6 +44,24 @@ def fabric_counters(topology, job: int = 0) -> dict:
     return out
 
 
+def cut_spine(topology, spine: int, watch, rounds: int = 10_000) -> dict:
+    """Spine `spine` fails (`Topology.cut`) once it holds uses in flight (`watch`, the
+    topology's `SpineUses`), driving the in-process workers meanwhile (at most `rounds`
+    rounds: a run that has nothing left for it is cut as it is); what it held."""
+    from netagg.host.fabric import hub_for
+    name = f"spine{spine}"
+    hub = hub_for(topology)
+    for _ in range(rounds):
+        if watch.in_flight(name) or not any(e.pending_works for e in hub.engines):
+            break
+        hub.drive()
+    watch.frozen.add(name)
+    in_flight = watch.in_flight(name)
+    topology.cut(spine)
+    return {"spine": name, "uses_in_flight": len(in_flight),
+            "partials_taken": len(watch.up.get(name, {}))}
+
+
 def demo_fabric(shape: str = "2x2", workers: int = 8, values: int = 200_000, steps: int = 8,
                 backend: str = "golden", uplink_down_at: float | None = None,
                 quiet: bool = False, seed: int = 0, dtype: str = "float32", make=None,
@@ -47,6 +69,7 @@ def demo_fabric(shape: str = "2x2", workers: int = 8, values: int = 200_000, ste
     from netagg.host import Worker
     from netagg.sim.topology import Topology
     from netagg.sim.topology_serve import parse_shape
+    from netagg.sim.topology_watch import SpineUses
     from rich.console import Console
 
     console = Console(stderr=True, quiet=quiet)
@@ -74,7 +97,9 @@ def demo_fabric(shape: str = "2x2", workers: int = 8, values: int = 200_000, ste
     pieces = [np.array_split(x, steps) for x in inputs]
     outs: list[list] = [[] for _ in range(workers)]
     ws: list = []
-    cut_at = None
+    cut_at = cut = None
+    watch = SpineUses() if uplink_down_at is not None else None
+    topology.tap = watch
     t0 = time.perf_counter()
     try:
         for r in range(workers):        # each one made is closed below, whatever fails
@@ -87,7 +112,7 @@ def demo_fabric(shape: str = "2x2", workers: int = 8, values: int = 200_000, ste
                 outs[r].append(handles[r][step].wait(timeout))
             if uplink_down_at is not None and cut_at is None and \
                     (step + 1) / steps >= uplink_down_at:
-                topology.cut(spines - 1)
+                cut = cut_spine(topology, spines - 1, watch)
                 cut_at = step + 1
     except Exception as e:          # the report says what failed
         report["errors"].append(f"{type(e).__name__}: {e}")
@@ -101,7 +126,7 @@ def demo_fabric(shape: str = "2x2", workers: int = 8, values: int = 200_000, ste
                 report["errors"].append(f"rank {w.rank}'s counters: {type(e).__name__}: {e}")
             finally:
                 w.close()
-    report.update(seconds=round(seconds, 3), cut_after_tensors=cut_at,
+    report.update(seconds=round(seconds, 3), cut_after_tensors=cut_at, cut=cut,
                   partials=topology.partials(), frames_between_switches=topology.hops,
                   links_lost=sum(link.lost for link in topology.link_list),
                   retransmissions=sum(c.get("retransmissions", 0) for c in counters),
@@ -121,6 +146,8 @@ def demo_fabric(shape: str = "2x2", workers: int = 8, values: int = 200_000, ste
               f"between        {report['frames_between_switches']:,} frames, "
               f"{report['links_lost']:,} lost\n"
               f"retransmitted  {report['retransmissions']:,}"
+              + (f"\ncut            {cut['spine']} after {cut_at} tensors, with "
+                 f"{cut['uses_in_flight']} uses in flight" if cut else "")
               + "".join(f"\nerror          {e}" for e in report["errors"]))
     return report
 
