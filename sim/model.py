@@ -436,8 +436,6 @@ class RtlSwitch(SwitchModel):
         self.busy = False           # the switch may still hold work: run again
         self._sent = False
         self._control = False       # a control request sent since the last run
-        self._quiet = 0             # cycles `advance` has seen the switch quiet
-        self._state = (ctypes.c_int64 * 6)()
 
     def send(self, port: int, frame: bytes) -> None:
         super().send(port, frame)
@@ -460,10 +458,6 @@ class RtlSwitch(SwitchModel):
         self.busy = bool(frames)
         return frames
 
-    def tick(self) -> list[tuple[int, bytes]]:
-        self.busy, self._quiet = True, 0        # (a deadline may start work: clock on)
-        return super().tick()
-
     def receive(self, port: int, frame: bytes) -> list[tuple[int, bytes]]:
         """One frame in and every frame it makes out (the golden model's `receive`), for a
         network that delivers one frame at a time: clocks until the switch is quiet for
@@ -478,22 +472,17 @@ class RtlSwitch(SwitchModel):
     fed = property(lambda self: self._sent, doc="Frames were sent since the clock last ran.")
 
     def advance(self, cycles: int | None = None) -> list[tuple[int, bytes]]:
-        """Clock one slice (`cycles`, default `SLICE`) and return what came out: for a server
-        that takes datagrams and hands out results while the switch works, as a board does,
-        and for a fabric's time (`sim.topology`). `busy` stays true until the switch has been
-        quiet (nothing sent to it, no frame waiting, half in or half out, nothing out) for as
-        long as a `run` waits for its last frame."""
-        cycles = cycles or self.SLICE
-        fed, self._sent = self._sent, False
-        frames = self.step(cycles)
-        state = self._state
-        for port in range(self.ports):
-            self._lib.nm_port_state(self._h, port, state)
-            fed = fed or state[0] or state[5]
-        self._quiet = 0 if frames or fed else self._quiet + cycles
-        self.busy = self._quiet < (RECEIVE_IDLE if self._control else RUN_IDLE)
+        """Clock a slice of at most `cycles` (default `SLICE`) and return what came out: for
+        a server that takes datagrams and hands out results while the switch works, as a
+        board does, and for a fabric's time (`sim.topology_time`). The slice ends early once
+        the ports have been quiet as long as a `run` waits (nothing to do: idle cycles are not
+        clocked); `busy` says it did not (the switch may hold work: advance again)."""
+        self._sent = False
+        idle = RECEIVE_IDLE if self._control else RUN_IDLE
+        self._flush()
+        self.busy = bool(self._lib.nm_run_until_idle(self._h, cycles or self.SLICE, idle))
         self._control &= self.busy
-        return frames
+        return self._collect()
 
 
 def make_switch(*, spine: bool = False, uplinks: int = 0, **params) -> RtlSwitch:

@@ -11,13 +11,16 @@ address and UDP port): that is cabling, and nothing of any job (the hosts config
 `host.fabric_setup`).
 
 The backend interface is one switch's: `send(port, frame)` by fabric host port, `run()` the
-frames that leave host ports, as (fabric host port, frame), `tick()` to every switch. The
+frames that leave host ports, as (fabric host port, frame), `tick()` to every switch; and
+`advance()`, `run`'s for hosts in this process: a slice of the fabric's time, the RTL's
+switches clocked in the background while the hosts answer (`sim.topology_time`). The
 fabric's host ports are the leaves' downlinks, leaf by leaf, then the spines' management
 ports (`host_port`, `locate`). `send_to` and `run_by_switch` name the switch and its own
 port instead (`sim serve --topology`, one endpoint per switch). Frames between switches are
-delivered inside, round after round until none is in flight, each link (`Link`) able to drop,
-duplicate and reorder them (`LinkFaults`), and counted per link and direction (`Link.frames`;
-a leaf's frames up an uplink are its partials: the balance of the spines' load).
+delivered inside (by `run`, round after round until none is in flight; by `advance`, at
+each slice's end), each link (`Link`) able to drop, duplicate and reorder them
+(`LinkFaults`), and counted per link and direction (`Link.frames`; a leaf's frames up an
+uplink are its partials: the balance of the spines' load).
 
 `tap`, when set, sees every frame that enters a link between switches, as (link, direction,
 frame), before the link's faults, and loses it by returning True (the tests' probe).
