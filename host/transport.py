@@ -146,7 +146,7 @@ class InProcessHub:
         self.engines = []          # progress functions of the attached workers
         self.misrouted = 0
         self.clock = WallClock(backend)     # the deadlines' ticks
-        self.driving = False       # within `drive`: the backend runs once, at its end
+        self.driving = False       # in `drive`: receives that do not wait leave it the run
 
     def attach(self, transport):
         with self.lock:
@@ -195,8 +195,7 @@ class InProcessHub:
                 self._step_engines()
             finally:
                 self.driving = outer
-            if not outer:
-                self.pump()
+            self.pump()
 
     def _step_engines(self):
         for engine in list(self.engines):
@@ -260,7 +259,7 @@ class InProcessTransport(Transport):
 
     def recv(self, timeout: float) -> list[bytes]:
         with self.hub.lock:
-            if not self.hub.driving:
+            if timeout > 0 or not self.hub.driving:     # (a wait runs it, even in a drive)
                 self.hub.pump()
             frames, self.inbox = self.inbox, []
         out = []
