@@ -26,9 +26,9 @@ uplink are its partials: the balance of the spines' load).
 frame), before the link's faults, and loses it by returning True (the tests' probe).
 
 `cut(spine)` fails a spine's links: every frame on them is lost from then on, and each leaf
-marks the uplink down (`REG_UPLINK_DOWN`, as a board ORs in its MAC's link-down), so that its
-slots move to the uplinks that remain (`mark_down=False`: the links only; `restore`
-mends them).
+learns of it (`Notice`): the uplink marked down (`REG_UPLINK_DOWN`), or its link reported
+lost by the leaf's MAC (`set_link`), so that its slots move to the uplinks that remain; or
+not at all (a spine gone silent). `restore` mends the links.
 
 Backends: "golden" (`sim.golden_leaf.GoldenLeaf` with `uplinks=` for a leaf,
 `sim.golden_spine.GoldenSpine` for a spine); "rtl" (`sim.model.make_switch`: each leaf the
@@ -48,6 +48,15 @@ from netagg.sim.topology_time import Slices, clocked, pool
 
 SLICE = 256         # cycles of an RTL switch per `Topology.advance`: the fabric's time step
 RACK = W.Endpoint("10.250.255.254", 0xBEEF, 0x02_00_00_FA_FF_FE)    # the operator's address
+
+
+class Notice(enum.Enum):
+    """How the leaves learn that a spine's links were cut (`Topology.cut`)."""
+
+    MARK = "mark"       # the fabric's manager writes the uplink's REG_UPLINK_DOWN bit
+    LINK = "link"       # each leaf's MAC reports the link lost (`set_link`): the uplink is
+                        # down until the link is back
+    NONE = "none"       # they do not (a spine gone silent)
 
 
 class Role(enum.Enum):
@@ -264,25 +273,33 @@ class Topology:
         for link in self.link_list if links is None else links:
             link.faults = faults
 
-    def cut(self, spine: int, mark_down: bool = True):
-        """Spine `spine`'s links fail: their frames are lost, and every leaf marks the uplink
-        down (REG_UPLINK_DOWN bit `spine`), as a board's MAC reports a link down; without
-        `mark_down` the leaves do not know yet (a spine gone silent)."""
+    def cut(self, spine: int, notice: Notice = Notice.MARK):
+        """Spine `spine`'s links fail: their frames are lost, and the leaves learn of it as
+        `notice` says (by default, the fabric's manager marks the uplink down)."""
         for link in self.link_list:
             if link.b == f"spine{spine}":
                 link.cut = True
-        if not mark_down:
-            return
-        for leaf in self.leaf_nodes:
-            [(_, down)] = self.control(leaf.name, [(W.REG_UPLINK_DOWN, 0)])
-            self.control(leaf.name, [(W.REG_UPLINK_DOWN | W.WRITE, down | 1 << spine)],
-                         check=True)
+        if notice is Notice.MARK:
+            for leaf in self.leaf_nodes:
+                [(_, down)] = self.control(leaf.name, [(W.REG_UPLINK_DOWN, 0)])
+                self.control(leaf.name, [(W.REG_UPLINK_DOWN | W.WRITE, down | 1 << spine)],
+                             check=True)
+        elif notice is Notice.LINK:
+            self._links(spine, up=False)
 
     def restore(self, spine: int):
-        """Spine `spine`'s links carry frames again (what the leaves mark is theirs)."""
+        """Spine `spine`'s links carry frames again, and the leaves' MACs report them up
+        (what the leaves' REG_UPLINK_DOWN marks stays: the manager's to undo)."""
         for link in self.link_list:
             if link.b == f"spine{spine}":
                 link.cut = False
+        self._links(spine, up=True)
+
+    def _links(self, spine: int, up: bool):
+        """Every leaf's MAC on the port to spine `spine` reports its link up or lost."""
+        self._join()
+        for leaf in self.leaf_nodes:
+            leaf.switch.set_link(self.downlinks + spine, up)
 
     def partials(self) -> dict[str, list[int]]:
         """Frames each leaf sent up each uplink (its partials, first sends and resends)."""

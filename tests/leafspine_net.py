@@ -23,6 +23,7 @@ from netagg.sim.topology import (
     Direction,
     Link,
     LinkFaults,
+    Notice,
     Role,
     Topology,
     default_ip,
@@ -138,7 +139,7 @@ class Net:
         """Spine `spine` sends and takes nothing (its links lose every frame), and the leaves
         do not know; or it is back."""
         if silent:
-            self.topology.cut(spine, mark_down=False)
+            self.topology.cut(spine, Notice.NONE)
         else:
             self.topology.restore(spine)
 

@@ -1,16 +1,16 @@
 """Uplink failure in networks of golden leaves and spines (docs/leafspine.md, "Uplink
 failure"; the fabric's network, sim/topology.py, with tests/leafspine_net.py's job): a spine
 that sent a use's result to one leaf only and goes silent, uplinks marked down mid-run (the
-spine dead, or alive and marked up again later) under loss, duplication and reordering, and
-every uplink down. Every use completes, each worker's result checked against numpy's
-sums."""
+spine dead, or alive and marked up again later) or lost with their links, under loss,
+duplication and reordering, and every uplink down. Every use completes, each worker's
+result checked against numpy's sums."""
 
 import random
 
 import pytest
 from netagg.sim import wire as W
 from netagg.sim.golden_leaf_registers import CopyState
-from netagg.sim.topology import Direction, LinkFaults
+from netagg.sim.topology import Direction, LinkFaults, Notice
 
 from tests.leafspine_net import JOB, Job, Net, away_and_back, away_for_2_16
 
@@ -84,6 +84,34 @@ def test_uplink_marked_down_mid_run_under_loss(dies, seed):
     assert job.done(), job.pending()
     for leaf in net.leaf:
         assert leaf.read(W.job_reg(JOB, W.JOB_COMPLETED)) == 6 * 8
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_spine_whose_links_are_lost_mid_run_under_loss(seed):
+    """Spine 0's links are cut at a random round and the leaves' MACs report them lost
+    (nobody writes REG_UPLINK_DOWN): its slots go to spine 1 at once, the uses in flight on
+    it complete; its links back, it takes its slots again. Loss, duplication and reordering
+    on every link."""
+    rng = random.Random(seed)
+    net = Net(spines=2, seed=seed)
+    net.set_faults(LinkFaults(drop=0.1, duplicate=0.1, reorder=0.3))
+    job = Job(net, uses=8, seed=seed)
+    fail, back = rng.randrange(1, 3), rng.randrange(4, 6)
+    for n in range(1, 300):
+        if n == fail:
+            net.topology.cut(0, Notice.LINK)
+            assert [leaf.read(W.REG_UPLINK_DOWN) for leaf in net.leaf] == [0b01, 0b01]
+        if n == back:
+            net.topology.restore(0)
+            assert [leaf.read(W.REG_UPLINK_DOWN) for leaf in net.leaf] == [0, 0]
+            before = [sent[0] for sent in net.sent_up]
+        job.round()
+        if job.done():
+            break
+    assert job.done(), job.pending()
+    assert all(sent[0] > was for sent, was in zip(net.sent_up, before))
+    for leaf in net.leaf:
+        assert leaf.read(W.job_reg(JOB, W.JOB_COMPLETED)) == 8 * 8
 
 
 def test_every_uplink_down_waits_then_completes():

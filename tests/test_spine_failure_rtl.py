@@ -2,7 +2,8 @@
 "Uplink failure"; `sim.topology.Topology(backend="rtl")`, 8 in-process workers over two
 leaves and two spines): spine 1's links are cut the moment it has sent a use's result to
 leaf 0 and not yet to leaf 1 (the hazard: leaf 0 DONE, leaf 1 UPSTREAM), with the partials
-it took meanwhile lost with it, and the leaves mark its uplink down a slice later. Every
+it took meanwhile lost with it, and a slice later the leaves mark its uplink down, or their
+MACs report its links lost. Every
 allreduce completes exactly, through the workers' retransmissions: leaf 1 re-sends its
 partials to spine 0, which pulls leaf 0, which answers with its final."""
 
@@ -11,10 +12,11 @@ from __future__ import annotations
 import uuid
 
 import numpy as np
+import pytest
 from netagg.host import Worker
 from netagg.host.fabric import hub_for
 from netagg.sim import wire as W
-from netagg.sim.topology import Direction, Topology
+from netagg.sim.topology import Direction, Notice, Topology
 from netagg.sim.topology_watch import SpineUses, Use, use_of
 
 SPINE, AFTER = 1, 24            # the spine that fails, after this many of its results
@@ -38,12 +40,13 @@ class SpineCut(SpineUses):
             if use is not None and len(down) >= AFTER and "leaf0" in down.get(use, ()):
                 self.use = use
                 self.frozen.add(self.spine)
-                self.topology.cut(SPINE, mark_down=False)   # the links only: no control here
+                self.topology.cut(SPINE, Notice.NONE)   # the links only: no control here
                 return True
         return super().__call__(link, direction, frame)
 
 
-def test_a_spine_cut_with_uses_in_flight_loses_no_sum_rtl():
+@pytest.mark.parametrize("notice", [Notice.MARK, Notice.LINK])
+def test_a_spine_cut_with_uses_in_flight_loses_no_sum_rtl(notice):
     topology = Topology(2, 2, backend="rtl")
     session = uuid.uuid4().hex
     workers = [Worker(r, 8, None, session=session, fabric=topology, timeout=60)
@@ -57,7 +60,7 @@ def test_a_spine_cut_with_uses_in_flight_loses_no_sum_rtl():
         hub.drive()
     assert cut.use is not None, "spine 1 sent no result to leaf 1 after leaf 0's"
     in_flight = cut.in_flight(cut.spine)
-    topology.cut(SPINE)                                   # the leaves mark its uplink down
+    topology.cut(SPINE, notice)         # marked down at the leaves, or their MACs report it
     for h in handles:
         assert np.array_equal(h.wait(60), np.sum(xs, axis=0))
     counters = {name: dict(zip(W.FABRIC_COUNTERS, (v for _, v in topology.control(
