@@ -352,6 +352,15 @@ def test_slow_rank_is_not_named_over_udp(serve):
             p.stop()
 
 
+def _node_says_rank_3_is_gone(ends):
+    """Rank 2, world rank 3's node peer, names its process gone; rank 0 says its local worker
+    1 failed."""
+    assert "ranks [3] of job 0 (local workers [1] of node 1) are gone" in \
+        ends[2]["message"], ends[2]
+    assert "ranks [1] of job 0 (local workers [1] of node 0) failed" in \
+        ends[0]["message"], ends[0]
+
+
 def test_killed_rank_is_named_in_a_hierarchical_run(serve_golden):
     """2 nodes of 2 local workers (switch jobs 0 and 1, the node as the switch rank); world
     rank 3 (node 1's local worker 1: job 1, rank 1) is SIGKILLed in its allreduce. Within
@@ -363,10 +372,7 @@ def test_killed_rank_is_named_in_a_hierarchical_run(serve_golden):
         assert all(e["event"] == "error" for e in ends), ends
         assert ends[1]["type"] == "NetaggRankGone" and ends[1]["ranks"] == [1], ends[1]
         assert ends[1]["message"].startswith("rank 1 of job 1 is gone"), ends[1]
-        assert "ranks [3] of job 0 (local workers [1] of node 1) are gone" in \
-            ends[2]["message"], ends[2]
-        assert "ranks [1] of job 0 (local workers [1] of node 0) failed" in \
-            ends[0]["message"], ends[0]
+        _node_says_rank_3_is_gone(ends)
         return [e["time"] for e in ends], killed
     named_in_time(scenario)
 
@@ -394,9 +400,6 @@ def test_killed_local_worker_is_named_in_a_hierarchical_fabric_run(serve_fabric)
         assert ends[1]["job"] == 1, ends[1]
         assert ends[1]["message"].startswith("rank 3 (node 1, rank 0 at leaf1) of job 1 gone: "
                                              "heartbeats in leaf1 still"), ends[1]
-        assert "ranks [3] of job 0 (local workers [1] of node 1) are gone" in \
-            ends[2]["message"], ends[2]
-        assert "ranks [1] of job 0 (local workers [1] of node 0) failed" in \
-            ends[0]["message"], ends[0]
+        _node_says_rank_3_is_gone(ends)
         return [e["time"] for e in ends], killed
     named_in_time(scenario)
