@@ -364,8 +364,8 @@ class Control(wiring.Component):
             return Register(addr, value, field, Const(1) if allowed is None else allowed,
                             copy=copy)
 
-        return leaf_registers(m, self.fabric, jobs, job_ok, switch_ok, uplinks, down,
-                              self.uplink_down, register)
+        return leaf_registers(m, self.fabric, jobs, job_ok, switch_ok, uplinks, down, lost,
+                              register)
 
     def _config(self, job):
         """A job's CONFIG as a read shows it (CONFIG.partials on a spine)."""

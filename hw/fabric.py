@@ -16,15 +16,16 @@ its leaf's entry (the lookup's worker check); the decide stage's events (`SPINE_
 counted as FABRIC_COUNTERS); the result descriptor's `pull` (a payload-less result to the
 leaves missing from a use) and the use's msn, which a spine's results and pulls carry in
 RETH.va (`descriptor_fields`); and the egress ports' count of pulls sent (`pulls`, like
-`results`). When it has uplinks (a leaf): the uplink table (`UPLINK`) and REG_UPLINK_DOWN,
-each job's PARENT, PARENT_KEY and SPRAY (`leaf_registers`); a slot copy's `upstream` and
-`done` bits (`copy_fields`); the descriptor's partial fields (`up`, the uplink, the `resent`
-and `final` marks), which the egress ports address from the uplink table; the events
-`LEAF_EVENTS`; a header entry's mark of a frame from an uplink's spine (`parent_fields`:
-opcode 0x2B at UPLINK_QPN from an uplink's IP, never dropped by priority), which the lookup
-stage checks as the golden leaf's `drop_parent` does and the decide stage takes as a result
-of a use gone up (DONE: COMPLETED + 1, its sums to every local worker) or as a pull
-(answered up the uplink it came by with the copy's partial, or its final marked `final`).
+`results`). When it has uplinks (a leaf): the uplink table (`UPLINK`), REG_UPLINK_DOWN and
+REG_UPLINK_LOST, each job's PARENT, PARENT_KEY and SPRAY (`leaf_registers`); a slot copy's
+`upstream` and `done` bits (`copy_fields`); the descriptor's partial fields (`up`, the
+uplink, the `resent` and `final` marks), which the egress ports address from the uplink
+table; the events `LEAF_EVENTS`; a header entry's mark of a frame from an uplink's spine
+(`parent_fields`: opcode 0x2B at UPLINK_QPN from an uplink's IP, never dropped by priority),
+which the lookup stage checks as the golden leaf's `drop_parent` does and the decide stage
+takes as a result of a use gone up (DONE: COMPLETED + 1, its sums to every local worker) or
+as a pull (answered up the uplink it came by with the copy's partial, or its final marked
+`final`).
 """
 
 from __future__ import annotations
@@ -88,16 +89,17 @@ def job_layout(base: data.StructLayout, fabric: Fabric) -> data.StructLayout:
     return data.StructLayout(fields)
 
 
-def leaf_registers(m, fabric: Fabric, jobs, job_ok, switch_ok, uplinks, down, shown,
+def leaf_registers(m, fabric: Fabric, jobs, job_ok, switch_ok, uplinks, down, lost,
                    register):
     """A leaf's registers, as `register(addr, value, field, allowed, copy=...)` makes them
-    (`hw.control_registers.Register`): REG_UPLINKS, REG_UPLINK_DOWN (written to `down`, read
-    as `shown`: the uplinks marked down or on a lost link) and the uplink
+    (`hw.control_registers.Register`): REG_UPLINKS, REG_UPLINK_DOWN (`down`), REG_UPLINK_LOST
+    (`lost`: the uplinks whose port's link is lost, read only) and the uplink
     table (`uplinks`, of `UPLINK`), the switch's own (written by its manager, once it has
     one: `switch_ok`); each job's PARENT (read as its enable and rank), PARENT_KEY (write
     only) and SPRAY, its block's (`job_ok`)."""
     regs = [register(R.REG_UPLINKS, fabric.uplinks),
-            register(R.REG_UPLINK_DOWN, shown, down, switch_ok)]   # not a copy: it moves
+            register(R.REG_UPLINK_DOWN, down, down, switch_ok, copy=0),
+            register(R.REG_UPLINK_LOST, lost)]
     for i, up in enumerate(uplinks):
         regs += [
             register(R.uplink_reg(i, R.UPLINK_PORT), up.port, up.port, switch_ok, copy=0),

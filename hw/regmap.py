@@ -76,8 +76,9 @@ REG_MANAGER = 0x0009        # rw: the manager's IPv4 address (0: none; then anyo
 # partial's source: REG_MAC, REG_IP, REG_UDP_SPORT). A switch without uplinks (every board,
 # the RTL) reads these registers as 0 and ignores writes to them, as any unknown address.
 REG_UPLINKS = 0x000A        # ro: uplinks the switch was built with
-REG_UPLINK_DOWN = 0x000B    # rw: bit i, uplink i is down (its slots go to the next one up);
-#                             a read also shows the uplinks on a port whose link is lost
+REG_UPLINK_DOWN = 0x000B    # rw: bit i, uplink i is marked down (its slots go to the next
+#                             one up)
+REG_UPLINK_LOST = 0x000C    # ro: bit i, uplink i's port reports its link lost (down as well)
 UPLINK_BASE, UPLINK_STRIDE = 0x0100, 8      # UPLINK_BASE + UPLINK_STRIDE i + field
 UPLINK_PORT = 0             # rw: [3:0] the switch port the uplink leaves by
 UPLINK_MAC_HI = 1           # rw: the spine's MAC bits 47:32
@@ -263,10 +264,10 @@ def rows() -> list[tuple[str, str]]:
         (f"{REG_PORT:#06x}", "the switch port this control request came in by (read only)"),
         (f"{REG_MANAGER:#06x}", "the manager's IPv4 address (0: none, the first write sets "
          "it; then only the manager writes it and the switch's other writable registers)"),
-        (f"{REG_UPLINKS:#06x} / {REG_UPLINK_DOWN:#06x}",
+        (f"{REG_UPLINKS:#06x} / {REG_UPLINK_DOWN:#06x} / {REG_UPLINK_LOST:#06x}",
          f"uplinks the switch has (read only, 0..{MAX_UPLINKS}; 0: no uplink, these and the "
-         "leaf's registers read 0) / uplink i is down (bit i; a read also shows an uplink "
-         "whose port's link is lost)"),
+         "leaf's registers read 0) / uplink i is marked down (bit i) / uplink i's port "
+         "reports its link lost (bit i, read only; the uplink is down too)"),
         (f"{REG_DROP_THRESHOLD:#06x} + c",
          f"priority-drop threshold of class c (0..{PRIORITY_CLASSES - 1}): bytes queued "
          f"ahead ({NEVER_DROP:#x}: never)"),

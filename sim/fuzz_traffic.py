@@ -125,7 +125,7 @@ class Member:
 def register_names(ports: int, jobs: int, max_workers: int) -> dict[int, str]:
     """Every register a checkpoint reads, by address: the global ones, each job's and its
     ranks' heartbeats, and the port and job counters."""
-    names = {a: f"global {a:#06x}" for a in range(W.REG_UPLINK_DOWN + 1)}
+    names = {a: f"global {a:#06x}" for a in range(W.REG_UPLINK_LOST + 1)}
     names |= {W.drop_threshold(c): f"drop threshold {c}" for c in range(W.PRIORITY_CLASSES)}
     names |= {W.uplink_reg(i, f): f"uplink {i} field {f}" for i in range(W.MAX_UPLINKS)
               for f in range(W.UPLINK_FIELDS)}

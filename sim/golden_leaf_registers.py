@@ -76,11 +76,14 @@ class LeafRegisters:
     FABRIC_COUNTERS) and `FabricJob`s."""
 
     @property
+    def lost(self) -> int:
+        """The uplinks on a port whose link is lost (bit i): what REG_UPLINK_LOST reads."""
+        return sum(1 << i for i, u in enumerate(self.uplink) if self.links_down >> u.port & 1)
+
+    @property
     def down(self) -> int:
-        """The uplinks that are down (bit i): marked down, or on a port whose link is lost;
-        what REG_UPLINK_DOWN reads."""
-        lost = sum(1 << i for i, u in enumerate(self.uplink) if self.links_down >> u.port & 1)
-        return self.uplink_down | lost
+        """The uplinks that are down (bit i): marked down, or on a port whose link is lost."""
+        return self.uplink_down | self.lost
 
     def set_link(self, port: int, up: bool):
         """Port `port`'s MAC reports its link up or lost (an uplink on a lost link is down,
@@ -89,12 +92,14 @@ class LeafRegisters:
 
     def _fabric(self, addr: int):
         """(what, index, field) of an address that is a leaf's or spine's register here, or
-        None: what is "uplinks", "down", "uplink" (index i), "job" (index j, field the
+        None: what is "uplinks", "down", "lost", "uplink" (index i), "job" (index j, field the
         offset) or "counter" (index j, field the counter's name)."""
         if addr == W.REG_UPLINKS:
             return "uplinks", 0, 0
         if addr == W.REG_UPLINK_DOWN and self.uplinks:
             return "down", 0, 0
+        if addr == W.REG_UPLINK_LOST and self.uplinks:
+            return "lost", 0, 0
         i, field = divmod(addr - W.UPLINK_BASE, W.UPLINK_STRIDE)
         if addr >= W.UPLINK_BASE and i < self.uplinks and field < W.UPLINK_FIELDS:
             return "uplink", i, field
@@ -117,7 +122,9 @@ class LeafRegisters:
         if what == "uplinks":
             return self.uplinks
         if what == "down":
-            return self.down
+            return self.uplink_down
+        if what == "lost":
+            return self.lost
         if what == "uplink":
             u = self.uplink[index]
             return (u.port, u.mac >> 32, u.mac & 0xFFFFFFFF, u.ip, u.udp_port)[field]

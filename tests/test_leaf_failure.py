@@ -100,10 +100,10 @@ def test_a_spine_whose_links_are_lost_mid_run_under_loss(seed):
     for n in range(1, 300):
         if n == fail:
             net.topology.cut(0, Notice.LINK)
-            assert [leaf.read(W.REG_UPLINK_DOWN) for leaf in net.leaf] == [0b01, 0b01]
+            assert [leaf.read(W.REG_UPLINK_LOST) for leaf in net.leaf] == [0b01, 0b01]
         if n == back:
             net.topology.restore(0)
-            assert [leaf.read(W.REG_UPLINK_DOWN) for leaf in net.leaf] == [0, 0]
+            assert [leaf.read(W.REG_UPLINK_LOST) for leaf in net.leaf] == [0, 0]
             before = [sent[0] for sent in net.sent_up]
         job.round()
         if job.done():

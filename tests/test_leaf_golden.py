@@ -334,7 +334,7 @@ def test_spray_balance(uplinks):
 
 def test_a_lost_link_takes_its_uplink_down_until_it_is_back():
     """Uplink 1's port on every leaf loses its link (its MAC says so; nobody writes
-    REG_UPLINK_DOWN): its slots go up uplink 0, REG_UPLINK_DOWN reads the bit, and once the
+    REG_UPLINK_DOWN): its slots go up uplink 0, REG_UPLINK_LOST reads the bit, and once the
     link is back the slots spread over both again."""
     net = Net(spines=2, slots=64)
     port = net.topology.downlinks + 1
@@ -344,12 +344,12 @@ def test_a_lost_link_takes_its_uplink_down_until_it_is_back():
     job.round()
     job.round()
     assert net.sent_up == [[128, 0], [128, 0]]
-    assert [leaf.read(W.REG_UPLINK_DOWN) for leaf in net.leaf] == [0b10, 0b10]
+    assert [leaf.read(W.REG_UPLINK_LOST) for leaf in net.leaf] == [0b10, 0b10]
     for leaf in net.leaf:
         leaf.set_link(port, True)
     job.run()
     assert net.sent_up == [[192, 64], [192, 64]]
-    assert [leaf.read(W.REG_UPLINK_DOWN) for leaf in net.leaf] == [0, 0]
+    assert [leaf.read(W.REG_UPLINK_LOST) for leaf in net.leaf] == [0, 0]
 
 
 def test_registers_with_and_without_uplinks():

@@ -1,7 +1,7 @@
 """The RTL leaf as far as it is built (`hw.switch.Switch(uplinks=N)`, docs/leafspine.md):
 its registers (REG_UPLINKS, REG_UPLINK_DOWN, the uplink table, each job's PARENT,
 PARENT_KEY and SPRAY) read and written as the golden leaf's, the manager's and the job
-owner's rules included, and a lost link's uplink down; a leaf's jobs without a parent
+owner's rules included, and a lost link's uplink in REG_UPLINK_LOST; a leaf's jobs without a parent
 served frame for frame as `GoldenLeaf` serves them (the fuzzer's good traffic, every
 register and counter read); its upward half against the golden leaf (the fuzzer's leaf
 mode: uses that complete locally go up as partials, re-sent on retransmissions, held back
@@ -93,18 +93,19 @@ def _totals(golden) -> collections.Counter:
     return total
 
 
-def test_a_lost_link_reads_as_its_uplink_down(leaf):
-    """An uplink whose port's MAC reports the link lost is down, and REG_UPLINK_DOWN reads it
-    beside what was written; the link back, only what was written."""
+def test_a_lost_link_reads_as_its_uplink_lost(leaf):
+    """An uplink whose port's MAC reports the link lost reads in REG_UPLINK_LOST (read only),
+    and REG_UPLINK_DOWN keeps what was written; the link back, it reads 0 again."""
     table = [(W.WRITE | W.uplink_reg(0, W.UPLINK_PORT), 3),
              (W.WRITE | W.uplink_reg(1, W.UPLINK_PORT), 2)]
     assert control(leaf, table) == [3, 2]
     leaf.set_link(2, False)
     leaf.set_link(1, False)                         # no uplink's port
-    assert control(leaf, [(W.REG_UPLINK_DOWN, 0)]) == [0b10]
-    assert control(leaf, [(W.WRITE | W.REG_UPLINK_DOWN, 0b01)]) == [0b11]
+    assert control(leaf, [(W.REG_UPLINK_LOST, 0), (W.REG_UPLINK_DOWN, 0)]) == [0b10, 0]
+    assert control(leaf, [(W.WRITE | W.REG_UPLINK_DOWN, 0b01),
+                          (W.WRITE | W.REG_UPLINK_LOST, 0)]) == [0b01, 0b10]
     leaf.set_link(2, True)
-    assert control(leaf, [(W.REG_UPLINK_DOWN, 0)]) == [0b01]
+    assert control(leaf, [(W.REG_UPLINK_LOST, 0), (W.REG_UPLINK_DOWN, 0)]) == [0, 0b01]
 
 
 def test_the_golden_leaf_against_itself_goes_up_and_down():
