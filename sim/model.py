@@ -212,9 +212,8 @@ class SwitchModel(LoadedModel):
         return self._collect()
 
     def set_link(self, port: int, up: bool) -> None:
-        """Port `port`'s MAC reports its link up or lost (a leaf's `link_down` input), from
-        the next cycle on: between runs, so that the frames before it are judged on the
-        links before it. ValueError for a top without the input."""
+        """Port `port`'s MAC reports its link up or lost (a leaf's `link_down`), from the
+        next cycle (call it between runs). ValueError for a top without the input."""
         self._links_down = self._links_down & ~(1 << port) | (0 if up else 1 << port)
         if not self._lib.nm_link_down(self._h, self._links_down):
             raise ValueError(f"top {self.top!r} has no link_down input (not a leaf)")
@@ -433,15 +432,16 @@ class RtlSwitch(SwitchModel):
         super().__init__("switch", ports=ports, width=width, jobs=jobs,
                          max_workers=max_workers, slots=slots, **params)
         self.reset()
-        self.busy = False           # the switch may still hold work: run again
-        self._sent = False
-        self._control = False       # a control request sent since the last run
+        self.busy, self._sent = False, False        # busy: it may still hold work, run again
+        self._control, self._control_left = False, 0   # a control request in since the last
+        # run; the cycles `advance` still clocks for it (RECEIVE_IDLE)
 
     def send(self, port: int, frame: bytes) -> None:
         super().send(port, frame)
         self._sent = True
         # a control request's records take longer than a quiet `run`: its run waits longer
-        self._control |= len(frame) > W.BTH_OFFSET and frame[W.BTH_OFFSET] == W.OP_CONTROL
+        if len(frame) > W.BTH_OFFSET and frame[W.BTH_OFFSET] == W.OP_CONTROL:
+            self._control, self._control_left = True, RECEIVE_IDLE
 
     def run(self, max_cycles: int = 10_000_000,
             idle_cycles: int = RUN_IDLE) -> list[tuple[int, bytes]]:
@@ -453,7 +453,8 @@ class RtlSwitch(SwitchModel):
             return []
         self._sent = False
         if self._control:
-            idle_cycles, self._control = max(idle_cycles, RECEIVE_IDLE), False
+            idle_cycles, self._control, self._control_left = max(idle_cycles, RECEIVE_IDLE), \
+                False, 0
         frames = super().run(max_cycles, idle_cycles)
         self.busy = bool(frames)
         return frames
@@ -472,16 +473,18 @@ class RtlSwitch(SwitchModel):
     fed = property(lambda self: self._sent, doc="Frames were sent since the clock last ran.")
 
     def advance(self, cycles: int | None = None) -> list[tuple[int, bytes]]:
-        """Clock a slice of at most `cycles` (default `SLICE`) and return what came out: for
-        a server that takes datagrams and hands out results while the switch works, as a
-        board does, and for a fabric's time (`sim.topology_time`). The slice ends early once
-        the ports have been quiet as long as a `run` waits (nothing to do: idle cycles are not
-        clocked); `busy` says it did not (the switch may hold work: advance again)."""
+        """Clock a slice of at most `cycles` (default `SLICE`) and return what came out (a
+        server's switch, as a board works; a fabric's time, `sim.topology_time`). It ends
+        early once the ports have been quiet as long as a `run` waits (idle cycles are not
+        clocked); `busy`: it did not, or a control request came in fewer than RECEIVE_IDLE
+        cycles ago (the switch may hold work: advance again)."""
         self._sent = False
-        idle = RECEIVE_IDLE if self._control else RUN_IDLE
         self._flush()
-        self.busy = bool(self._lib.nm_run_until_idle(self._h, cycles or self.SLICE, idle))
-        self._control &= self.busy
+        start = self.cycles
+        quiet = not self._lib.nm_run_until_idle(self._h, cycles or self.SLICE, RUN_IDLE)
+        self._control_left = max(0, self._control_left - (self.cycles - start))
+        self._control = self._control_left > 0
+        self.busy = not quiet or self._control
         return self._collect()
 
 
