@@ -11,24 +11,27 @@ switch while its slice runs is held (`hold`) and handed over when the slice ends
 order sent; the deadlines' ticks due meanwhile wait for the same moment (`Topology.tick`).
 Whatever else touches the switches (a `run`, a control request) joins the slice first.
 
-Cost: per slice, a thread hand-over per switch clocked; the clocks of two switches run at
-once on two cores while the hosts' Python runs beside them.
+Cost: per slice, a thread hand-over per switch clocked; the switches' clocks run side by
+side, a thread per core, while the hosts' Python runs beside them.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import os
+import threading
 
 _POOL: concurrent.futures.ThreadPoolExecutor | None = None
+_MADE = threading.Lock()        # the pool is made once, whichever thread asks first
 
 
 def pool() -> concurrent.futures.ThreadPoolExecutor:
     """The threads that clock the RTL's models side by side, one per core (shared)."""
     global _POOL
-    if _POOL is None:
-        _POOL = concurrent.futures.ThreadPoolExecutor(max(2, os.cpu_count() or 2),
-                                                      thread_name_prefix="netagg-fabric")
+    with _MADE:
+        if _POOL is None:
+            _POOL = concurrent.futures.ThreadPoolExecutor(max(2, os.cpu_count() or 2),
+                                                          thread_name_prefix="netagg-fabric")
     return _POOL
 
 

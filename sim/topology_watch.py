@@ -3,8 +3,9 @@ partials each spine took and the results it sent down, by leaf, so that a failur
 which uses it left in flight: those whose partials a spine took and whose result did not
 reach every leaf of the use (`in_flight`).
 
-A use is (slot, version, msn), the msn's low 16 bits (what a result holds); a partial's is
-read from its REQUEST_IMM and RETH.va, a result's from its RESULT_IMM and RETH.va; pulls (no
+A use is (slot, version, msn), the whole msn (a partial's RETH.va carries it, and so does a
+spine's result's); a partial's is read from its REQUEST_IMM and RETH.va, a result's from its
+RESULT_IMM and RETH.va; pulls (no
 payload) are not uses taken or answered. `frozen` spines are not followed any more (their
 links cut: what they held stays as it was).
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 from netagg.sim import wire as W
 from netagg.sim.topology import Direction, Link
 
-Use = tuple[int, int, int]      # slot, version, msn (its low 16 bits)
+Use = tuple[int, int, int]      # slot, version, msn
 
 
 def use_of(frame: bytes, direction: Direction) -> Use | None:
@@ -28,7 +29,7 @@ def use_of(frame: bytes, direction: Direction) -> Use | None:
     if not pkt.payload or pkt.imm is None:
         return None
     imm = W.unpack_imm(W.REQUEST_IMM if direction is Direction.UP else W.RESULT_IMM, pkt.imm)
-    return imm["slot"], imm["version"], W.split_va(pkt.va)[0] & 0xFFFF
+    return imm["slot"], imm["version"], W.split_va(pkt.va)[0]
 
 
 class SpineUses:
