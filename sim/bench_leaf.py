@@ -79,15 +79,9 @@ def address_records(me: W.Endpoint) -> list[tuple[int, int]]:
 
 def uplink_records(uplinks: int, first_port: int) -> list[tuple[int, int]]:
     """A leaf's uplink table: uplink i leaves by port `first_port + i` to spine i."""
-    records = []
-    for i in range(uplinks):
-        s = spine(i)
-        records += [(W.WRITE | W.uplink_reg(i, W.UPLINK_PORT), first_port + i),
-                    (W.WRITE | W.uplink_reg(i, W.UPLINK_MAC_HI), s.mac >> 32),
-                    (W.WRITE | W.uplink_reg(i, W.UPLINK_MAC_LO), s.mac & 0xFFFFFFFF),
-                    (W.WRITE | W.uplink_reg(i, W.UPLINK_IP), W.ip_to_int(s.ip)),
-                    (W.WRITE | W.uplink_reg(i, W.UPLINK_UDP_PORT), W.ROCEV2_PORT)]
-    return records + [(W.WRITE | W.REG_UPLINK_DOWN, 0)]
+    records = [record for i in range(uplinks)
+               for record in W.uplink_records(i, first_port + i, spine(i))]
+    return [(W.WRITE | a, v) for a, v in records] + [(W.WRITE | W.REG_UPLINK_DOWN, 0)]
 
 
 def job_records(job: int, members: list[tuple[W.Endpoint, int, int]], slot_base: int,
@@ -100,14 +94,8 @@ def job_records(job: int, members: list[tuple[W.Endpoint, int, int]], slot_base:
                (W.WRITE | W.job_reg(job, W.JOB_SLOT_BASE), slot_base),
                (W.WRITE | W.job_reg(job, W.JOB_SLOT_COUNT), slot_count)]
     for r, (ep, port, rkey) in enumerate(members):
-        records += [
-            (W.WRITE | W.worker_reg(job, r, W.WORKER_PORT),
-             W.WORKER_ENDPOINT.pack(switch_port=port, udp_port=ep.port)),
-            (W.WRITE | W.worker_reg(job, r, W.WORKER_MAC_HI), ep.mac >> 32),
-            (W.WRITE | W.worker_reg(job, r, W.WORKER_MAC_LO), ep.mac & 0xFFFFFFFF),
-            (W.WRITE | W.worker_reg(job, r, W.WORKER_IP), W.ip_to_int(ep.ip)),
-            (W.WRITE | W.worker_reg(job, r, W.WORKER_QPN), qpn),
-            (W.WRITE | W.worker_reg(job, r, W.WORKER_RKEY), rkey)]
+        records += [(W.WRITE | a, v) for a, v in W.entry_records(job, r, port, ep, qpn,
+                                                                  rkey=rkey)]
     records.append((W.WRITE | W.job_reg(job, W.JOB_CONFIG),
                     W.CONFIG.pack(enable=1, partials=int(partials), workers=len(members))))
     records.append((W.WRITE | W.job_reg(job, W.JOB_KEY), key))

@@ -89,14 +89,8 @@ class LeafTraffic(Traffic):
                                           imm, lanes.tobytes()), Kind.CONTRIBUTION)
 
     def _uplink_table(self) -> Frame:
-        records = []
-        for i in range(UPLINKS):
-            spine = spine_endpoint(i)
-            records += [(W.uplink_reg(i, W.UPLINK_PORT), (i + 1) % self.ports),
-                        (W.uplink_reg(i, W.UPLINK_MAC_HI), spine.mac >> 32),
-                        (W.uplink_reg(i, W.UPLINK_MAC_LO), spine.mac & 0xFFFFFFFF),
-                        (W.uplink_reg(i, W.UPLINK_IP), W.ip_to_int(spine.ip)),
-                        (W.uplink_reg(i, W.UPLINK_UDP_PORT), spine.port)]
+        records = [record for i in range(UPLINKS)
+                   for record in W.uplink_records(i, (i + 1) % self.ports, spine_endpoint(i))]
         return Frame(0, W.control_request([(W.WRITE | a, v) for a, v in records], 0, HOST,
                                           SWITCH).frame(), Kind.CONTROL)
 

@@ -222,14 +222,9 @@ class Topology:
 
     def uplink_records(self, leaf: Node) -> list[tuple[int, int]]:
         """The uplink table of a leaf as control records: uplink i to spine i."""
-        records = []
-        for i, spine in enumerate(self.spine_nodes):
-            records += [(W.uplink_reg(i, W.UPLINK_PORT), self.downlinks + i),
-                        (W.uplink_reg(i, W.UPLINK_MAC_HI), spine.mac >> 32),
-                        (W.uplink_reg(i, W.UPLINK_MAC_LO), spine.mac & 0xFFFFFFFF),
-                        (W.uplink_reg(i, W.UPLINK_IP), W.ip_to_int(spine.ip)),
-                        (W.uplink_reg(i, W.UPLINK_UDP_PORT), W.ROCEV2_PORT)]
-        return records
+        return [record for i, spine in enumerate(self.spine_nodes)
+                for record in W.uplink_records(i, self.downlinks + i,
+                                               W.Endpoint(spine.ip, W.ROCEV2_PORT, spine.mac))]
 
     def _cable(self):
         """Every switch's addresses and every leaf's uplink table, written by control."""

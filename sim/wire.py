@@ -471,3 +471,14 @@ def entry_records(job: int, rank: int, switch_port: int, address: Endpoint, qpn:
         fields.append((R.WORKER_RKEY, rkey))
     fields += [(R.WORKER_VA_HI, va >> 32), (R.WORKER_VA_LO, va & 0xFFFFFFFF)]
     return [(R.worker_reg(job, rank, off), value) for off, value in fields]
+
+
+def uplink_records(uplink: int, port: int, spine: Endpoint) -> list[tuple[int, int]]:
+    """A leaf's uplink table entry's records, (register, value) without the WRITE bit:
+    uplink `uplink` leaves by switch port `port` to `spine` (its MAC, IPv4 address and UDP
+    port)."""
+    return [(R.uplink_reg(uplink, R.UPLINK_PORT), port),
+            (R.uplink_reg(uplink, R.UPLINK_MAC_HI), spine.mac >> 32),
+            (R.uplink_reg(uplink, R.UPLINK_MAC_LO), spine.mac & 0xFFFFFFFF),
+            (R.uplink_reg(uplink, R.UPLINK_IP), ip_to_int(spine.ip)),
+            (R.uplink_reg(uplink, R.UPLINK_UDP_PORT), spine.port)]
