@@ -235,10 +235,12 @@ class Job:
         uses = self.uses if uses is None else uses
         return all(u >= uses for u in self.cur.values())
 
-    def run(self, rounds: int = 200, uses: int | None = None) -> int:
+    def run(self, rounds: int = 200, uses: int | None = None, each_round=None) -> int:
         """Rounds until the first `uses` uses (all) are done (AssertionError after
-        `rounds`); how many."""
+        `rounds`); how many. `each_round(n)` runs before round n (a test's faults)."""
         for n in range(1, rounds + 1):
+            if each_round is not None:
+                each_round(n)
             self.round()
             if self.done(uses):
                 return n

@@ -71,17 +71,15 @@ def test_uplink_marked_down_mid_run_under_loss(dies, seed):
     net.set_faults(LinkFaults(drop=0.1, duplicate=0.1, reorder=0.3))
     job = Job(net, uses=6, seed=seed)
     fail, back = rng.randrange(1, 4), rng.randrange(5, 8)
-    for n in range(1, 300):
+
+    def faults(n):
         if n == fail and dies:
             net.silence(0)
         if n == fail + 1:
             net.mark_down(0b01)
         if n == back and not dies:
             net.mark_down(0)
-        job.round()
-        if job.done():
-            break
-    assert job.done(), job.pending()
+    job.run(299, each_round=faults)
     for leaf in net.leaf:
         assert leaf.read(W.job_reg(JOB, W.JOB_COMPLETED)) == 6 * 8
 
@@ -97,19 +95,18 @@ def test_a_spine_whose_links_are_lost_mid_run_under_loss(seed):
     net.set_faults(LinkFaults(drop=0.1, duplicate=0.1, reorder=0.3))
     job = Job(net, uses=8, seed=seed)
     fail, back = rng.randrange(1, 3), rng.randrange(4, 6)
-    for n in range(1, 300):
+    before = []                         # what went up uplink 0 when its links came back
+
+    def faults(n):
         if n == fail:
             net.topology.cut(0, Notice.LINK)
             assert [leaf.read(W.REG_UPLINK_LOST) for leaf in net.leaf] == [0b01, 0b01]
         if n == back:
             net.topology.restore(0)
             assert [leaf.read(W.REG_UPLINK_LOST) for leaf in net.leaf] == [0, 0]
-            before = [sent[0] for sent in net.sent_up]
-        job.round()
-        if job.done():
-            break
-    assert job.done(), job.pending()
-    assert all(sent[0] > was for sent, was in zip(net.sent_up, before))
+            before.extend(sent[0] for sent in net.sent_up)
+    job.run(299, each_round=faults)
+    assert before and all(sent[0] > was for sent, was in zip(net.sent_up, before))
     for leaf in net.leaf:
         assert leaf.read(W.job_reg(JOB, W.JOB_COMPLETED)) == 8 * 8
 
