@@ -83,6 +83,7 @@ from netagg.host.liveness import COUNT_BITS, MARK
 from netagg.host.lossy import LossyTransport
 from netagg.host.messages import Send
 from netagg.host.session import JobKeys, fresh_epoch
+from netagg.host.transport import worker_ip
 from netagg.host.wire_arrays import ContributionWriter
 from netagg.sim import wire as W
 
@@ -194,7 +195,7 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
                           f"by the fabric's placement, not on {switch!r}")
     leaf = fabric.leaves[where.leaf]
     j = worker.switch_job                   # the job's + the local rank (hierarchical)
-    ip = f"10.{1 + j}.{where.rank // 250}.{where.rank % 250 + 1}"
+    ip = worker_ip(j, where.rank)
     transport = fabric.transport(leaf, ip, paths=paths, bind=bind)
     if faults:
         transport = LossyTransport(transport, **faults)

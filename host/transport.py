@@ -224,6 +224,12 @@ def hub_for(backend, kind: type[InProcessHub] = InProcessHub) -> InProcessHub:
     return hub
 
 
+def worker_ip(job: int, rank: int) -> str:
+    """The IPv4 address rank `rank` of switch job `job` sends from in process (a UDP
+    worker's is its socket's): 10.(1 + job).(rank // 250).(rank % 250 + 1)."""
+    return f"10.{1 + job}.{rank // 250}.{rank % 250 + 1}"
+
+
 class InProcessTransport(Transport):
     """Frames from (ip, udp_port) enter switch port `switch_port_for(ip, udp_port, ports)`,
     unless `switch_port` says otherwise; path i > 0 sends from UDP port `udp_port + i` of the

@@ -189,8 +189,8 @@ class Worker:
         """Join the job at one switch: this worker's transport and engine, and the job's
         configuration (`_configure`); False for a local worker beyond the switch's jobs (it
         shares memory only, and holds neither)."""
-        ip = f"10.{1 + self.switch_job}.{self.switch_rank // 250}.{self.switch_rank % 250 + 1}"
-        transport = make_transport(switch, ip, paths, bind)
+        transport = make_transport(switch, T.worker_ip(self.switch_job, self.switch_rank),
+                                   paths, bind)
         if faults:
             transport = LossyTransport(transport, **faults)
         self.transport = transport
