@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="run a benchmark and print its figures")
     bench.add_argument("what", choices=["datapath", "switch", "allreduce", "congestion",
-                                        "board", "host", "leafspine"])
+                                        "board", "host", "leafspine", "cluster"])
     bench.add_argument("--ports", type=int, default=4, help="switch: ports")
     bench.add_argument("--width", type=int, default=512, help="switch: bits per port")
     bench.add_argument("--rounds", type=int, default=4,
@@ -64,6 +64,14 @@ def main(argv=None) -> int:
                        help="board: float32 values per worker")
     bench.add_argument("--nodes", type=int, default=None,
                        help="board: nodes (with --workers); default: a worker on each port")
+    bench.add_argument("--hosts", default="4,8",
+                       help="cluster: host counts, comma-separated (needs root)")
+    bench.add_argument("--rate", default="100mbit", help="cluster: each host link's rate")
+    bench.add_argument("--queue", default=None,
+                       help="cluster: bytes of queue at each end of a link (default 10 ms)")
+    bench.add_argument("--switch", default="fast", choices=["fast", "golden", "rtl"],
+                       help="cluster: netagg's switch on the rack")
+    bench.add_argument("--plot", default=None, help="cluster: draw time against hosts here")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
 
     demo = sub.add_parser("demo", help="allreduce through a switch (simulated unless "
@@ -161,11 +169,29 @@ def main(argv=None) -> int:
                            "pulls down)")
     from netagg.apps.scale.cli import add_parser as add_scale
     add_scale(sub)
+    from netagg.apps.cluster import add_parser as add_cluster
+    add_cluster(sub)
     args = parser.parse_args(argv)
 
     if args.command == "scale":
         from netagg.apps.scale.cli import main as scale_main
         return scale_main(args)
+    if args.command == "cluster":
+        from netagg.apps.cluster import main as cluster_main
+        return cluster_main(args)
+    if args.command == "bench" and args.what == "cluster":
+        from netagg.apps import bench_cluster
+        report = bench_cluster.bench_cluster(
+            [int(h) for h in args.hosts.split(",")], args.rate,
+            [_size(s) for s in args.sizes.split(",")] if args.sizes else
+            bench_cluster.DEFAULT_SIZES, args.switch, args.repeat, args.queue,
+            quiet=args.json)
+        if args.plot:
+            bench_cluster.plot(report, args.plot)
+        if args.json:
+            print(json.dumps(report))
+        return 0 if all(r[lib]["verified"] for r in report["runs"]
+                        for lib in bench_cluster.LIBRARIES) else 1
     if args.command == "demo" and args.fabric:
         from netagg.apps.demo_fabric import demo_described
         report = demo_described(args.fabric, workers=args.workers, values=args.values,

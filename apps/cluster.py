@@ -1,0 +1,76 @@
+"""`netagg cluster up|down`: the emulated rack (`sim.cluster`) from the command line.
+
+``netagg cluster up --hosts 4 --rate 100mbit`` makes the cluster, starts netagg's switch on the
+rack's own port (`--switch`, the fast switch by default), prints how to reach it, and holds
+it until Ctrl-C or SIGTERM, or until its switch exits; then it removes everything it made.
+``netagg cluster down --name NAME`` removes a cluster left behind (processes, namespaces,
+links and queues).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+
+from netagg.sim import cluster as C
+from netagg.sim.cluster_links import rate_text
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("cluster", help="an emulated rack of hosts on shaped links (needs root)")
+    cmd = p.add_subparsers(dest="cluster_command", required=True)
+    up = cmd.add_parser("up", help="make the cluster and hold it until Ctrl-C")
+    up.add_argument("--hosts", type=int, default=4)
+    up.add_argument("--rate", default="100mbit", help="each host link's rate, both ways")
+    up.add_argument("--queue", default=None,
+                    help="bytes of queue at each end of a link (default: 10 ms of the rate)")
+    up.add_argument("--switch", default="fast", choices=["fast", "golden", "rtl", "none"],
+                    help="netagg's switch on the rack's port ('none': no switch)")
+    up.add_argument("--name", default="nagg", help="the prefix of everything it makes")
+    down = cmd.add_parser("down", help="remove a cluster (what a crash left behind)")
+    down.add_argument("--name", default="nagg")
+
+
+def main(args) -> int:
+    if args.cluster_command == "down":
+        try:
+            removed = C.remove(args.name)
+        except PermissionError:
+            print("netagg cluster down needs root", file=sys.stderr)
+            return 1
+        print(f"removed {', '.join(removed)}" if removed else
+              f"no cluster {args.name!r} here")
+        return 0
+    return _up(args)
+
+
+def _up(args) -> int:
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with C.Cluster(args.hosts, args.rate, args.queue, args.name) as cluster:
+            url = cluster.serve(args.switch) if args.switch != "none" else None
+            _describe(cluster, url)
+            while url is None or cluster.switch.poll() is None:
+                time.sleep(0.2)
+            print(f"the {args.switch} switch exited (status {cluster.switch.returncode}); "
+                  "removing the cluster", file=sys.stderr)
+            return 1
+    except (C.NeedsRoot, C.ClusterError, ValueError) as e:
+        print(f"netagg cluster: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("removed", file=sys.stderr)
+        return 0
+
+
+def _describe(cluster: C.Cluster, url: str | None) -> None:
+    shape = cluster.shape
+    print(f"cluster {cluster.name}: {len(cluster.hosts)} hosts, links {rate_text(shape.rate)} "
+          f"each way, {shape.queue} bytes of queue at each end")
+    if url:
+        print(f"switch  {url}  (namespace {cluster.rack})")
+    for h in cluster.hosts:
+        print(f"host {h.index}  {h.ip}  ip netns exec {h.namespace} COMMAND")
+    print("Ctrl-C removes it all", flush=True)
+

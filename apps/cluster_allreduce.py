@@ -1,0 +1,116 @@
+"""One host's part of `netagg bench cluster`: timed allreduces through netagg or torch's gloo.
+
+``python -m netagg.apps.cluster_allreduce {netagg,gloo} RANK WORLD --sizes 1048576,...``
+runs in a host's namespace of the emulated cluster (`sim.cluster`). For each size (bytes of
+float32) it allreduces the worker's `apps.demo.demo_data` once untimed (checked against the
+float64 sum of every rank's data: within the fixed-point bound through netagg, float32's
+rounding through gloo) and then `--repeat` times, each time after a barrier (a one-value
+allreduce through the same library, whose result reaches every rank at once), timing each
+from the barrier's end to the result. It prints one JSON object: per size, its times and
+whether its result was right.
+
+netagg: `host.Worker` over UDP to `--switch`, session `--session`. gloo: torch.distributed
+with a TCP store at `--master` (host 0's address), over the same links.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+from netagg.apps.demo import check_result, demo_data
+
+
+def _expected(world: int, values: int, seed: int) -> list[np.ndarray]:
+    return [demo_data(r, values, seed) for r in range(world)]
+
+
+class Netagg:
+    def __init__(self, rank: int, world: int, args):
+        from netagg.host import Worker
+        self.worker = Worker(rank, world, args.switch, session=args.session,
+                             timeout=args.timeout)
+        self.one = np.ones(1, np.int32)
+
+    def barrier(self):
+        self.worker.allreduce(self.one)
+
+    def allreduce(self, x: np.ndarray) -> np.ndarray:
+        return self.worker.allreduce(x)
+
+    def close(self):
+        self.worker.close()
+
+
+class Gloo:
+    def __init__(self, rank: int, world: int, args):
+        import datetime
+        import os
+
+        import torch
+        import torch.distributed as dist
+        self.torch, self.dist = torch, dist
+        host, port = args.master.rsplit(":", 1)
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "eth0")     # the host's one NIC
+        dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=rank,
+                                world_size=world,
+                                timeout=datetime.timedelta(seconds=args.timeout))
+
+    def barrier(self):
+        self.dist.barrier()
+
+    def allreduce(self, x: np.ndarray) -> np.ndarray:
+        t = self.torch.from_numpy(x)
+        self.dist.all_reduce(t)
+        return t.numpy()
+
+    def close(self):
+        self.dist.destroy_process_group()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("library", choices=["netagg", "gloo"])
+    p.add_argument("rank", type=int)
+    p.add_argument("world", type=int)
+    p.add_argument("--sizes", required=True, help="bytes of float32, comma-separated")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--switch", default=None)
+    p.add_argument("--session", default="cluster")
+    p.add_argument("--master", default=None, help="gloo: host 0's address:port")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=60.0)
+    args = p.parse_args(argv)
+    lib = (Netagg if args.library == "netagg" else Gloo)(args.rank, args.world, args)
+    out = {"library": args.library, "rank": args.rank, "sizes": []}
+    try:
+        for size in (int(s) for s in args.sizes.split(",")):
+            values = size // 4
+            mine = demo_data(args.rank, values, args.seed)
+            lib.barrier()
+            result = lib.allreduce(mine.copy())
+            if args.library == "netagg":
+                ok = check_result(result, _expected(args.world, values, args.seed),
+                                  [values])["ok"]
+            else:
+                exact = np.sum([x.astype(np.float64) for x in
+                                _expected(args.world, values, args.seed)], axis=0)
+                ok = bool(np.allclose(result, exact, rtol=1e-5, atol=1e-6 * np.abs(exact).max()))
+            times = []
+            for _ in range(args.repeat):
+                x = mine.copy()
+                lib.barrier()
+                t0 = time.perf_counter()
+                lib.allreduce(x)
+                times.append(time.perf_counter() - t0)
+            out["sizes"].append({"bytes": size, "seconds": times, "verified": ok})
+    finally:
+        lib.close()
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,248 @@
+"""The emulated rack: hosts as network namespaces on shaped links, a top-of-rack bridge, and
+netagg's switch on a port of its own, made of the kernel's own networking.
+
+    host i (namespace NAME-hI): eth0 10.77.0.(10+i)/24 ─── shaped link ───┐
+                                                                           │ port hI
+    rack (namespace NAME-sw):   bridge br0 10.77.0.1/24 ◄──────────────────┘
+                                └─ the bridge's own port: netagg's switch (`sim serve`)
+
+Each host has one NIC, one end of a veth pair whose other end is a port of the rack's Linux
+bridge; both ends' egress is shaped to the link's rate with a queue of its own
+(`sim.cluster_links.Shape`), so each direction of each host's link is a wire of that rate.
+The bridge forwards ordinary traffic between the hosts (gloo's TCP, torchrun's rendezvous) as
+a top-of-rack switch does; netagg's switch serves on the bridge's own address, the port the
+bridge hands to its own stack, which is not shaped: the switch's port carries every host's
+traffic, as a switch's own fabric does. Every host's traffic to the switch and back crosses
+the host's link once each way, and so does every byte of a ring.
+
+`Cluster` is a context manager: entering makes the namespaces, links, queues and addresses
+and starts a guard process; leaving ends every process in them and removes them all. The
+guard (`python -m netagg.sim.cluster_guard`) removes them too when the process that made them
+dies without leaving (SIGKILL, a crash): it waits on a pipe the maker holds. Everything it
+makes is named NAME-...: it refuses to start where any such namespace exists, saying how to
+remove them (`netagg cluster down --name NAME`, `remove`). It needs root (CAP_SYS_ADMIN and
+CAP_NET_ADMIN); without it `Cluster` raises `NeedsRoot` with one line that says so.
+
+`run` starts a program in a host's namespace (or the rack's), `serve` starts the switch there,
+`counters` reads what crossed each host's NIC, `set_link` takes a host's link down or up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import re
+import select
+import subprocess
+import sys
+import time
+
+from netagg.sim import netns
+from netagg.sim.cluster_links import Counters, Shape
+
+SUBNET = ipaddress.IPv4Network("10.77.0.0/24")
+RACK_IP = SUBNET[1]             # the bridge's address: netagg's switch serves on it
+FIRST_HOST = 10                 # host i is SUBNET[FIRST_HOST + i]
+MAX_HOSTS = 64
+NAME_PATTERN = re.compile(r"[a-z][a-z0-9]{0,11}")
+
+
+class NeedsRoot(PermissionError):
+    """The cluster needs root: namespaces, veths, bridges and queues."""
+
+
+class ClusterError(RuntimeError):
+    """The cluster cannot be made or used as asked (a name taken, a switch that did not
+    start); the message says what and what to do."""
+
+
+def namespaces(name: str) -> list[str]:
+    """The namespaces of cluster `name` that exist now."""
+    pattern = re.compile(rf"{re.escape(name)}-(sw|h\d+)")
+    try:
+        return sorted(p.name for p in netns.RUN_DIR.iterdir() if pattern.fullmatch(p.name))
+    except FileNotFoundError:
+        return []
+
+
+def remove(name: str) -> list[str]:
+    """End every process in cluster `name`'s namespaces and remove them (their links,
+    queues and addresses go with them); the namespaces removed."""
+    from pyroute2 import netns as pyroute_netns
+    found = namespaces(name)
+    netns.kill_all(found)
+    for ns in found:
+        try:
+            pyroute_netns.remove(ns)
+        except OSError:
+            pass
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    """Host `index` of the cluster: its namespace and address."""
+
+    index: int
+    namespace: str
+    ip: str
+
+
+class Cluster:
+    """`hosts` hosts on links of `rate` (``100mbit``) with `queue` bytes of queue each way
+    (`Shape.of`), named `name`. Made on entering, removed on leaving."""
+
+    def __init__(self, hosts: int = 4, rate: str | int = "100mbit", queue=None,
+                 name: str = "nagg"):
+        if not 2 <= hosts <= MAX_HOSTS:
+            raise ValueError(f"a cluster has 2..{MAX_HOSTS} hosts, not {hosts}")
+        if not NAME_PATTERN.fullmatch(name):
+            raise ValueError(f"a cluster's name is 1..12 lower-case letters and digits, "
+                             f"beginning with a letter, not {name!r}")
+        self.name, self.shape = name, Shape.of(rate, queue)
+        self.rack = f"{name}-sw"
+        self.hosts = [Host(i, f"{name}-h{i}", str(SUBNET[FIRST_HOST + i]))
+                      for i in range(hosts)]
+        self.switch_ip = str(RACK_IP)
+        self.processes: list[subprocess.Popen] = []
+        self._guard = None
+
+    # --- up and down --------------------------------------------------------------------
+
+    def __enter__(self) -> Cluster:
+        self.up()
+        return self
+
+    def __exit__(self, *exc):
+        self.down()
+
+    def up(self):
+        if os.geteuid() != 0:
+            raise NeedsRoot("netagg cluster needs root: it makes network namespaces, links "
+                            "and queues")
+        taken = namespaces(self.name)
+        if taken:
+            raise ClusterError(f"cluster {self.name!r} is already up or was left behind "
+                               f"({', '.join(taken)}): `netagg cluster down --name "
+                               f"{self.name}` removes it")
+        self._guard = subprocess.Popen(
+            [sys.executable, "-m", "netagg.sim.cluster_guard", self.name],
+            stdin=subprocess.PIPE, start_new_session=True)
+        try:
+            self._make()
+        except BaseException:
+            self.down()
+            raise
+
+    def down(self):
+        """End every process in the cluster and remove everything it made."""
+        for proc in self.processes:
+            if proc.poll() is None:
+                proc.terminate()
+        remove(self.name)
+        for proc in self.processes:
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.processes.clear()
+        if self._guard is not None:
+            self._guard.stdin.close()       # nothing left for it: it exits
+            self._guard.wait(10)
+            self._guard = None
+
+    def _make(self):
+        from pyroute2 import NetNS
+        from pyroute2 import netns as pyroute_netns
+        for ns in (self.rack, *(h.namespace for h in self.hosts)):
+            pyroute_netns.create(ns)
+        with NetNS(self.rack) as rack:
+            rack.link("set", index=rack.link_lookup(ifname="lo")[0], state="up")
+            rack.link("add", ifname="br0", kind="bridge")
+            bridge = rack.link_lookup(ifname="br0")[0]
+            rack.addr("add", index=bridge, address=self.switch_ip, prefixlen=SUBNET.prefixlen)
+            rack.link("set", index=bridge, state="up")
+            for h in self.hosts:
+                port_name = f"h{h.index}"
+                rack.link("add", ifname=port_name, kind="veth",
+                          peer={"ifname": "eth0", "net_ns_fd": h.namespace})
+                port = rack.link_lookup(ifname=port_name)[0]
+                rack.link("set", index=port, master=bridge)
+                rack.tc("add", "tbf", index=port, handle="1:", **self.shape.tc())
+                rack.link("set", index=port, state="up")
+                with NetNS(h.namespace) as host:
+                    host.link("set", index=host.link_lookup(ifname="lo")[0], state="up")
+                    nic = host.link_lookup(ifname="eth0")[0]
+                    host.addr("add", index=nic, address=h.ip, prefixlen=SUBNET.prefixlen)
+                    host.tc("add", "tbf", index=nic, handle="1:", **self.shape.tc())
+                    host.link("set", index=nic, state="up")
+
+    # --- using it ------------------------------------------------------------------------
+
+    def run(self, where: int | str, argv: list[str], **popen) -> subprocess.Popen:
+        """Start `argv` in host `where`'s namespace (an index), or the rack's ("rack"); it is
+        ended when the cluster goes down."""
+        namespace = self.rack if where == "rack" else self.hosts[where].namespace
+        proc = subprocess.Popen(netns.command(namespace, argv), **popen)
+        self.processes.append(proc)
+        return proc
+
+    def serve(self, backend: str = "fast", timeout: float = 120.0, **params) -> str:
+        """Start netagg's switch (`netagg sim serve --backend ...`) on the rack's own port,
+        with a job table for every host (`params`: its other options, as ``max_workers=8``);
+        its udp:// URL once it listens."""
+        params.setdefault("max_workers", max(8, len(self.hosts)))
+        argv = [sys.executable, "-m", "netagg.apps.cli", "sim", "serve", "--backend", backend,
+                "--host", self.switch_ip]
+        for key, value in params.items():
+            argv += [f"--{key.replace('_', '-')}", str(value)]
+        proc = self.run("rack", argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                        text=True)
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        line = proc.stdout.readline().strip() if ready else ""
+        if not line.startswith("udp://"):
+            raise ClusterError(f"the {backend} switch did not start in {self.rack} "
+                               f"(exit status {proc.poll()}, said {line!r})")
+        self.switch = proc
+        return line
+
+    def counters(self) -> list[Counters]:
+        """What crossed each host's NIC so far, and what both ends' queues dropped."""
+        from pyroute2 import NetNS
+        drops = self._queue_drops(self.rack, [f"h{h.index}" for h in self.hosts])
+        out = []
+        for h in self.hosts:
+            with NetNS(h.namespace) as host:
+                nic = host.link_lookup(ifname="eth0")[0]
+                stats = host.link("get", index=nic)[0].get("IFLA_STATS64")
+                own = self._queue_drops(h.namespace, ["eth0"])[0]
+            out.append(Counters(stats["tx_bytes"], stats["rx_bytes"], stats["tx_packets"],
+                                stats["rx_packets"], own + drops[h.index]))
+        return out
+
+    @staticmethod
+    def _queue_drops(namespace: str, devices: list[str]) -> list[int]:
+        from pyroute2 import NetNS
+        with NetNS(namespace) as ns:
+            counts = []
+            for dev in devices:
+                index = ns.link_lookup(ifname=dev)[0]
+                stats = [q.get("TCA_STATS2") for q in ns.get_qdiscs(index=index)
+                         if q.get("TCA_KIND") == "tbf"]
+                queue = stats[0].get("TCA_STATS_QUEUE") if stats and stats[0] else None
+                counts.append(queue["drops"] if queue else 0)
+        return counts
+
+    def set_link(self, host: int, up: bool):
+        """Take host `host`'s link down (its NIC and the rack's port) or bring it up."""
+        from pyroute2 import NetNS
+        state = "up" if up else "down"
+        h = self.hosts[host]
+        with NetNS(h.namespace) as ns:
+            ns.link("set", index=ns.link_lookup(ifname="eth0")[0], state=state)
+        with NetNS(self.rack) as rack:
+            rack.link("set", index=rack.link_lookup(ifname=f"h{host}")[0], state=state)
+        if up:
+            time.sleep(0.05)        # the addresses' routes come back with the link
