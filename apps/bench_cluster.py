@@ -137,15 +137,16 @@ def bench_cluster(hosts: list[int], rate: str = "100mbit", sizes=DEFAULT_SIZES,
 def summary(report: dict) -> str:
     lines = [f"allreduce of float32 on an emulated cluster, links {report['rate']} each way, "
              f"{report['switch']} switch ({report['date']}, {report['machine']})",
-             f"{'hosts':>5} {'size':>7} {'gloo':>8} {'netagg':>8} {'ratio':>6} {'bytes say':>9} "
-             f"{'of it':>6}  link use up/down (netagg, gloo)  checked"]
+             "hosts     size     gloo   netagg  ratio  the bytes say  of it  "
+             "link use up/down: netagg, gloo"]
     for r in report["runs"]:
         use = [f"{max(r[lib]['utilisation_sent']):.2f}/{max(r[lib]['utilisation_received']):.2f}"
-               for lib in ("netagg", "gloo")]
+               for lib in LIBRARIES[::-1]]
+        checked = r["gloo"]["verified"] and r["netagg"]["verified"]
         lines.append(f"{r['hosts']:>5} {r['bytes'] >> 20:>4} MiB {r['gloo']['seconds']:>7.3f}s "
-                     f"{r['netagg']['seconds']:>7.3f}s {r['ratio']:>6.2f} {r['predicted']:>9.2f} "
-                     f"{r['of_prediction']:>6.2f}  {use[0]:>9}, {use[1]:>9}"
-                     f"{'':>13}{'yes' if r['gloo']['verified'] and r['netagg']['verified'] else 'NO'}")
+                     f"{r['netagg']['seconds']:>7.3f}s {r['ratio']:>6.2f} "
+                     f"{r['predicted']:>14.2f} {r['of_prediction']:>6.2f}  "
+                     f"{use[0]}, {use[1]}" + ("" if checked else "  RESULT WRONG"))
     return "\n".join(lines)
 
 
