@@ -91,16 +91,24 @@ class Host:
 
 class Cluster:
     """`hosts` hosts on links of `rate` (``100mbit``) with `queue` bytes of queue each way
-    (`Shape.of`), named `name`. Made on entering, removed on leaving."""
+    (`Shape.of`), named `name`. Made on entering, removed on leaving.
+
+    `dilation` D > 1 slows time D-fold for a switch slower than the wire (the RTL in
+    Verilator): the links run at `rate` / D with the queue in bytes of the link at `rate`, so
+    everything takes D times as long as at `rate` and every ratio of times stays as it is."""
 
     def __init__(self, hosts: int = 4, rate: str | int = "100mbit", queue=None,
-                 name: str = "nagg"):
+                 name: str = "nagg", dilation: float = 1.0):
         if not 2 <= hosts <= MAX_HOSTS:
             raise ValueError(f"a cluster has 2..{MAX_HOSTS} hosts, not {hosts}")
         if not NAME_PATTERN.fullmatch(name):
             raise ValueError(f"a cluster's name is 1..12 lower-case letters and digits, "
                              f"beginning with a letter, not {name!r}")
-        self.name, self.shape = name, Shape.of(rate, queue)
+        if dilation < 1:
+            raise ValueError(f"dilation slows time (D >= 1), not {dilation}")
+        undilated = Shape.of(rate, queue)
+        self.name, self.dilation = name, dilation
+        self.shape = Shape.of(int(undilated.rate / dilation), undilated.queue)
         self.rack = f"{name}-sw"
         self.hosts = [Host(i, f"{name}-h{i}", str(SUBNET[FIRST_HOST + i]))
                       for i in range(hosts)]
