@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="run a benchmark and print its figures")
     bench.add_argument("what", choices=["datapath", "switch", "allreduce", "congestion",
-                                        "board", "host", "leafspine", "cluster"])
+                                        "board", "host", "leafspine", "cluster", "fast"])
     bench.add_argument("--ports", type=int, default=4, help="switch: ports")
     bench.add_argument("--width", type=int, default=512, help="switch: bits per port")
     bench.add_argument("--rounds", type=int, default=4,
@@ -41,7 +41,11 @@ def main(argv=None) -> int:
                        help="allreduce: tensor sizes (e.g. 4K,1M); default 4 KB..64 MB, "
                             "capped at 4 MB for the golden model, 1 MB for the RTL; "
                             "host: default 1M,8M,32M")
-    bench.add_argument("--workers", type=int, default=4, help="allreduce, host: workers")
+    bench.add_argument("--workers", type=int, default=None,
+                       help="allreduce, host: workers (default 4); fast: workers and UDP "
+                            "senders (default 8)")
+    bench.add_argument("--seconds", type=float, default=2.0,
+                       help="fast: seconds of each measurement")
     bench.add_argument("--backend", choices=["golden", "rtl"], default="golden")
     bench.add_argument("--transports", default="inproc,udp", help="allreduce: inproc,udp")
     bench.add_argument("--paths", default="1,2,4",
@@ -129,8 +133,9 @@ def main(argv=None) -> int:
     sim = sub.add_parser("sim", help="the simulated switch")
     simsub = sim.add_subparsers(dest="sim_command", required=True)
     serve = simsub.add_parser("serve", help="serve a simulated switch on UDP")
-    serve.add_argument("--backend", choices=["golden", "rtl", "echo"], default=None,
-                       help="default rtl; golden with --topology")
+    serve.add_argument("--backend", choices=["golden", "rtl", "echo", "fast"], default=None,
+                       help="default rtl; golden with --topology; fast: the golden model "
+                            "with its common contribution compiled")
     serve.add_argument("--host", default=None,
                        help="the switch's IPv4 address, UDP port 4791 (default: a free "
                             "127.x.y.z)")
@@ -152,8 +157,9 @@ def main(argv=None) -> int:
                        help="run in this network namespace (created and deleted if new)")
     board.add_argument("--tap", default="nagg",
                        help="TAP device name prefix: port n is <prefix>n (default nagg)")
-    fuzz = sub.add_parser("fuzz", help="differential fuzzing: the switch's RTL against its "
-                                       "golden model on good and mutated frames")
+    fuzz = sub.add_parser("fuzz", help="differential fuzzing: the switch's RTL (or the fast "
+                                       "switch) against its golden model on good and mutated "
+                                       "frames")
     fuzz.add_argument("--frames", type=int, default=10_000)
     fuzz.add_argument("--seed", type=int, default=0)
     fuzz.add_argument("--width", type=int, default=64, help="bits per port")
@@ -163,6 +169,9 @@ def main(argv=None) -> int:
     fuzz.add_argument("--spine", action="store_true",
                       help="a switch built as a spine against the golden spine, on leaves' "
                            "partials")
+    fuzz.add_argument("--against", choices=["rtl", "fast"], default="rtl",
+                      help="the switch held to the golden model: its RTL, or the fast switch "
+                           "(sim/fast.py, a single switch)")
     fuzz.add_argument("--leaf", action="store_true",
                       help="a switch built with uplinks against the golden leaf, on its "
                            "local workers' traffic and a spine's (partials up, results and "
@@ -234,8 +243,10 @@ def main(argv=None) -> int:
         return 0
     if args.command == "fuzz":
         from netagg.sim.fuzz import main as fuzz_main
+        if args.against == "fast" and (args.spine or args.leaf):
+            parser.error("--against fast is a single switch: no --spine or --leaf")
         return fuzz_main(args.frames, args.seed, args.json, args.width, args.minimise,
-                         spine=args.spine, leaf=args.leaf)
+                         spine=args.spine, leaf=args.leaf, against=args.against)
     if args.command == "probe":
         from netagg.apps.probe import probe_main
         return probe_main(args.url, args.json, args.timeout)
@@ -258,7 +269,7 @@ def main(argv=None) -> int:
         else:
             sizes = [s for s in ALLREDUCE_SIZES
                      if s <= MAX_DEFAULT_SIZE.get(args.backend, s)]
-        report = bench_allreduce(sizes, workers=args.workers, backend=args.backend,
+        report = bench_allreduce(sizes, workers=args.workers or 4, backend=args.backend,
                                  transports=args.transports.split(","), quiet=args.json)
         if args.json:
             print(json.dumps(report))
@@ -272,14 +283,15 @@ def main(argv=None) -> int:
     if args.command == "bench" and args.what == "host":
         from netagg.apps.bench_host import bench_host
         report = bench_host([_size(s) for s in args.sizes.split(",")] if args.sizes else None,
-                            workers=args.workers)
+                            workers=args.workers or 4)
         if args.json:
             print(json.dumps(report))
         return 0
     if args.command == "bench" and args.what == "board":
         from netagg.apps.bench_board import bench_board
         report = bench_board(args.board, values=args.values,
-                             workers=args.workers if args.nodes else None, nodes=args.nodes,
+                             workers=args.workers or 4 if args.nodes else None,
+                             nodes=args.nodes,
                              quiet=args.json)
         if args.json:
             print(json.dumps(report))
@@ -287,13 +299,28 @@ def main(argv=None) -> int:
     if args.command == "bench" and args.what == "congestion":
         from netagg.apps.congestion import bench_congestion
         report = bench_congestion(args.backend, [int(p) for p in args.paths.split(",")],
-                                  workers=args.workers, size=_size(args.size),
+                                  workers=args.workers or 4, size=_size(args.size),
                                   spray=args.spray, repeat=args.repeat, quiet=args.json,
                                   experiments=args.experiments.split(","),
                                   priority={"loss_budget": args.loss_budget,
                                             "steps": args.steps})
         if args.json:
             print(json.dumps(report))
+        return 0
+    if args.command == "bench" and args.what == "fast":
+        from netagg.sim.bench_fast import bench_fast
+        report = bench_fast(args.workers or 8, seconds=args.seconds, quiet=args.json)
+        if args.json:
+            print(json.dumps(report))
+        else:
+            m, u = report["in_memory"], report["udp"]
+            print(f"fast switch in memory, one core: {m['contributions_per_second']:,.0f} "
+                  f"contributions/s ({m['workers']} workers, {m['payload_bytes']} bytes a "
+                  f"contribution); over UDP: {u['contributions_per_second']:,.0f} "
+                  f"contributions/s ({u['senders']} senders, {u['slots']} slots each, "
+                  f"{u['switch_cpu_seconds']:.2f} s of the switch's CPU and "
+                  f"{u['senders_cpu_seconds']:.2f} s of the senders' in {u['seconds']:g} s); "
+                  f"{m['errors'] + u['errors']} wrong sums")
         return 0
     if args.command == "bench" and args.what == "switch":
         from netagg.apps.bench_line_rate import bench_switch

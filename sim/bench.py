@@ -5,7 +5,10 @@
 through control requests, and runs `senders` worker-like senders on loopback, one UDP socket
 each, from one thread: as a worker does, each sender has one use of each slot in flight and
 sends the slot's next use (the other version, MSN use * slots + slot) when the result of the
-current one comes back, and sends again what waits longer than `rto` seconds. A
+current one comes back, and sends again what waits longer than `rto` seconds. As a worker's
+transport does, a sender takes the results waiting for it as the runs the kernel merged
+(`UDP_GRO`) and sends the next uses they free as one run (`udp_offload.GsoSender`, each
+datagram's ICRC for the IPv4 identification the kernel gives it). A
 contribution counts once its result is back; the figure is those of the `seconds` after a
 `warmup`. Every result's first lane is checked: the sum of the contributors' (rank + 1) over
 its ImmDt count (all senders: the golden model; the sender alone: the echo switch).
@@ -26,6 +29,7 @@ import sys
 import time
 
 import psutil
+from netagg.sim import udp_offload
 from netagg.sim import wire as W
 from netagg.sim.model import BENCH_KEY
 from netagg.sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, request_on
@@ -40,6 +44,7 @@ _LANE = struct.Struct("<i")     # a result's first lane, after its ImmDt
 # (shift, mask) of the result ImmDt's fields the senders read
 _FIELDS = {name: (shift, (1 << width) - 1) for name, shift, width in W.RESULT_IMM}
 _COUNT, _VERSION, _SLOT = (_FIELDS[name] for name in ("count", "version", "slot"))
+_ANCILLARY = udp_offload.gro_ancillary()
 
 
 def start_server(backend: str, max_workers: int = 8, timeout: float = 120.0,
@@ -77,6 +82,8 @@ class _Sender:
         self.sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
         self.sock.bind(("127.0.0.1", 0))
         self.sock.setblocking(False)
+        udp_offload.enable_gro(self.sock)
+        self.runs = udp_offload.GsoSender(switch)
         self.local = W.Endpoint(*self.sock.getsockname())
         self.payload = struct.pack(f"<{lanes}i", *[rank + 1] * lanes)
         ip_udp = W.ip_udp_header(self.local.ip, switch[0], self.local.port, switch[1],
@@ -94,16 +101,32 @@ class _Sender:
                             records, wait=0.4)
         return [v for _, v in answer]
 
-    def send(self, slot: int, now: float):
-        """The contribution of the slot's use in flight (MSN use * slots + slot)."""
+    def datagram(self, slot: int, now: float) -> bytes:
+        """The contribution of the slot's use in flight (MSN use * slots + slot), sent at
+        `now`."""
         use = self.use[slot]
         msn = use * self.slots + slot
         head = _HEAD.pack(W.OP_CONTRIBUTION, 0, W.PKEY_DEFAULT, _DQPN, msn & 0xFFFFFF,
                           W.contribution_va(msn, 0), BENCH_KEY, len(self.payload),
                           self.imm[slot][use & 1])
         crc = W.crc32(self.payload, W.crc32(head[8:], self.icrc))
-        self.sock.sendto(b"".join((head, self.payload, _ICRC.pack(crc))), self.switch)
         self.sent_at[slot] = now
+        return b"".join((head, self.payload, _ICRC.pack(crc)))
+
+    def send(self, slots: list[int], now: float):
+        """The contributions of these slots' uses in flight, as one run."""
+        if slots:
+            self.runs.send(self.sock, [self.datagram(slot, now) for slot in slots])
+
+    def received(self) -> list:
+        """The datagrams waiting, each run the kernel merged cut again."""
+        out = []
+        while True:
+            try:
+                data, ancillary, _, _ = self.sock.recvmsg(65536, _ANCILLARY)
+            except BlockingIOError:
+                return out
+            out += udp_offload.segments(data, udp_offload.segment_size(ancillary))
 
 
 def _configure(senders: list[_Sender], job: int, slots: int):
@@ -174,9 +197,8 @@ def _run(ranks: list[_Sender], slots: int, seconds: float, warmup: float, rto: f
 
     start = time.monotonic()
     begin, end = start + warmup, start + warmup + seconds
-    for slot in range(slots):
-        for s in ranks:
-            s.send(slot, start)
+    for s in ranks:
+        s.send(list(range(slots)), start)
     next_check = start + rto
     while (now := time.monotonic()) < end:
         if not cpu and now >= begin:
@@ -185,11 +207,8 @@ def _run(ranks: list[_Sender], slots: int, seconds: float, warmup: float, rto: f
         ready, _, _ = select.select(list(by_sock), [], [], 0.05)
         for sock in ready:
             s = by_sock[sock]
-            while True:
-                try:
-                    data = sock.recv(4096)
-                except BlockingIOError:
-                    break
+            freed = []
+            for data in s.received():
                 if data[0] != W.OP_RESULT or len(data) < _IMM_OFFSET + 8:
                     continue
                 imm = _IMM.unpack_from(data, _IMM_OFFSET)[0]
@@ -202,13 +221,13 @@ def _run(ranks: list[_Sender], slots: int, seconds: float, warmup: float, rto: f
                     errors += 1
                 counted += counting
                 s.use[slot] += 1
-                s.send(slot, now)
+                freed.append(slot)
+            s.send(freed, now)
         if now >= next_check:
             for s in ranks:
-                for slot in range(slots):
-                    if now - s.sent_at[slot] > rto:
-                        s.send(slot, now)
-                        retransmissions += 1
+                due = [slot for slot in range(slots) if now - s.sent_at[slot] > rto]
+                s.send(due, now)
+                retransmissions += len(due)
             next_check = now + rto / 2
     cpu_times()
     if len(cpu) < 2:

@@ -391,6 +391,39 @@ def minimise(rtl, make_golden, frames: list[Frame], batch: int | None = None) ->
     return frames
 
 
+class InOrder:
+    """A switch without cycles in the RTL's place (`make()` gives one: the fast switch,
+    `sim.fast`): a batch sent is applied at `run`, in the switch's commit order (the frame
+    that ends first on a `width`-bit port, then the lower port), as the comparer applies it
+    to the golden model."""
+
+    busy = False
+
+    def __init__(self, make, width: int = 64):
+        self.make, self.width = make, width
+        self.switch = make()
+        self._batch: list[tuple[int, bytes]] = []
+
+    def send(self, port: int, frame: bytes):
+        self._batch.append((port, frame))
+
+    def run(self, idle_cycles: int = 0) -> list:
+        beat = self.width // 8
+        batch, self._batch = self._batch, []
+        for port, frame in sorted(batch, key=lambda b: (-(-len(b[1]) // beat), b[0])):
+            self.switch.send(port, frame)
+        return self.switch.run()
+
+    def step(self, cycles: int) -> list:
+        return []
+
+    def tick(self):
+        self.switch.tick()
+
+    def reset(self):
+        self.switch, self._batch = self.make(), []
+
+
 def golden_of(width: int = 64, spine: bool = False, leaf: bool = False):
     """The golden model the fuzzer compares the RTL with: `GoldenSwitch`, with `spine`
     `GoldenSpine`, with `leaf` a `GoldenLeaf` of `sim.fuzz_leaf.UPLINKS`."""
@@ -406,17 +439,30 @@ def golden_of(width: int = 64, spine: bool = False, leaf: bool = False):
 
 
 def main(frames: int, seed: int, as_json: bool = False, width: int = 64,
-         shrink: bool = False, spine: bool = False, leaf: bool = False) -> int:
+         shrink: bool = False, spine: bool = False, leaf: bool = False,
+         against: str = "rtl") -> int:
     """`netagg fuzz`: the summary (one JSON object with `as_json`), and the first difference
     minimised with `shrink`; exit status 1 on any difference or wrong sum. With `spine`, a
     switch built as a spine against `GoldenSpine`, on leaves' partials; with `leaf`, one
-    built with uplinks against `GoldenLeaf`, on a leaf's local traffic."""
+    built with uplinks against `GoldenLeaf`, on a leaf's local traffic. `against` "fast":
+    the fast switch (`sim.fast`) in the RTL's place (a single switch: neither `spine` nor
+    `leaf`)."""
+    import contextlib
     import json
 
     from netagg.sim.fuzz_leaf import UPLINKS
-    from netagg.sim.model import make_switch
 
-    with make_switch(width=width, spine=spine, uplinks=UPLINKS if leaf else 0) as rtl:
+    if against == "fast":
+        if spine or leaf:
+            raise ValueError("the fast switch is a single switch: no --spine or --leaf")
+        from netagg.sim.fast import FastSwitch
+        switch = contextlib.nullcontext(InOrder(lambda: FastSwitch(width=width), width))
+    elif against == "rtl":
+        from netagg.sim.model import make_switch
+        switch = make_switch(width=width, spine=spine, uplinks=UPLINKS if leaf else 0)
+    else:
+        raise ValueError(f"fuzz against rtl or fast, not {against!r}")
+    with switch as rtl:
         s = Comparer(rtl, golden_of(width, spine, leaf), seed).run(
             stream(seed, frames, spine=spine, leaf=leaf))
         if shrink and s.details:

@@ -23,11 +23,21 @@ port, with Decode As: `-d udp.port==49152,infiniband` for tshark).
 What waits is read as runs of frames (`sim.udp_runs`): what one sender sent one after the
 other in datagrams of one length, a run of datagrams a sender's kernel sent in one buffer
 (UDP segmentation offload, `sim.udp_offload`) cut into the datagrams the kernel would have
-sent. A backend that takes runs (`send_run`: the echo switch) is given each run whole and
-answers it at once, its results going out before the next run is taken (and the reader waits
-up to `udp_runs.LINGER` for the rest of a window after a run as long as one can be); the
-others are given the run's frames one at a time. Results to a loopback address leave as runs
-too.
+sent. A backend that takes runs (`send_run`: the echo and fast switches) is given each run whole
+and answers it at once, its results going out before the next run is taken (and the reader
+waits up to `udp_runs.LINGER` for the rest of a window after a run as long as one can be);
+the others are given the run's frames one at a time.
+
+What the backend sends leaves as runs too: the datagrams of one source, destination and
+length (a backend's `FrameRun`, or frames gathered from one call) in one call each
+(`udp_offload.GsoSender`), to any address. Their ICRCs stay as the switch made them, for the
+canonical IPv4 header (identification 0, as a board sends every frame): the receivers of
+what a switch sends, a worker's transport and a control client, read UDP sockets, which
+never see the identification, and check every datagram's ICRC over that header, so ICRCs
+rewritten for the identifications the kernel gives a run's segments would fail their check
+(all segments but the first). On loopback a run arrives whole; over a wire the kernel may
+cut it, each segment with identification 0, 1, ...: a capture there shows the ICRC of
+identification 0 on each.
 
 A frame the backend raises on (a bug a hostile frame finds) is logged (logger
 `netagg.sim.serve`) and counted (`stats["backend_errors"]`, in the closing line), the frames
@@ -37,10 +47,12 @@ of that call lost; the server goes on (`Serving`, the loop it shares with
 `netagg sim serve --topology LxS` serves a leaf and spine fabric instead, one server of this
 kind per switch (`sim.topology_serve`).
 
-Backends: `golden` (sim.golden.GoldenSwitch), `rtl` (sim.model, the Verilator model) and
+Backends: `golden` (sim.golden.GoldenSwitch), `rtl` (sim.model, the Verilator model),
 `echo` (sim.echo.EchoSwitch: each contribution answered at once to its sender, for
-measurements). The golden model and the RTL tick their deadlines' clock by the wall clock
-(`sim.ticks`), between the frames they take.
+measurements) and `fast` (sim.fast.FastSwitch: the golden model with its common
+contribution compiled, the switch that keeps up with an emulated wire). The golden model,
+the fast switch and the RTL tick their deadlines' clock by the wall clock (`sim.ticks`),
+between the frames they take.
 """
 
 from __future__ import annotations
@@ -63,7 +75,7 @@ from netagg.sim.udp_offload import FrameRun
 from netagg.sim.udp_runs import LINGER, RunReader
 
 IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13 if sys.platform.startswith("linux") else None)
-BACKENDS = ("golden", "rtl", "echo")
+BACKENDS = ("golden", "rtl", "echo", "fast")
 BURST = 32          # frames the golden model (no time of its own, no runs) takes between sends
 
 
@@ -75,6 +87,9 @@ def make_backend(name: str = "golden", **params):
     if name == "echo":
         from netagg.sim.echo import EchoSwitch
         return EchoSwitch(**params)
+    if name == "fast":
+        from netagg.sim.fast import FastSwitch
+        return FastSwitch(**params)
     if name == "rtl":
         from netagg.sim import model
         return model.make_switch(**params)
@@ -298,10 +313,10 @@ class SimServer(Serving):
         return route
 
     def _deliver(self, frames):
-        """Send each frame the switch sent as a datagram from its source to its destination;
-        to a loopback address, the datagrams of one source, destination and length go as
-        runs (GSO: the kernel never cuts them there, so the frames' ICRCs stay as made). A
-        `FrameRun` leaves as one run (after the frames before it)."""
+        """Send each frame the switch sent as a datagram from its source to its destination,
+        the datagrams of one source, destination and length as runs (GSO, each datagram's
+        ICRC as made: see the module). A `FrameRun` leaves as one run (after the frames
+        before it)."""
         stats, pcap, route = self.stats, self.pcap, self._route
         runs: dict[tuple, list] = {}
         for item in frames:
@@ -323,14 +338,7 @@ class SimServer(Serving):
                 continue
             end = W.ETH_LEN + (frame[W.IP_OFFSET + 2] << 8 | frame[W.IP_OFFSET + 3])
             datagram = memoryview(frame)[W.BTH_OFFSET:end]
-            if dst[0].startswith("127."):
-                runs.setdefault((sock, dst, len(datagram)), []).append(datagram)
-                continue
-            try:
-                sock.sendto(datagram, dst)
-                stats["datagrams_out"] += 1
-            except OSError:
-                stats["undeliverable"] += 1
+            runs.setdefault((sock, dst, len(datagram)), []).append(datagram)
         self._send_runs(runs)
 
     def _send_runs(self, runs: dict):
@@ -344,7 +352,7 @@ class SimServer(Serving):
                 stats["undeliverable"] += len(run)
 
     def _deliver_run(self, run: FrameRun):
-        """A run of frames to one destination: one GSO run to a loopback address."""
+        """A run of frames to one destination, as one GSO run."""
         stats, count = self.stats, len(run)
         if self.pcap:
             for _, frame in run.frames():
@@ -354,19 +362,11 @@ class SimServer(Serving):
             stats["undeliverable"] += count
             self.unsendable.add(source)
             return
-        if dst[0].startswith("127."):
-            try:
-                self._runs.send_joined(sock, run.body, run.size, dst)
-                stats["datagrams_out"] += count
-            except OSError:
-                stats["undeliverable"] += count
-            return
-        for datagram in run.datagrams():
-            try:
-                sock.sendto(datagram, dst)
-                stats["datagrams_out"] += 1
-            except OSError:
-                stats["undeliverable"] += 1
+        try:
+            self._runs.send_joined(sock, run.body, run.size, dst)
+            stats["datagrams_out"] += count
+        except OSError:
+            stats["undeliverable"] += count
 
     def close(self):
         for sock in {*self.senders.values(), self.sock, self.raw} - {None}:

@@ -30,6 +30,7 @@ received buffer one system call and a slice per datagram.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import socket
 import struct
@@ -43,6 +44,7 @@ MAX_SEGMENTS = 64               # UDP_MAX_SEGMENTS of the kernels that have GSO
 MAX_RUN_BYTES = 65507           # the largest UDP payload of one IPv4 datagram
 _IDENT_AT = 8 + 4               # the identification in the ICRC's input (after its lead)
 _GRO_CMSG = socket.CMSG_SPACE(4)
+NO_GSO = {errno.EINVAL, errno.EIO, errno.ENOPROTOOPT, errno.EOPNOTSUPP}   # a kernel without it
 
 
 @functools.lru_cache(maxsize=64)
@@ -108,7 +110,9 @@ class GsoSender:
                 self.runs += 1
             except BlockingIOError:
                 pass
-            except OSError:             # no GSO here (EINVAL, EIO, ENOPROTOOPT): one by one
+            except OSError as e:        # no GSO here (EINVAL, EIO, ENOPROTOOPT): one by one
+                if e.errno not in NO_GSO:
+                    raise               # (another error: unreachable, say)
                 self.gso = False
                 self._singly(sock, [run[at:at + size] for at in range(0, rows * size, size)],
                              addr)

@@ -1,0 +1,222 @@
+"""The fast switch's compiled core (`sim/cpp/fast.cpp`): its interface, built and loaded.
+
+The interface is declared here once: `State`, the ctypes structure a call fills (the
+switch's parameters, the addresses of the numpy arrays that hold its job table, slot copies
+and counters, where the run of frames to take begins and the buffers for what it sends; the
+run's headers and datagrams are the call's two other arguments, bytes), `Stop`, why a
+call returned, and the wire's layout as the C++ reads it (offsets, opcodes, ImmDt fields,
+counter positions, the layout of a job's and a worker's row), all taken from `sim.wire`.
+`abi_header` writes them as the C++ header ``fast_abi.h`` the source includes, so the C++
+declares no field or constant of its own.
+
+`library()` compiles the source with the machine's C++ compiler at first use, into the
+build cache (`sim.toolchain.cache_dir()`, ``sim/fast-<hash>.so``, the hash of the source,
+the header, the compiler's version and flags and the machine), under the cache's lock
+(`sim.build.locked`), and loads it with ctypes, which releases the GIL for each call. It is
+None (and `unavailable()` says why) when the environment sets NETAGG_COMPILED=0, or when
+there is no compiler or the build fails.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+from netagg.hw import headers as H
+from netagg.sim import wire as W
+from netagg.sim.build import locked
+from netagg.sim.toolchain import cache_dir
+
+SOURCE = Path(__file__).resolve().parent / "cpp" / "fast.cpp"
+FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno"]
+
+
+class Stop(enum.IntEnum):
+    """Why `fast_run` returned."""
+
+    DONE = 0            # every row of the run taken
+    GOLDEN = 1          # row `taken` is not the compiled core's: the golden model's `receive`
+    FULL = 2            # the buffer for what it sends cannot hold row `taken`'s results
+
+
+# A job's row in the job table (`State.job`), and a worker's (`State.worker`).
+JOB_WORDS = ("enable", "workers", "slot_base", "slot_count", "credits", "needed", "key",
+             "deadline", "completed")
+WORKER_WORDS = ("port", "ip", "va", "rkey")
+# Bytes of a result's template (`State.templates`): Ethernet, IPv4, UDP and the BTH up to
+# its PSN, as `sim.codec.ResultTemplate` makes them for a payload of 0 bytes.
+TEMPLATE_BYTES = W.BTH_OFFSET + 8
+
+_I = ctypes.c_int64
+# (name): every field an int64; addresses of arrays are integers; "out" fields are results.
+STATE_FIELDS = [
+    # the switch
+    "ports", "jobs", "max_workers", "slots", "max_payload", "queue_capacity", "lanes",
+    "now", "crc32",
+    # its arrays (numpy, C-contiguous, int64 unless said)
+    "thresholds",               # [8] drop thresholds by priority class
+    "job",                      # [jobs][JOB_WORDS]
+    "worker",                   # [jobs][max_workers][WORKER_WORDS]
+    "templates",                # uint8 [jobs][max_workers][TEMPLATE_BYTES]
+    "bitmap", "count", "data", "length", "msn16", "exponent", "overflow", "begun",
+    "sums",                     # [slots * 2][lanes]: saturated int32 sums
+    "port_counters",            # [ports][PORT_COUNTERS]
+    "job_counters",             # [jobs][JOB_COUNTERS]
+    # a call: rows `first` .. `rows` - 1 of a run of frames of one length in at one port
+    # (their headers and datagrams are the call's arguments)
+    "port", "rows", "size", "first",
+    "out", "out_rows",          # uint8 [out_rows][BTH_OFFSET + size]: the frames sent
+    "sent",                     # [out_rows][2]: each frame's port and destination
+    # out
+    "taken", "results", "stop",
+]
+
+
+class State(ctypes.Structure):
+    _fields_ = [(name, _I) for name in STATE_FIELDS]
+
+
+def _fields(layout, prefix: str) -> list[str]:
+    return [f"constexpr int {prefix}_{name.upper()}_SHIFT = {shift}, "
+            f"{prefix}_{name.upper()}_BITS = {width};" for name, shift, width in layout]
+
+
+def constants() -> dict[str, int]:
+    """The wire's numbers the C++ reads, by name."""
+    reth_at = W.BTH_OFFSET + W.BTH_LEN
+    return {
+        "IP_OFFSET": W.IP_OFFSET, "UDP_OFFSET": W.UDP_OFFSET, "BTH_OFFSET": W.BTH_OFFSET,
+        "RETH_OFFSET": reth_at, "IMM_OFFSET": reth_at + W.RETH_LEN,
+        "PAYLOAD_OFFSET": reth_at + W.RETH_LEN + W.IMM_LEN, "IP_LEN": W.IP_LEN,
+        "UDP_LEN": W.UDP_LEN, "BTH_LEN": W.BTH_LEN, "RETH_LEN": W.RETH_LEN,
+        "IMM_LEN": W.IMM_LEN, "ICRC_LEN": W.ICRC_LEN, "ICRC_HEADERS": W.ICRC_HEADERS,
+        "ETHERTYPE_IPV4": H.ETHERTYPE_IPV4, "IPV4_FIRST_BYTE": W.IPV4_FIRST_BYTE,
+        "IP_PROTO_UDP": H.IP_PROTO_UDP, "ROCEV2_PORT": W.ROCEV2_PORT,
+        "OP_CONTRIBUTION": W.OP_CONTRIBUTION, "OP_RESULT": W.OP_RESULT,
+        "EXT_CONTRIBUTION": H.EXT_LENGTH[H.OPCODE_CLASSES[W.OP_CONTRIBUTION]],
+        "VA_MSN_SHIFT": W.VA_MSN_SHIFT, "DEADLINE_BITS": W.DEADLINE_BITS,
+        "PRIORITY_CLASSES": W.PRIORITY_CLASSES, "TEMPLATE_BYTES": TEMPLATE_BYTES,
+        "N_PORT_COUNTERS": len(W.PORT_COUNTERS), "N_JOB_COUNTERS": len(W.JOB_COUNTERS),
+        "JOB_WORDS": len(JOB_WORDS), "WORKER_WORDS": len(WORKER_WORDS),
+    }
+
+
+def abi_header() -> str:
+    """`State`, `Stop` and the wire's layout as C++ (``fast_abi.h``)."""
+    lines = ["// Generated by sim/fast_build.py: do not edit.", "#pragma once",
+             "#include <cstdint>", "struct State {"]
+    lines += [f"    int64_t {name};" for name in STATE_FIELDS]
+    lines.append("};")
+    lines.append("enum Stop {" + ", ".join(f"STOP_{s.name} = {s.value}" for s in Stop) + "};")
+    lines += [f"constexpr int64_t {name} = {value};" for name, value in constants().items()]
+    lines += _fields(W.REQUEST_IMM, "REQ") + _fields(W.RESULT_IMM, "RES")
+    masked = sorted(b - W.IP_OFFSET for b in H.ICRC_MASKED_BYTES)
+    lines.append("// bytes of the ICRC's headers (from the IPv4 header) masked to ones")
+    lines.append("constexpr int ICRC_MASKED[] = {" + ", ".join(map(str, masked)) + "};")
+    for prefix, names in (("PC", W.PORT_COUNTERS), ("JC", W.JOB_COUNTERS), ("J", JOB_WORDS),
+                          ("WK", WORKER_WORDS)):
+        lines.append("enum {" + ", ".join(f"{prefix}_{n.upper()} = {i}"
+                                          for i, n in enumerate(names)) + "};")
+    return "\n".join(lines) + "\n"
+
+
+_reason: str | None = None
+
+
+def unavailable() -> str | None:
+    """Why `library()` is None (None when it is not)."""
+    library()
+    return _reason
+
+
+def enabled() -> bool:
+    return os.environ.get("NETAGG_COMPILED", "1") != "0"
+
+
+@functools.cache
+def _compiler() -> tuple[str, str] | None:
+    path = shutil.which(os.environ.get("CXX", "c++"))
+    if path is None:
+        return None
+    version = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
+    return path, version
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded library, built if need be; None where it cannot be (see the module)."""
+    global _reason
+    if not enabled():
+        _reason = "NETAGG_COMPILED=0"
+        return None
+    return _load()
+
+
+@functools.cache
+def _load() -> ctypes.CDLL | None:
+    global _reason
+    compiler = _compiler()
+    if compiler is None:
+        _reason = "no C++ compiler (CXX, or c++ on PATH)"
+        return None
+    _reason = None
+    header = abi_header()
+    key = hashlib.sha256(b"\0".join([
+        SOURCE.read_bytes(), header.encode(), compiler[0].encode(), compiler[1].encode(),
+        " ".join(FLAGS).encode(), platform.machine().encode(), _cpu().encode()])).hexdigest()
+    try:
+        out = cache_dir() / "sim" / f"fast-{key[:16]}.so"
+        if not out.exists():
+            with locked(out):
+                if not out.exists():
+                    _build(compiler[0], header, out)
+        lib = ctypes.CDLL(str(out))
+    except (OSError, RuntimeError) as e:
+        _reason = f"sim/cpp/fast.cpp did not build or load: {e}"
+        return None
+    lib.fast_run.argtypes = [ctypes.POINTER(State), ctypes.c_char_p, ctypes.c_char_p]
+    lib.fast_run.restype = ctypes.c_int
+    return lib
+
+
+def _cpu() -> str:
+    """The CPU model and flags (the build is for this machine's instruction set)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") or line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _build(compiler: str, header: str, out: Path):
+    work = out.with_name(f"{out.stem}.{os.getpid()}.d")
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "fast_abi.h").write_text(header)
+    tmp = work / out.name
+    result = subprocess.run([compiler, *FLAGS, "-I", str(work), str(SOURCE), "-o", str(tmp)],
+                            capture_output=True, text=True)
+    if result.returncode:
+        shutil.rmtree(work, ignore_errors=True)
+        raise RuntimeError(result.stderr[-2000:])
+    tmp.replace(out)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+@functools.cache
+def crc32_address() -> int:
+    """The address of zlib-ng's CRC-32 (the one `sim.wire.crc32` is, with carry-less
+    multiply), 0 if it cannot be found (the C++ then uses its own, sliced by 8)."""
+    try:
+        import zlib_ng.zlib_ng as z
+
+        return ctypes.cast(ctypes.CDLL(z.__file__).zng_crc32, ctypes.c_void_p).value or 0
+    except (ImportError, OSError, AttributeError):
+        return 0
