@@ -283,11 +283,17 @@ class FastSwitch(GoldenSwitch):
             self.copies.clear(job.slot_base, min(job.slot_base + job.slot_count, self.slots))
         self._stale = True
 
+    def receive(self, port: int, frame: bytes, fill: int = 0,
+                null: bool | None = None) -> list:
+        """The golden model's `receive`; COMPLETED to the C++'s table after it."""
+        out = super().receive(port, frame, fill, null)
+        self._table[:, _COMPLETED] = [job.completed for job in self.job]
+        return out
+
     def _golden(self, port: int, frame: bytes, fill: int = 0, null: bool | None = None):
-        """A frame through the golden model's `receive`; COMPLETED to the C++'s table."""
+        """A frame through the golden model's `receive`."""
         self.paths.golden += 1
         self._sent += self.receive(port, frame, fill, null)
-        self._table[:, _COMPLETED] = [job.completed for job in self.job]
 
     def _refresh(self):
         """The C++'s job table from the registers: each job's and each worker's row, the

@@ -109,6 +109,23 @@ def test_uses_and_their_drops_are_the_golden_models(seed):
     assert fast.paths.compiled > fast.paths.golden
 
 
+def test_frames_given_to_the_golden_models_receive_keep_the_credit_in_step():
+    """`receive` (the golden model's code alone) and `send` (the C++) taking turns at random
+    on one stream with credits: COMPLETED, which the credit check reads, stays the same on
+    both sides, and so does every frame out."""
+    sc = scenario(random.Random(9), ports=4, jobs=2, workers=3, slots=8, rounds=4,
+                  credits=8, stale=0.2)
+    fast, golden = pair(ports=4)
+    rng = random.Random(1)
+    for port, frame in [(0, f) for f in sc.config] + [p for r in sc.rounds for p in r]:
+        if rng.random() < 0.3:
+            assert fast.receive(port, frame) == golden.receive(port, frame)
+        else:
+            exchange(fast, golden, port, frame)
+    assert_same(fast, golden)
+    assert sum(c["drop_credit"] for c in fast.job_counters)
+
+
 @pytest.mark.parametrize("workers, saturate", [(4, False), (2, True)])
 def test_every_result_carries_numpys_sums_to_every_worker(workers, saturate):
     """scapy reads every result: numpy's int32 sums (saturated: of two workers, whose one
