@@ -76,6 +76,9 @@ def main(argv=None) -> int:
     bench.add_argument("--switch", default="fast", choices=["fast", "golden", "rtl"],
                        help="cluster: netagg's switch on the rack")
     bench.add_argument("--plot", default=None, help="cluster: draw time against hosts here")
+    bench.add_argument("--dilation", type=float, default=None,
+                       help="cluster: slow the links this many times (default: 50 for the "
+                            "RTL, else 1)")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
 
     demo = sub.add_parser("demo", help="allreduce through a switch (simulated unless "
@@ -194,7 +197,7 @@ def main(argv=None) -> int:
             [int(h) for h in args.hosts.split(",")], args.rate,
             [_size(s) for s in args.sizes.split(",")] if args.sizes else
             bench_cluster.DEFAULT_SIZES, args.switch, args.repeat, args.queue,
-            quiet=args.json)
+            quiet=args.json, dilation=args.dilation)
         if args.plot:
             bench_cluster.plot(report, args.plot)
         if args.json:
