@@ -7,8 +7,9 @@ netagg's switch on a port of its own, made of the kernel's own networking.
                                 └─ the bridge's own port: netagg's switch (`sim serve`)
 
 Each host has one NIC, one end of a veth pair whose other end is a port of the rack's Linux
-bridge; both ends' egress is shaped to the link's rate with a queue of its own
-(`sim.cluster_links.Shape`), so each direction of each host's link is a wire of that rate.
+bridge; both ends' egress is shaped to the link's rate with a queue of its own (the port's
+`queue` bytes, the NIC's 1000 frames: `sim.cluster_links`), so each direction of each host's
+link is a wire of that rate.
 The bridge forwards ordinary traffic between the hosts (gloo's TCP, torchrun's rendezvous) as
 a top-of-rack switch does; netagg's switch serves on the bridge's own address, the port the
 bridge hands to its own stack, which is not shaped: the switch's port carries every host's
@@ -39,13 +40,18 @@ import sys
 import time
 
 from netagg.sim import netns
-from netagg.sim.cluster_links import Counters, Shape
+from netagg.sim.cluster_links import NIC_QUEUE, Counters, Shape
 
 SUBNET = ipaddress.IPv4Network("10.77.0.0/24")
 RACK_IP = SUBNET[1]             # the bridge's address: netagg's switch serves on it
 FIRST_HOST = 10                 # host i is SUBNET[FIRST_HOST + i]
 MAX_HOSTS = 64
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9]{0,11}")
+# The switch's slots per version: each of its 4 jobs' 64 slots keep a worker's window of 64
+# uses (70 KB of frames) in flight, 5.6 ms of a 100 Mb/s link: more than a round trip through
+# the hosts' and the switch's scheduling, and within a port's queue (10 ms), so that the
+# results of a window completing at once never overflow it.
+SWITCH_SLOTS = 256
 
 
 class NeedsRoot(PermissionError):
@@ -184,7 +190,8 @@ class Cluster:
                     host.link("set", index=host.link_lookup(ifname="lo")[0], state="up")
                     nic = host.link_lookup(ifname="eth0")[0]
                     host.addr("add", index=nic, address=h.ip, prefixlen=SUBNET.prefixlen)
-                    host.tc("add", "tbf", index=nic, handle="1:", **self.shape.tc())
+                    host.tc("add", "tbf", index=nic, handle="1:",
+                            **self.shape.with_queue(max(NIC_QUEUE, self.shape.queue)).tc())
                     host.link("set", index=nic, state="up")
 
     # --- using it ------------------------------------------------------------------------
@@ -202,6 +209,7 @@ class Cluster:
         with a job table for every host (`params`: its other options, as ``max_workers=8``);
         its udp:// URL once it listens."""
         params.setdefault("max_workers", max(8, len(self.hosts)))
+        params.setdefault("slots", SWITCH_SLOTS)
         argv = [sys.executable, "-m", "netagg.apps.cli", "sim", "serve", "--backend", backend,
                 "--host", self.switch_ip]
         for key, value in params.items():

@@ -1,10 +1,11 @@
-"""A shaped link of the emulated cluster: its rate, its queue, and what crossed it.
+"""A shaped link of the emulated cluster: its rate, its queues, and what crossed it.
 
 A host's NIC is one end of a veth pair; the switch's port is the other. Each end's egress
-has a token bucket (tbf) at the link's rate, whose queue is a byte FIFO (bfifo) of `queue`
-bytes: what arrives at a full queue is dropped, as at a switch port or a NIC whose ring is
-full. Shaping both ends makes the link a full-duplex wire of that rate, each direction with
-a queue of its own. `burst` is the bucket's depth: the bytes that may leave back to back
+has a token bucket (tbf) at the link's rate, whose queue is a byte FIFO (bfifo): at the
+switch's port `queue` bytes (a port's share of a switch's buffer), at the host's NIC
+`NIC_QUEUE` (Linux's transmit queue of 1000 frames); what arrives at a full queue is
+dropped. Shaping both ends makes the link a full-duplex wire of that rate, each direction
+with a queue of its own. `burst` is the bucket's depth: the bytes that may leave back to back
 at the veth's own speed after the link was idle (one kernel timer's worth); a packet larger
 than it (a GSO or TSO buffer) is cut into its segments by tbf before it queues.
 
@@ -16,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+# A host NIC's queue: Linux's default transmit queue of 1000 frames (txqueuelen), full-size.
+NIC_QUEUE = 1000 * 1514
 _RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
 _SIZE_UNITS = {"b": 1, "kb": 1024, "mb": 1024**2}
 # Layer-2 bytes a datagram's frame adds (Ethernet header; tbf counts the frame without FCS).
@@ -76,6 +79,9 @@ class Shape:
         burst = max(3200, bits // 8 // 1000)
         depth = parse_size(queue) if queue is not None else max(64 << 10, bits // 8 // 100)
         return cls(bits, depth, burst)
+
+    def with_queue(self, queue: int) -> Shape:
+        return dataclasses.replace(self, queue=queue)
 
     def tc(self) -> dict:
         """The tbf qdisc's parameters, as `pyroute2`'s ``tc("add", "tbf", ...)`` takes them."""

@@ -21,7 +21,7 @@ from netagg.sim.cluster_links import Shape, parse_rate, parse_size
 
 root = pytest.mark.skipif(os.geteuid() != 0, reason="the cluster needs root")
 pytestmark = pytest.mark.xdist_group("cluster")
-SWITCH = "golden"
+SWITCH = "fast"
 
 
 def _name() -> str:
