@@ -117,7 +117,7 @@ def main(argv=None) -> int:
                                          "and netagg with priority drop, side by side")
     train.add_argument("--workers", type=int, default=4, help="torchrun processes")
     train.add_argument("--nodes", type=int, default=2, help="torchrun agents (nodes)")
-    train.add_argument("--epochs", type=int, default=15)
+    train.add_argument("--epochs", type=int, default=None, help="default 15; --cluster 3")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--loss-budget", type=float, default=0.05,
                        help="the drop run's share of each gradient's chunks sent droppable")
@@ -127,6 +127,17 @@ def main(argv=None) -> int:
                        help="the simulated switch")
     train.add_argument("--plot", default=None, help="write the loss curves to this image")
     train.add_argument("--json", action="store_true", help="print one JSON object")
+    train.add_argument("--cluster", action="store_true",
+                       help="on an emulated cluster (needs root): a process per host, each "
+                            "under its own torchrun agent, on shaped links")
+    train.add_argument("--hosts", type=int, default=4, help="cluster: hosts")
+    train.add_argument("--rate", default="100mbit", help="cluster: each host link's rate")
+    train.add_argument("--switch", choices=["fast", "golden"], default="fast",
+                       help="cluster: netagg's switch on the rack")
+    train.add_argument("--channels", type=int, default=None,
+                       help="the CNN's first convolution's channels (default 16; --cluster 64)")
+    train.add_argument("--hidden", type=int, default=None,
+                       help="the CNN's hidden layer's width (default 128; --cluster 2048)")
 
     probe = sub.add_parser("probe", help="read a switch's parameters, addresses and counters")
     probe.add_argument("url", help="udp://HOST:PORT")
@@ -236,10 +247,22 @@ def main(argv=None) -> int:
         unknown = [r for r in chosen if r not in runs]
         if unknown:
             parser.error(f"unknown runs {', '.join(unknown)}: choose from {', '.join(runs)}")
+        given = {k: getattr(args, k) for k in ("epochs", "channels", "hidden")
+                 if getattr(args, k) is not None}
+        if args.cluster:
+            from netagg.apps import train_cluster
+            report = train_cluster.train_cluster(
+                hosts=args.hosts, rate=args.rate, switch=args.switch, seed=args.seed,
+                loss_budget=args.loss_budget, runs=[runs[r] for r in chosen],
+                quiet=args.json, **given)
+            if args.plot:
+                train_cluster.plot(report, args.plot)
+            print(json.dumps(report) if args.json else train_cluster.summary(report))
+            return 0
         report = torch_runs.train_runs(workers=args.workers, nodes=args.nodes,
-                                       epochs=args.epochs, seed=args.seed,
-                                       loss_budget=args.loss_budget, backend=args.backend,
-                                       runs=[runs[r] for r in chosen], quiet=args.json)
+                                       seed=args.seed, loss_budget=args.loss_budget,
+                                       backend=args.backend, runs=[runs[r] for r in chosen],
+                                       quiet=args.json, **given)
         if args.plot:
             torch_runs.plot(report, args.plot)
         print(json.dumps(report) if args.json else torch_runs.summary(report))

@@ -2,7 +2,7 @@
 with priority drop, side by side.
 
     netagg train [--workers 4 --nodes 2 --epochs 15 --seed 0 --loss-budget 0.05]
-                 [--backend golden|rtl] [--plot FILE] [--json]
+                 [--channels 16 --hidden 128] [--backend golden|rtl] [--plot FILE] [--json]
 
 starts the simulated switch (`netagg sim serve`, the golden model by default) on a free
 loopback address, writes scikit-learn's digits once (`apps.torch_train.digits`), and runs
@@ -26,6 +26,10 @@ loss curves of the runs on one figure (matplotlib). gloo's connections stay on t
 interface (GLOO_SOCKET_IFNAME=lo); every process has one OpenMP thread; each torchrun must
 finish within `timeout` seconds, or every process of it is killed and the run is an error
 naming it. Needs `pip install -e .[torch]` (torch, scikit-learn, matplotlib).
+
+`train_run` (one run) and `torchrun` take where the agents start, the rendezvous address,
+gloo's interface and how the switch is reached as parameters: `apps.train_cluster` runs the
+same on an emulated cluster, an agent in each host.
 """
 
 from __future__ import annotations
@@ -61,26 +65,33 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _start_here(node: int, argv: list[str], **popen) -> subprocess.Popen:
+    return subprocess.Popen(argv, **popen)
+
+
 def torchrun(target: list[str], *, url: str, nodes: int, per_node: int, logs: Path,
-             what: str, timeout: float, binds=()):
+             what: str, timeout: float, binds=(), master: str = "127.0.0.1",
+             ifname: str = "lo", start=_start_here):
     """`torchrun ... target` as `nodes` agents of `per_node` processes each, started at once
-    (static rendezvous on 127.0.0.1, the switch at `url`, node i sending from `binds[i]`
-    when given, gloo on the loopback interface, one OpenMP thread). Every agent must exit 0
-    within `timeout` seconds, or every process of the job is killed and the error names
-    `what`, the node, and shows what its processes printed (logs in `logs`)."""
+    (static rendezvous at `master`, the switch at `url`, node i sending from `binds[i]`
+    when given, gloo on interface `ifname`, one OpenMP thread); `start(node, argv, **popen)`
+    starts node i's agent (by default here: another starts it in node i's network
+    namespace). Every agent must exit 0 within `timeout` seconds, or every process of the
+    job is killed and the error names `what`, the node, and shows what its processes printed
+    (logs in `logs`)."""
     port = _free_port()
     procs, files = [], []
     for node in range(nodes):
-        env = {**os.environ, "NETAGG_SWITCH": url, "GLOO_SOCKET_IFNAME": "lo",
+        env = {**os.environ, "NETAGG_SWITCH": url, "GLOO_SOCKET_IFNAME": ifname,
                "OMP_NUM_THREADS": "1"}
         if binds:
             env["NETAGG_BIND"] = binds[node % len(binds)]
         files.append(logs / (re.sub(r"[^\w.]+", "-", what) + f"-node{node}.log"))
         with open(files[-1], "w") as out:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes),
-                 "--node-rank", str(node), "--nproc-per-node", str(per_node),
-                 "--master-addr", "127.0.0.1", "--master-port", str(port), *target],
+            procs.append(start(
+                node, [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes),
+                       "--node-rank", str(node), "--nproc-per-node", str(per_node),
+                       "--master-addr", master, "--master-port", str(port), *target],
                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
     deadline = time.monotonic() + timeout
     try:
@@ -121,12 +132,59 @@ def _drop_everything(url: str, on: bool, saved: list[int] | None = None) -> list
         ctl.close()
 
 
+def _here(call):
+    return call()
+
+
+def train_run(run: Run, *, url: str, tmp: Path, nodes: int, per_node: int, epochs: int,
+              seed: int, loss_budget: float, timeout: float, console, model=(),
+              at_switch=_here, **launch) -> dict:
+    """One run of `apps.torch_train` under torchrun (`torchrun`, `launch` its placement:
+    binds, master, ifname, start) on the digits in `tmp`; `model` more arguments of it
+    (``--channels 64``). For the drop run every drop threshold of the switch is 0 while it
+    trains. `at_switch(call)` calls `call` where the switch at `url` is reached (here, by
+    default). Its report, with the contributions the switch dropped by priority."""
+    from netagg.apps.train import switch_counters
+
+    budget = loss_budget if run.drop else 0.0
+    args = ["--data", str(tmp / "digits.npz"), "--out", str(tmp / f"{run.name}.json"),
+            "--epochs", str(epochs), "--seed", str(seed), "--loss-budget", str(budget),
+            *model]
+    saved = at_switch(lambda: _drop_everything(url, True)) if run.drop else None
+    before = at_switch(lambda: switch_counters(url))
+    try:
+        with console.status(f"run {run.name}: {nodes * per_node} processes in {nodes} "
+                            f"nodes under torchrun"):
+            torchrun(["-m", "netagg.apps.torch_train", "--backend", run.backend, *args],
+                     url=url, nodes=nodes, per_node=per_node, logs=tmp,
+                     what=f"netagg train: run {run.name}", timeout=timeout, **launch)
+    finally:
+        if saved is not None:
+            at_switch(lambda: _drop_everything(url, False, saved))
+    result = json.loads((tmp / f"{run.name}.json").read_text())
+    after = at_switch(lambda: switch_counters(url))
+    dropped = after["drop_priority"] - before["drop_priority"]
+    sent = sum(r["packets_sent"] for r in result["ranks"])
+    result["drop_priority"] = dropped
+    result["drop_fraction"] = dropped / sent if sent else 0.0
+    return result
+
+
+def accuracy_gaps(runs: dict) -> dict:
+    """Each run's test accuracy minus gloo's, in points (none without a gloo run)."""
+    gloo = runs.get("gloo")
+    if not gloo:
+        return {}
+    return {name: 100 * (r["test_accuracy"] - gloo["test_accuracy"])
+            for name, r in runs.items() if name != "gloo"}
+
+
 def train_runs(workers: int = 4, nodes: int = 2, epochs: int = 15, seed: int = 0,
                loss_budget: float = 0.05, backend: str = "golden", runs=RUNS,
-               timeout: float = 600.0, quiet: bool = False) -> dict:
+               timeout: float = 600.0, quiet: bool = False, channels: int = 16,
+               hidden: int = 128) -> dict:
     from netagg.apps.probe import sources
     from netagg.apps.torch_train import digits
-    from netagg.apps.train import switch_counters
     from netagg.sim.bench import start_server
     from rich.console import Console
 
@@ -134,7 +192,8 @@ def train_runs(workers: int = 4, nodes: int = 2, epochs: int = 15, seed: int = 0
         raise ValueError(f"{workers} workers do not split into {nodes} nodes")
     console = Console(stderr=True, quiet=quiet)
     report = {"command": "train", "switch": backend, "workers": workers, "nodes": nodes,
-              "epochs": epochs, "seed": seed, "loss_budget": loss_budget, "runs": {}}
+              "epochs": epochs, "seed": seed, "loss_budget": loss_budget,
+              "channels": channels, "hidden": hidden, "runs": {}}
     with tempfile.TemporaryDirectory(prefix="netagg-train-") as tmp_name:
         tmp = Path(tmp_name)
         np.savez(tmp / "digits.npz", **digits(seed))
@@ -143,37 +202,18 @@ def train_runs(workers: int = 4, nodes: int = 2, epochs: int = 15, seed: int = 0
         try:
             binds = sources(url)
             for run in runs:
-                budget = loss_budget if run.drop else 0.0
-                args = ["--data", str(tmp / "digits.npz"), "--out", str(tmp / f"{run.name}.json"),
-                        "--epochs", str(epochs), "--seed", str(seed),
-                        "--loss-budget", str(budget)]
-                saved = _drop_everything(url, True) if run.drop else None
-                before = switch_counters(url)
-                try:
-                    with console.status(f"run {run.name}: {workers} processes in {nodes} "
-                                        f"nodes under torchrun"):
-                        torchrun(["-m", "netagg.apps.torch_train", "--backend", run.backend,
-                                  *args], url=url, nodes=nodes, per_node=workers // nodes,
-                                 logs=tmp, what=f"netagg train: run {run.name}",
-                                 timeout=timeout, binds=binds)
-                finally:
-                    if saved is not None:
-                        _drop_everything(url, False, saved)
-                result = json.loads((tmp / f"{run.name}.json").read_text())
-                dropped = switch_counters(url)["drop_priority"] - before["drop_priority"]
-                sent = sum(r["packets_sent"] for r in result["ranks"])
-                result["drop_priority"] = dropped
-                result["drop_fraction"] = dropped / sent if sent else 0.0
-                report["runs"][run.name] = result
+                report["runs"][run.name] = train_run(
+                    run, url=url, tmp=tmp, nodes=nodes, per_node=workers // nodes,
+                    epochs=epochs, seed=seed, loss_budget=loss_budget, timeout=timeout,
+                    console=console, binds=binds,
+                    model=["--channels", str(channels), "--hidden", str(hidden)])
         finally:
             server.terminate()
             server.wait(10)
             server.stdout.close()
-    gloo = report["runs"].get("gloo")
-    if gloo:
-        report["accuracy_gap_points"] = {
-            name: 100 * (r["test_accuracy"] - gloo["test_accuracy"])
-            for name, r in report["runs"].items() if name != "gloo"}
+    gaps = accuracy_gaps(report["runs"])
+    if gaps:
+        report["accuracy_gap_points"] = gaps
     return report
 
 
@@ -194,20 +234,24 @@ def summary(report: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(report: dict, path: str):
-    """The mean training loss per step of every run, on one figure."""
+def plot(report: dict, path: str, against: str = "step", title: str | None = None):
+    """The mean training loss of every run, on one figure: against the step, or against the
+    seconds since the training loop began (`against="seconds"`: the slowest rank's, at the
+    end of each step)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for name, r in report["runs"].items():
-        ax.plot(r["loss_per_step"], label=f"{name} ({r['test_accuracy']:.1%})", linewidth=1)
-    ax.set_xlabel("step")
+        x = r["seconds_at_step"] if against == "seconds" else range(len(r["loss_per_step"]))
+        ax.plot(x, r["loss_per_step"], label=f"{name} ({r['test_accuracy']:.1%})",
+                linewidth=1)
+    ax.set_xlabel("seconds of training" if against == "seconds" else "step")
     ax.set_ylabel("training loss (mean over workers)")
     ax.set_yscale("log")
-    ax.set_title(f"digits CNN, {report['workers']} workers in {report['nodes']} nodes, "
-                 f"{report['switch']} switch")
+    ax.set_title(title or f"digits CNN, {report['workers']} workers in {report['nodes']} "
+                          f"nodes, {report['switch']} switch")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)
