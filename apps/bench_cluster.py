@@ -106,6 +106,7 @@ def _measure(cluster: Cluster, library: str, size: int, repeat: int, url: str | 
     rounds = [t / cluster.dilation for t in measured]
     return {"seconds": seconds / cluster.dilation, "rounds": rounds,
             "verified": all(r["sizes"][0]["verified"] for r in reports),
+            "retransmissions": sum(r["sizes"][0]["retransmissions"] for r in reports),
             "bytes_sent_per_host": statistics.mean(sent),
             "utilisation_sent": [round(s / capacity, 3) for s in sent],
             "utilisation_received": [round(r / capacity, 3) for r in received],

@@ -6,8 +6,8 @@ float32) it allreduces the worker's `apps.demo.demo_data` once untimed (checked 
 float64 sum of every rank's data: within the fixed-point bound through netagg, float32's
 rounding through gloo) and then `--repeat` times, each time after a barrier (a one-value
 allreduce through the same library, whose result reaches every rank at once), timing each
-from the barrier's end to the result. It prints one JSON object: per size, its times and
-whether its result was right.
+from the barrier's end to the result. It prints one JSON object: per size, its times,
+whether its result was right, and the packets netagg sent again in the timed allreduces.
 
 netagg: `host.Worker` over UDP to `--switch`, session `--session`. gloo: torch.distributed
 with a TCP store at `--master` (host 0's address), over the same links.
@@ -40,6 +40,9 @@ class Netagg:
     def allreduce(self, x: np.ndarray) -> np.ndarray:
         return self.worker.allreduce(x)
 
+    def retransmissions(self) -> int:
+        return self.worker.counters().get("retransmissions", 0)
+
     def close(self):
         self.worker.close()
 
@@ -65,6 +68,9 @@ class Gloo:
         t = self.torch.from_numpy(x)
         self.dist.all_reduce(t)
         return t.numpy()
+
+    def retransmissions(self) -> int:
+        return 0            # TCP's own, in the kernel
 
     def close(self):
         self.dist.destroy_process_group()
@@ -98,14 +104,15 @@ def main(argv=None) -> int:
                 exact = np.sum([x.astype(np.float64) for x in
                                 _expected(args.world, values, args.seed)], axis=0)
                 ok = bool(np.allclose(result, exact, rtol=1e-5, atol=1e-6 * np.abs(exact).max()))
-            times = []
+            times, sent_again = [], lib.retransmissions()
             for _ in range(args.repeat):
                 x = mine.copy()
                 lib.barrier()
                 t0 = time.perf_counter()
                 lib.allreduce(x)
                 times.append(time.perf_counter() - t0)
-            out["sizes"].append({"bytes": size, "seconds": times, "verified": ok})
+            out["sizes"].append({"bytes": size, "seconds": times, "verified": ok,
+                                 "retransmissions": lib.retransmissions() - sent_again})
     finally:
         lib.close()
     print(json.dumps(out), flush=True)
