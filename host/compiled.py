@@ -280,6 +280,7 @@ class CompiledStep:
             stats["packets_sent"] += r.packets_sent
             stats["bytes_sent"] += r.packets_sent * self.size
         if r.packets_received:
+            e.heard = time.monotonic()      # (the switch answered within the run)
             stats["packets_received"] += r.packets_received
             stats["bytes_received"] += r.packets_received * self.size
         for name in ("credit_waits", "tensor_bytes"):

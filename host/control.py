@@ -15,6 +15,10 @@ the round-trip estimate's RTO, at least 50 ms, for its answer, then is sent agai
 timeout doubled (up to `rto_max`); a blocking `request` gives up after `timeout` seconds
 (`NetaggTimeout`). Control requests leave by path 0, where the answers come back.
 
+The channel notes when the switch last answered and to what (`answered`: a request names
+what it is, `what`, "a beat read" say), and since when a request has waited for an answer
+(`asking`): what tells a switch that stopped answering (`host.liveness.SwitchWatch`).
+
 The channel works alone (`SwitchControl`: `step` receives and retransmits) or
 inside an engine, which hands it the control answers among the packets it receives and
 shares its PSNs, round-trip estimate and counters with it (the engine is then its `owner`,
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import time
 from typing import Callable
 
@@ -62,11 +67,13 @@ class PsnCounter:
 
 @dataclasses.dataclass
 class PendingRequest:
-    """A control request awaiting its answer: `callback(records)` gets the answer."""
+    """A control request awaiting its answer: `callback(records)` gets the answer; `what`
+    it is, for errors ("a beat read")."""
 
     datagram: bytes
     callback: Callable[[Records], None]
     timer: RetransmitTimer
+    what: str = "a control request"
 
 
 class ControlChannel:
@@ -80,22 +87,28 @@ class ControlChannel:
         self.stats = collections.Counter() if stats is None else stats
         self.owner = self if owner is None else owner
         self.pending: dict[int, PendingRequest] = {}     # by PSN
+        self.answered = (-math.inf, "")     # when the switch last answered, and to what
+        self.asking: float | None = None    # the first sending since then (None: none)
 
     def busy(self) -> bool:
         return bool(self.pending)
 
-    def request_async(self, records, callback: Callable[[Records], None]) -> int:
-        """Send a control request; `callback(records)` gets the switch's answer. Returns the
-        PSN of its (last) request."""
+    def request_async(self, records, callback: Callable[[Records], None],
+                      what: str = "a control request") -> int:
+        """Send a control request (`what` it is, for errors); `callback(records)` gets the
+        switch's answer. Returns the PSN of its (last) request."""
         records = list(records)
         for i in range(0, len(records), W.MAX_CONTROL_RECORDS):
             part = records[i:i + W.MAX_CONTROL_RECORDS]
             psn = self.psns.next()
             pkt = W.control_request(part, psn, self.transport.local, self.transport.switch)
             timer = RetransmitTimer()
-            timer.sent(time.monotonic(), self.rtt, CONTROL_RTO_MIN)
+            now = time.monotonic()
+            timer.sent(now, self.rtt, CONTROL_RTO_MIN)
             cb = callback if i + W.MAX_CONTROL_RECORDS >= len(records) else (lambda r: None)
-            self.pending[psn] = PendingRequest(pkt.datagram(), cb, timer)
+            self.pending[psn] = PendingRequest(pkt.datagram(), cb, timer, what)
+            if self.asking is None:
+                self.asking = now
             self.transport.send(self.pending[psn].datagram)
         return psn
 
@@ -161,9 +174,12 @@ class ControlChannel:
         if pkt.dqpn != W.CONTROL_QPN:
             return False
         pending = self.pending.pop(pkt.psn, None)
+        self.asking = None
         if pending is None:
+            self.answered = (time.monotonic(), "a request it had stopped waiting for")
             self.stats["ignored_control"] += 1
             return True
+        self.answered = (time.monotonic(), pending.what)
         try:
             records = W.unpack_records(pkt.payload)
         except ValueError:
@@ -180,6 +196,8 @@ class ControlChannel:
             if c.timer.due(now):
                 c.timer.sent(now, self.rtt)
                 self.stats["control_retransmissions"] += 1
+                if self.asking is None:
+                    self.asking = now
                 self.transport.send(c.datagram)
 
     def step(self, timeout: float = 0.0):

@@ -43,10 +43,16 @@ round-trip estimate (`host.control`).
   then its finite values, never droppable (`host.nonfinite`).
 - **Liveness.** The engine beats its rank's heartbeat in the switch and, while works wait,
   watches the others' (`host.liveness`): a rank whose process is gone fails the waiting
-  works within 2 s with `NetaggRankGone`, naming it.
+  works within 2 s with `NetaggRankGone`, naming it. It also watches the switch: a switch
+  that has answered nothing (no result, no control answer) for 2 s while the engine kept
+  asking fails them with `NetaggSwitchGone`, naming its address and its last answer.
+- **Unreachable.** A send the OS refuses because the way to the switch is gone (no route,
+  the link down: `host.transport`) fails the engine at once with `NetaggUnreachable`,
+  naming this rank, its job, the switch and the OS's reason.
 - **Bounded waiting.** When no result and no control answer arrives for `timeout` seconds
   while work is pending, `step` raises `NetaggTimeout`, saying whether the switch still
-  answers control requests (then a peer is missing) or not.
+  answers control requests (then a peer is missing, and the ranks whose heartbeat shows
+  they have not joined this run are named) or not.
 
 Cost: per worker, one packet of state per slot in flight, and per tensor one exponent per
 block and its quantised lanes while it is in flight. `step` is non-blocking beyond its
@@ -63,9 +69,9 @@ from netagg.host import numerics as N
 from netagg.host import transport as T
 from netagg.host.checklane import MEMBERSHIP_MAX_WORKERS, CheckLane, poke_delay
 from netagg.host.control import ControlChannel, PsnCounter
-from netagg.host.errors import NetaggError, NetaggTimeout
+from netagg.host.errors import NetaggError, NetaggTimeout, NetaggUnreachable
 from netagg.host.job_setup import JoinCheck
-from netagg.host.liveness import Liveness
+from netagg.host.liveness import Liveness, SwitchWatch
 from netagg.host.messages import (
     DEFAULT_PRIORITY,
     Dealer,
@@ -120,6 +126,8 @@ class Engine(Taking):
         self.check_lane = CheckLane(session_tag, job, workers)
         self.liveness = Liveness(self.control, job=job, rank=rank, workers=workers,
                                  session_tag=session_tag, stats=self.stats)
+        self.switch_watch = SwitchWatch()
+        self.heard = -float("inf")      # when a datagram from the switch last arrived
         self.slots: list[SlotState] = []
         self.nslots = 0
         self.prejoin: list[Work] = []   # works submitted before the slots were known
@@ -222,6 +230,7 @@ class Engine(Taking):
                 if self.busy() else 0.0
             datagrams = self.transport.recv(wait)
             if datagrams:
+                self.heard = time.monotonic()
                 self._receive_all(datagrams)
             self._send_ready()
             self._retransmit()
@@ -229,9 +238,26 @@ class Engine(Taking):
             if self.window is not None and self.window.idle():
                 self.window.leave()
             self._check_progress()
+        except NetaggUnreachable as e:
+            raise self.unreachable(e) from e.__cause__
         except NetaggError as e:
             self.failed = e
             raise
+
+    def unreachable(self, e: NetaggUnreachable) -> NetaggUnreachable:
+        """`e` naming this worker, kept as the engine's failure (its waits raise it)."""
+        self.failed = e.named(self.me())
+        return self.failed
+
+    def me(self) -> str:
+        """This worker, for errors: "rank 1 of job 0"."""
+        return f"rank {self.rank} of job {self.job}"
+
+    def last_answer(self) -> tuple[float, str]:
+        """When the switch last answered this engine, and to what ("a beat read", "a
+        contribution")."""
+        at, what = self.control.answered
+        return (at, what) if at >= self.heard else (self.heard, "a contribution")
 
     def _next_deadline(self) -> float:
         times = [self.earliest, *self.control.deadlines()]
@@ -447,11 +473,12 @@ class Engine(Taking):
                 self.joined = True
                 self.last_progress = time.monotonic()
                 self.set_job(**job)
-        self.control.request_async(self.join_check.records, answer)
+        self.control.request_async(self.join_check.records, answer, "a join check")
 
     def _check_progress(self):
         now = time.monotonic()
         self.liveness.watch(self, now)      # beats; raises NetaggRankGone
+        self.switch_watch.watch(self, now)  # raises NetaggSwitchGone
         if self.pending_works == 0:
             return
         idle = now - self.last_progress
@@ -475,7 +502,8 @@ class Engine(Taking):
                 f"times{self.lacking(stuck[0])}" if stuck else "no slot in flight")
 
     def _diagnose(self) -> str:
-        """Whether the switch still answers a control read (then a peer is missing)."""
+        """Whether the switch still answers a control read (then a peer is missing, and
+        which ranks have not joined this run, as far as their heartbeats tell)."""
         answer = self.control.probe([(W.job_counter(self.job, "contributions"), 0),
                                      (W.job_counter(self.job, "duplicates"), 0),
                                      (W.job_counter(self.job, "drop_stale"), 0)])
@@ -488,7 +516,24 @@ class Engine(Taking):
             stale = (f"; {vals[2]} contributions were stale: with a quorum, a worker that "
                      f"lost a result after the others moved on cannot get it back")
         return (f"the switch answers (job {self.job}: {vals[0]} contributions, {vals[1]} "
-                f"duplicates counted): a peer of this job stopped contributing{stale}")
+                f"duplicates counted): a peer of this job stopped contributing"
+                f"{self._absent()}{stale}")
+
+    def _absent(self) -> str:
+        """Which ranks have not joined this run and which closed, from the heartbeats last
+        read (`Liveness.absent`), as text ("" before any read)."""
+        unjoined, closed = self.liveness.absent()
+        said = []
+        if unjoined:
+            said.append(f"{self.name_ranks(unjoined)} "
+                        f"{'has' if len(unjoined) == 1 else 'have'} not joined this run (no "
+                        f"heartbeat of this run in the switch)")
+        if closed:
+            said.append(f"{self.name_ranks(closed)} closed "
+                        f"{'its worker' if len(closed) == 1 else 'their workers'}")
+        if not said:
+            return ""
+        return ": " + "; ".join(said)
 
     def counters(self) -> dict:
         return dict(self.stats)

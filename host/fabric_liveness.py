@@ -36,6 +36,7 @@ from netagg.host.liveness import (
     Gone,
     Liveness,
     Seen,
+    absent_ranks,
     gone_ranks,
     take_beats,
 )
@@ -166,6 +167,16 @@ class FabricLiveness(Liveness):
         self.gone = [g for v in self.watches for g in v.gone]
         if self.gone:
             self.stats["ranks_gone"] = len(self.gone)
+
+    def absent(self) -> tuple[list[int], list[int]]:
+        """From each leaf's last read: the world's ranks that have not joined this run, and
+        those whose worker closed."""
+        unjoined, closed = [], []
+        for w in self.watches:
+            u, c = absent_ranks(w.seen, self.mark, w.first, self.placement.rank)
+            unjoined += u
+            closed += c
+        return sorted(unjoined), sorted(closed)
 
     def describe(self) -> str:
         """The gone ranks: world rank (and node, hierarchical), rank at its leaf, the leaf,

@@ -130,6 +130,10 @@ class FabricEngine(Engine):
                                          self.transport.path_endpoints(),
                                          self.transport.switch, key=self.key)
 
+    def me(self) -> str:
+        """This worker, for errors: "rank 4 (rank 0 at leaf1) of job 0"."""
+        return f"{self.placement.me(self.leaf_name)} of job {self.job}"
+
     def name_ranks(self, ranks: list[int]) -> str:
         """World ranks with their leaf's rank and name."""
         q, p = self.quorums, self.placement

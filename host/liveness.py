@@ -1,5 +1,6 @@
 """Liveness: which ranks of a job are gone, told from their heartbeats in the switch (the BEAT
-registers, `hw.regmap`), so that the ranks waiting on them learn it within 2 s, by rank.
+registers, `hw.regmap`), so that the ranks waiting on them learn it within 2 s, by rank; and
+whether the switch itself still answers, so that a switch that is gone is named as fast.
 
 - **Beating.** Every worker's engine writes its rank's heartbeat every `BEAT_PERIOD` seconds
   while the worker is open, whether it has work or not (its background progress does, or,
@@ -32,16 +33,30 @@ registers, `hw.regmap`), so that the ranks waiting on them learn it within 2 s, 
   retransmits, which can take longer than `DEAD_AFTER` under loss), so a closed rank is
   gone only after `CLOSED_AFTER` seconds: a rank that closed before contributing is named
   within seconds, a finished one leaves the others to their replays.
+- **The switch** (`SwitchWatch`). A worker with works waiting asks the switch something
+  every `BEAT_PERIOD` at least (its beat, and its reads), and the switch answers each request
+  and each contribution. When it has answered nothing (no control answer, no result) for
+  `SILENT_AFTER` seconds while this worker was asking (a request has waited at least
+  `SILENT_AFTER / 2` of them), the switch, or the path to it, is down (`NetaggSwitchGone`,
+  naming its address, this rank and job, the silence and the last answer: "the last answer
+  was to a beat read 2.0 s ago"). A switch slow under load answers late, but answers, and
+  every answer starts the silence again. The watch starts again as the ranks' does: when
+  works begin to wait, and when this worker's engine did not step for `READ_GAP` seconds (a
+  stalled process hears nothing and asks nothing meanwhile).
+- **Who never came.** A rank whose last-read beat lacks this run's mark has not joined the
+  run (`absent`): the bounded wait's error names it ("rank 2 has not joined this run"),
+  and names the ranks whose last beat says their worker closed.
 
 `watch`, a step of the engine's, fails its waiting works with `NetaggRankGone` once a rank
 is gone and its own works have made no progress for `STUCK_AFTER` seconds (with a quorum,
 works that complete without the rank go on). The first read shows a rank's beat as new, so
 the verdict comes between `DEAD_AFTER` and `DEAD_AFTER + 2 READ_PERIOD` seconds after the
-rank's last beat.
+rank's last beat. The engine's `SwitchWatch.watch` fails them with `NetaggSwitchGone`
+`SILENT_AFTER` seconds after the switch's last answer.
 
 Cost: per worker, one control request of one record every `BEAT_PERIOD`, and while works
 are pending one of `workers` records every `READ_PERIOD`; nothing per packet or per step
-beyond a comparison of two times.
+beyond a comparison of a few times.
 """
 
 from __future__ import annotations
@@ -50,7 +65,7 @@ import dataclasses
 import math
 import time
 
-from netagg.host.errors import NetaggRankGone
+from netagg.host.errors import NetaggError, NetaggRankGone, NetaggSwitchGone
 from netagg.sim import wire as W
 
 BEAT_PERIOD = 0.25      # seconds between a worker's heartbeats
@@ -62,6 +77,7 @@ READ_GAP = 1.0          # a read sent this long after the last answer starts the
 COUNT_BITS = 8          # a beat: the run's mark above, the running count in these bits
 MARK = (1 << (32 - COUNT_BITS)) - 1
 STUCK_AFTER = 0.5       # seconds without progress before a gone rank fails the works
+SILENT_AFTER = 2.0      # seconds without an answer, while asking, for the switch to be gone
 
 
 @dataclasses.dataclass
@@ -104,6 +120,19 @@ def gone_ranks(seen: dict[int, Seen], sent: float, mark: int, newest: float, fir
         if sent - s.since >= (CLOSED_AFTER if closed else DEAD_AFTER):
             out.append(Gone(first + rank, sent - s.since, closed))
     return out
+
+
+def absent_ranks(seen: dict[int, Seen], mark: int, first: int = 0,
+                 me: int = -1) -> tuple[list[int], list[int]]:
+    """The ranks among `seen` (world rank `first + rank`; `me` left out) whose beat is not
+    of this run's `mark` (they have not joined it), and those whose beat says their worker
+    closed."""
+    unjoined = sorted(first + r for r, s in seen.items()
+                      if first + r != me and s.value >> COUNT_BITS != mark)
+    closed = sorted(first + r for r, s in seen.items()
+                    if first + r != me and s.value >> COUNT_BITS == mark
+                    and not s.value & ((1 << COUNT_BITS) - 1))
+    return unjoined, closed
 
 
 class Liveness:
@@ -168,13 +197,17 @@ class Liveness:
     def keep_beating(self):
         """The heartbeat of a worker whose engine failed (the worker is open, its process
         there): beat when it is time, and take the control answers that arrived (anything
-        else is dropped)."""
+        else is dropped). A beat that cannot be sent (the switch unreachable) is skipped:
+        the engine's error says so already."""
         now = time.monotonic()
-        if now >= self.next_beat:
-            self._beat(now)
-        for datagram in self.control.transport.recv(0.0):
-            self.control.take_answer(datagram)
-        self.control.retransmit(now)
+        try:
+            if now >= self.next_beat:
+                self._beat(now)
+            for datagram in self.control.transport.recv(0.0):
+                self.control.take_answer(datagram)
+            self.control.retransmit(now)
+        except NetaggError:
+            self.next_beat = now + BEAT_PERIOD
 
     def _beat(self, now: float):
         self.count = self.count % ((1 << COUNT_BITS) - 1) + 1
@@ -186,7 +219,7 @@ class Liveness:
         if self.beat_psn is not None:
             self.control.forget(self.beat_psn)
         self.beat_psn = self.control.request_async(
-            [(W.WRITE | W.beat_reg(self.job, self.rank), value)], self._beaten)
+            [(W.WRITE | W.beat_reg(self.job, self.rank), value)], self._beaten, "a beat write")
 
     def closing(self):
         """The worker closes: a last beat with the count 0, retransmitted until the switch
@@ -200,7 +233,8 @@ class Liveness:
         answered, deadline = [], time.monotonic() + CLOSING_WAIT
         try:                            # (only this channel's answers: no engine steps)
             self.control.request_async([(W.WRITE | W.beat_reg(self.job, self.rank),
-                                         self.mark << COUNT_BITS)], answered.append)
+                                         self.mark << COUNT_BITS)], answered.append,
+                                       "a closing beat")
             while not answered and time.monotonic() < deadline:
                 for datagram in self.control.transport.recv(0.01):
                     self.control.take_answer(datagram)
@@ -220,7 +254,7 @@ class Liveness:
             self.reading = False
             self.judge(now, time.monotonic(), [v for _, v in records])
         self.control.request_async(
-            [(W.beat_reg(self.job, r), 0) for r in range(self.workers)], answer)
+            [(W.beat_reg(self.job, r), 0) for r in range(self.workers)], answer, "a beat read")
 
     def judge(self, sent: float, answered: float, beats: list[int]):
         """Take the job's `beats` (by rank) from a read sent at `sent` and answered at
@@ -236,6 +270,11 @@ class Liveness:
         if self.gone:
             self.stats["ranks_gone"] = len(self.gone)
 
+    def absent(self) -> tuple[list[int], list[int]]:
+        """From the last read: the ranks that have not joined this run, and those whose
+        worker closed (`absent_ranks`)."""
+        return absent_ranks(self.seen, self.mark, me=self.rank)
+
     def describe(self) -> str:
         """The gone ranks, for an error: which, and how long their beats stood still."""
         ranks = ", ".join(str(g.rank) + (" (its worker closed)" if g.closed else "")
@@ -246,3 +285,34 @@ class Liveness:
                     f"not moved for {silent} while the other ranks' did")
         return (f"ranks {ranks} of job {self.job} are gone: their heartbeats in the switch "
                 f"have not moved for {silent} while the other ranks' did")
+
+
+class SwitchWatch:
+    """Whether the switch still answers one worker's engine (see the module): `watch`, a
+    step of the engine's, raises `NetaggSwitchGone` once it has answered nothing for
+    `SILENT_AFTER` seconds of watching while the engine was asking."""
+
+    def __init__(self):
+        self.since = math.inf           # when the watch began
+        self.last_step = -math.inf      # when the engine last stepped
+
+    def watch(self, engine, now: float):
+        waiting = engine.pending_works > 0
+        if not waiting or now - self.last_step > READ_GAP:
+            self.since = now            # nothing waits, or this worker stalled: not a watch
+        self.last_step = now
+        if not waiting:
+            return
+        answered, what = engine.last_answer()
+        silent = now - max(answered, self.since)
+        asking = engine.control.asking
+        if silent < SILENT_AFTER or asking is None or now - asking < SILENT_AFTER / 2:
+            return
+        switch = engine.transport.switch
+        address = f"{switch.ip}:{switch.port}"
+        last = (f"the last answer was to {what} {now - answered:.1f} s ago"
+                if answered > -math.inf else "it never answered")
+        raise NetaggSwitchGone(
+            f"the switch at {address} is gone: {engine.me()} has had no answer from it for "
+            f"{silent:.1f} s while asking ({last}); the switch, or the path to it, is down",
+            address, engine.job, engine.rank, silent)

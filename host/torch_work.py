@@ -6,7 +6,9 @@ someone waits on it. `Completer` is that someone: a thread that takes the group'
 in the order they were started, waits for each (a bounded wait: the worker's own timeout
 turns a missing peer or switch into an error), runs its `finish` (copying results into the
 tensors) and sets its `torch.futures.Future`, or sets the error, prefixed with the rank and
-the job (`where`), so that `Work.wait()`, `Future.wait()` and DDP raise it in the caller.
+the job (`where`), so that `Work.wait()`, `Future.wait()` and DDP raise it in the caller: a
+`NetaggError` keeps its class (`NetaggRankGone`, `NetaggSwitchGone`...) and its fields,
+any other error becomes a `NetaggError`.
 
 A flat worker's allreduce is started by the caller (`allreduce_async` sends at once and the
 worker's progress thread completes it while the caller computes; later ones are sent
@@ -20,6 +22,7 @@ chained on the futures (DDP's, `Future.then`) run on this thread.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import queue
 import threading
@@ -63,8 +66,7 @@ class Completer:
                 handle = p.handle if p.start is None else p.start()
                 value = p.finish(handle.wait(self.timeout))
             except BaseException as e:      # the caller's wait raises it
-                error = NetaggError(f"{self.where}: {type(e).__name__}: {e}")
-                p.future.set_exception(error)
+                p.future.set_exception(located(e, self.where))
             else:
                 p.future.set_result(value)
 
@@ -75,6 +77,19 @@ class Completer:
         self._closed = True
         self._queue.put(None)
         self._thread.join(CLOSE_WAIT + self.timeout)
+
+
+def located(e: BaseException, where: str) -> NetaggError:
+    """`e` as the caller's wait raises it: its message prefixed with `where` and its class's
+    name; a `NetaggError` of the same class and fields, anything else a `NetaggError`."""
+    message = f"{where}: {type(e).__name__}: {e}"
+    if isinstance(e, NetaggError):
+        error = copy.copy(e)
+        error.args = (message,)
+    else:
+        error = NetaggError(message)
+    error.__cause__ = e
+    return error
 
 
 class NetaggWork(dist.Work):

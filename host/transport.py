@@ -19,6 +19,11 @@ returns only datagrams whose ICRC checked out (the others are counted in `bad`).
   of the datagram (`IP_TOS`, set on the socket when it changes; the ICRC masks it).
 - `host.lossy.LossyTransport`: wraps another with loss, duplication and reordering.
 
+A send the OS refuses because the way to the switch is gone (no route, the link or the
+address down: `UNREACHABLE`) is a `NetaggUnreachable` naming the switch and the OS's reason,
+at once (the engine and the worker add which rank of which job); one it refuses for a
+moment (a full buffer: `PASSING`) is a lost packet, which retransmission recovers.
+
 Batches: `send_batch` sends a step's contributions together. Over UDP, datagrams of one
 length, path and DSCP leave as runs through the kernel's segmentation offload (`GSO`, in
 `sim.udp_offload`: each segment's ICRC rewritten for the IPv4 identification the kernel
@@ -36,6 +41,7 @@ switch answers the address a request came from.
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import socket
@@ -45,7 +51,7 @@ import urllib.parse
 import weakref
 
 from netagg.host import netif
-from netagg.host.errors import NetaggError
+from netagg.host.errors import NetaggError, NetaggUnreachable
 from netagg.sim import udp_offload
 from netagg.sim import wire as W
 from netagg.sim.ticks import WallClock
@@ -57,6 +63,29 @@ SWITCH_IP = "10.0.0.1"          # the switch's address for in-process workers
 
 
 SPRAY_POLICIES = ("round_robin", "least_loaded")
+
+# A send's errno that says the way to the switch is gone, and what it suggests.
+LINK_DOWN = "is this host's link down?"
+UNREACHABLE = {
+    errno.ENETUNREACH: LINK_DOWN,
+    errno.ENETDOWN: LINK_DOWN,
+    errno.EHOSTUNREACH: "is the switch's host down, or its address wrong?",
+    errno.EHOSTDOWN: "is the switch's host down?",
+    errno.EADDRNOTAVAIL: "is {local} an address of this host?",
+    errno.EPERM: "does a firewall on this host refuse it?",
+}
+# A send's errno that passes: the packet is lost, as on a congested link.
+PASSING = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS, errno.EINTR})
+
+
+def unreachable(e: OSError, switch: str, local: str) -> NetaggUnreachable | None:
+    """The `NetaggUnreachable` an OS error of a send (or of the route or bind before it)
+    from `local` to `switch` ("ip:port") stands for; None if it says nothing of the way."""
+    hint = UNREACHABLE.get(e.errno)
+    if hint is None:
+        return None
+    reason = e.strerror or os.strerror(e.errno)
+    return NetaggUnreachable(switch, f"{reason} ({hint.format(local=local)})", e.errno)
 
 
 class Sprayer:
@@ -323,8 +352,12 @@ class UdpTransport(Transport):
         host, port = parse_udp_url(url)
         addr = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_DGRAM)[0][4]
         self._addr = addr
-        self._bind_ip = bind_ip or route_source(addr)
-        self.sock = self._open(bind_port, rcvbuf=True)
+        self._bind_ip = bind_ip
+        try:
+            self._bind_ip = bind_ip or route_source(addr)
+            self.sock = self._open(bind_port, rcvbuf=True)
+        except OSError as e:
+            self._refused(e, passing=False)
         ip, lport = self.sock.getsockname()
         itf = netif.interface_of(ip)
         self.local = W.Endpoint(ip, lport, itf.mac if itf else 0)
@@ -341,6 +374,17 @@ class UdpTransport(Transport):
             gso = os.environ.get("NETAGG_GSO", "1") != "0"
         self.runs = udp_offload.GsoSender(addr, gso)
         self._gro = gso and udp_offload.enable_gro(self.sock)
+
+    def _refused(self, e: OSError, passing: bool = True):
+        """A send (or the route or bind before it) the OS refused with `e`: a lost packet
+        if the error passes (with `passing`), `NetaggUnreachable` if it says the way to the
+        switch is gone, else `e` itself."""
+        if passing and e.errno in PASSING:
+            return
+        gone = unreachable(e, f"{self._addr[0]}:{self._addr[1]}", self._bind_ip or "?")
+        if gone is None:
+            raise e
+        raise gone from e
 
     def _open(self, bind_port: int, rcvbuf: bool = False) -> socket.socket:
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -368,7 +412,10 @@ class UdpTransport(Transport):
         used = {port}
         for i in range(1, self.paths):
             for attempt in range(8):
-                entered = self.ingress_port(self.socks[i], self._sources[i])
+                try:
+                    entered = self.ingress_port(self.socks[i], self._sources[i])
+                except OSError as e:
+                    self._refused(e, passing=False)
                 if entered not in used or len(used) >= ports or attempt == 7:
                     used.add(entered)
                     break
@@ -387,22 +434,28 @@ class UdpTransport(Transport):
         self._set_tos(path, dscp)
         try:
             self.socks[path].sendto(datagram, self._addr)
-        except BlockingIOError:
-            pass        # a full buffer: as a lost packet
+        except OSError as e:
+            self._refused(e)
 
     def send_batch(self, datagrams: list, paths: list[int], dscps: list[int]):
         size = len(datagrams[0])
         if paths.count(paths[0]) == len(paths) and dscps.count(dscps[0]) == len(dscps) \
                 and all(len(d) == size for d in datagrams):
             self._set_tos(paths[0], dscps[0])       # (a step's usual batch: one run)
-            self.runs.send(self.socks[paths[0]], datagrams)
+            try:
+                self.runs.send(self.socks[paths[0]], datagrams)
+            except OSError as e:
+                self._refused(e)
             return
         runs: dict[tuple[int, int, int], list] = {}
         for datagram, path, dscp in zip(datagrams, paths, dscps):
             runs.setdefault((path, dscp, len(datagram)), []).append(datagram)
         for (path, dscp, _), run in runs.items():
             self._set_tos(path, dscp)
-            self.runs.send(self.socks[path], run)
+            try:
+                self.runs.send(self.socks[path], run)
+            except OSError as e:
+                self._refused(e)
 
     def _set_tos(self, path: int, dscp: int):
         tos = (dscp & 0x3F) << 2

@@ -86,7 +86,7 @@ from netagg.host import numerics as N
 from netagg.host import transport as T
 from netagg.host.control import SwitchControl, make_transport, read_params
 from netagg.host.engine import Engine
-from netagg.host.errors import NetaggError, NetaggTimeout
+from netagg.host.errors import NetaggError, NetaggTimeout, NetaggUnreachable
 from netagg.host.fabric_setup import fabric_worker
 from netagg.host.hierarchical import Handle, hierarchical
 from netagg.host.job_setup import JobSetup, slot_range
@@ -162,13 +162,17 @@ class Worker:
         self.engine = self.transport = self.progress = self.shm = None
         self.lanes = N.LANES
         qpn = _queue_pair()
-        if fabric is not None:
-            networked = fabric_worker(self, fabric, switch, slots=slots, slot_base=slot_base,
-                                      credits=credits, quorum=quorum, paths=paths, spray=spray,
-                                      bind=bind, faults=faults, qpn=qpn)
-        else:
-            networked = self._join(switch, slots, slot_base, credits, quorum, paths, spray, bind,
-                                   faults, qpn)
+        try:
+            if fabric is not None:
+                networked = fabric_worker(self, fabric, switch, slots=slots,
+                                          slot_base=slot_base, credits=credits, quorum=quorum,
+                                          paths=paths, spray=spray, bind=bind, faults=faults,
+                                          qpn=qpn)
+            else:
+                networked = self._join(switch, slots, slot_base, credits, quorum, paths, spray,
+                                       bind, faults, qpn)
+        except NetaggUnreachable as e:      # (a send at set-up: the engine had no works)
+            raise e.named(f"rank {self.rank} of job {self.job}") from e.__cause__
         if local_size > 1:
             from netagg.host.node import NodeShm
             try:
@@ -355,7 +359,10 @@ class Worker:
             for w in works:
                 self.engine.submit(w)
             if self.progress is not None and self.engine.window is not None:
-                self.engine.window.lead(time.monotonic())
+                try:
+                    self.engine.window.lead(time.monotonic())
+                except NetaggUnreachable as e:
+                    raise self.engine.unreachable(e) from e.__cause__
         if self.progress is not None:
             self.progress.kick()
 
