@@ -96,7 +96,7 @@ class GsoSender:
         per_run = most_rows(size)
         for first in range(0, count, per_run):
             rows = min(per_run, count - first)
-            run = view[first * size:(first + rows) * size]
+            given = run = view[first * size:(first + rows) * size]
             if rows == 1:
                 self._singly(sock, [run], addr)
                 continue
@@ -113,8 +113,8 @@ class GsoSender:
             except OSError as e:        # no GSO here (EINVAL, EIO, ENOPROTOOPT): one by one
                 if e.errno not in NO_GSO:
                     raise               # (another error: unreachable, say)
-                self.gso = False
-                self._singly(sock, [run[at:at + size] for at in range(0, rows * size, size)],
+                self.gso = False        # each datagram alone, with its ICRC as given
+                self._singly(sock, [given[at:at + size] for at in range(0, rows * size, size)],
                              addr)
 
     @staticmethod

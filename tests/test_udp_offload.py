@@ -149,3 +149,24 @@ def test_a_gro_run_keeps_the_datagrams_whose_icrc_holds_and_counts_the_others():
     short = results[4][:-8]
     good, bad = receiver.run(b"".join(results[:4]) + short, len(results[0]), sender)
     assert [bytes(d) for d in good] == results[:4] and bad == 1
+
+
+def test_a_run_the_kernel_refuses_to_segment_leaves_one_by_one_with_the_icrcs_given():
+    """Where GSO fails (EINVAL: no GSO on this route), the run's datagrams go one a call,
+    each with its ICRC for identification 0, not the ones rewritten for the segments."""
+    import errno
+
+    class NoGso:
+        def __init__(self):
+            self.sent = []
+
+        def sendmsg(self, *args):
+            raise OSError(errno.EINVAL, "no GSO")
+
+        def sendto(self, datagram, addr):
+            self.sent.append(bytes(datagram))
+
+    datagrams = [_contribution(slot) for slot in range(5)]
+    sock, sender = NoGso(), U.GsoSender(("10.1.0.1", W.ROCEV2_PORT), renumber=True)
+    sender.send(sock, datagrams)
+    assert sock.sent == datagrams and not sender.gso
