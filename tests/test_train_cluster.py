@@ -20,11 +20,11 @@ def _needs_torch():
 
 @needs_root
 def test_gloo_and_netagg_train_over_the_cluster_links(tmp_path):
-    """2 hosts, the golden switch, one epoch of the small CNN."""
+    """2 hosts, the fast switch, one epoch of the small CNN."""
     _needs_torch()
     name = "tctrain"
     runs = [r for r in torch_runs.RUNS if r.name in ("gloo", "netagg")]
-    report = train_cluster.train_cluster(hosts=2, switch="golden", epochs=1, channels=16,
+    report = train_cluster.train_cluster(hosts=2, switch="fast", epochs=1, channels=16,
                                          hidden=128, runs=runs, name=name, quiet=True,
                                          timeout=300)
     assert namespaces(name) == []
@@ -60,7 +60,7 @@ def test_a_run_whose_processes_fail_is_an_error_naming_it_and_leaves_nothing():
     _needs_torch()
     name = "tcfail"
     with pytest.raises(RuntimeError, match="run gloo, node 0: torchrun exited") as e:
-        train_cluster.train_cluster(hosts=2, switch="golden", epochs=1, channels=0,
+        train_cluster.train_cluster(hosts=2, switch="fast", epochs=1, channels=0,
                                     runs=torch_runs.RUNS[:1], name=name, quiet=True,
                                     timeout=120)
     assert "channels and hidden >= 1" in str(e.value)
