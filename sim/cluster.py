@@ -52,6 +52,10 @@ NAME_PATTERN = re.compile(r"[a-z][a-z0-9]{0,11}")
 # the hosts' and the switch's scheduling, and within a port's queue (10 ms), so that the
 # results of a window completing at once never overflow it.
 SWITCH_SLOTS = 256
+# A dilated cluster's hosts' scheduling is D times shorter against its links, and its switch
+# (the RTL) no faster than them: a window D times smaller covers the round trip, and a larger
+# one only queues at the switch, past the retransmission timers (which are not dilated).
+MIN_SLOTS = 64
 
 
 class NeedsRoot(PermissionError):
@@ -230,7 +234,7 @@ class Cluster:
         with a job table for every host (`params`: its other options, as ``max_workers=8``);
         its udp:// URL once it listens."""
         params.setdefault("max_workers", max(8, len(self.hosts)))
-        params.setdefault("slots", SWITCH_SLOTS)
+        params.setdefault("slots", max(MIN_SLOTS, int(SWITCH_SLOTS / self.dilation)))
         argv = [sys.executable, "-m", "netagg.apps.cli", "sim", "serve", "--backend", backend,
                 "--host", self.switch_ip]
         for key, value in params.items():

@@ -137,6 +137,44 @@ def test_a_killed_worker_and_a_killed_switch_leave_nothing_behind():
     assert C.namespaces(name) == []
 
 
+def _failures(procs: list[subprocess.Popen], timeout: float) -> list[tuple[float, str]]:
+    """(seconds until it exited, last line of its standard error) of each process, which
+    must fail within `timeout` seconds."""
+    t0, out = time.monotonic(), []
+    for p in procs:
+        _, err = p.communicate(timeout=timeout)
+        assert p.returncode != 0
+        out.append((time.monotonic() - t0, (err.strip().splitlines() or [""])[-1]))
+    return out
+
+
+@root
+def test_a_switch_that_dies_is_named_by_every_rank_in_seconds():
+    name = _name()
+    with C.Cluster(3, "25mbit", name=name) as cluster:
+        url = cluster.serve(SWITCH)
+        procs = _allreduce(cluster, "netagg", 8 << 20, url, timeout=30.0)
+        time.sleep(3.0)
+        cluster.switch.kill()
+        for seconds, said in _failures(procs, 20):
+            assert seconds < 8, said        # the worker's timeout is 30 s
+            assert "the switch at 10.77.0.1:4791 is gone" in said, said
+    assert C.namespaces(name) == []
+
+
+@root
+def test_a_host_whose_link_is_down_is_told_so_at_once():
+    name = _name()
+    with C.Cluster(2, name=name) as cluster:
+        url = cluster.serve(SWITCH)
+        cluster.set_link(1, up=False)
+        t0 = time.monotonic()
+        proc = _allreduce(cluster, "netagg", 1 << 20, url, timeout=30.0)[1]
+        [(seconds, said)] = _failures([proc], 20)
+        assert time.monotonic() - t0 < 10 and "rank 1 of job 0 cannot reach the switch at " \
+            "10.77.0.1:4791" in said and "link down" in said, said
+
+
 @root
 def test_a_killed_maker_is_cleaned_up_by_its_guard():
     name = _name()
