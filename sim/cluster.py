@@ -186,7 +186,11 @@ class Cluster:
         self.processes.clear()
         if self._guard is not None:
             self._guard.stdin.close()       # nothing left for it: it exits
-            self._guard.wait(10)
+            try:
+                self._guard.wait(10)
+            except subprocess.TimeoutExpired:
+                self._guard.kill()
+                self._guard.wait()
             self._guard = None
 
     def _make(self):

@@ -218,7 +218,7 @@ def test_cluster_up_holds_it_until_ctrl_c_and_down_removes_leftovers():
         assert len(C.namespaces(name)) == 3
     finally:
         up.send_signal(signal.SIGINT)
-        up.communicate(timeout=30)
+        up.communicate(timeout=90)          # (the switch and every namespace go first)
     assert up.returncode == 0
     assert C.namespaces(name) == []
     # what a crash would leave: a namespace of the cluster's name, and a process in it

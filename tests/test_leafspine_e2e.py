@@ -457,9 +457,9 @@ def test_a_spine_of_8_leaves_is_set_up_in_two_requests_and_sums_exactly(monkeypa
     sizes = []
     send = ControlChannel.request_async
 
-    def counted(self, records, callback):
+    def counted(self, records, callback, *args, **kwargs):
         sizes.append(len(records))
-        return send(self, records, callback)
+        return send(self, records, callback, *args, **kwargs)
     monkeypatch.setattr(ControlChannel, "request_async", counted)
     topo = Topology(8, 1, max_workers=8)
     ws = _workers(topo, n=8)
