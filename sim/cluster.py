@@ -30,7 +30,9 @@ CAP_NET_ADMIN); without it `Cluster` raises `NeedsRoot` with one line that says 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import ipaddress
 import os
 import re
@@ -67,6 +69,21 @@ class ClusterError(RuntimeError):
     start); the message says what and what to do."""
 
 
+LOCK = "/run/netagg-cluster.lock"
+
+
+@contextlib.contextmanager
+def _netlink_lock():
+    """Clusters are made and removed one at a time on a machine (a file lock): namespaces,
+    veths and their peers made by two processes at once raced."""
+    with open(LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def namespaces(name: str) -> list[str]:
     """The namespaces of cluster `name` that exist now."""
     pattern = re.compile(rf"{re.escape(name)}-(sw|h\d+)")
@@ -82,11 +99,12 @@ def remove(name: str) -> list[str]:
     from pyroute2 import netns as pyroute_netns
     found = namespaces(name)
     netns.kill_all(found)
-    for ns in found:
-        try:
-            pyroute_netns.remove(ns)
-        except OSError:
-            pass
+    with _netlink_lock():
+        for ns in found:
+            try:
+                pyroute_netns.remove(ns)
+            except OSError:
+                pass
     return found
 
 
@@ -166,7 +184,8 @@ class Cluster:
             [sys.executable, "-m", "netagg.sim.cluster_guard", self.name],
             stdin=subprocess.PIPE, start_new_session=True)
         try:
-            self._make()
+            with _netlink_lock():
+                self._make()
         except BaseException:
             self.down()
             raise

@@ -10,6 +10,7 @@ from netagg.apps import torch_runs, train_cluster
 from netagg.apps.cli import main
 from netagg.sim.cluster import namespaces
 
+pytestmark = pytest.mark.xdist_group("cluster")      # one cluster at a time, as test_cluster
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the emulated cluster needs root")
 
 
