@@ -9,6 +9,7 @@ links and queues).
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -46,7 +47,19 @@ def main(args) -> int:
 
 
 def _up(args) -> int:
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    owner = os.getpid()
+
+    def stop(signum, frame):
+        """Ctrl-C and SIGTERM leave the cluster's `with` in this process; a process forked
+        from it for netlink work (pyroute2 makes each namespace in a child it then ends
+        with SIGTERM) exits at once, without unwinding this process's stack, whose
+        clean-up would remove the cluster being made."""
+        if os.getpid() != owner:
+            os._exit(1)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     try:
         with C.Cluster(args.hosts, args.rate, args.queue, args.name) as cluster:
             url = cluster.serve(args.switch) if args.switch != "none" else None
