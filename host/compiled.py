@@ -32,12 +32,13 @@ import time
 
 import numpy as np
 from netagg.host import numerics as N
-from netagg.host.compiled_build import Fmt, Run, Status, crc32_address, library
+from netagg.host.compiled_build import Fmt, Run, Status, library
 from netagg.host.progress import wanted
 from netagg.host.transport import UdpTransport
 from netagg.host.wire_arrays import write_imm_dtype
 from netagg.sim import udp_offload
 from netagg.sim import wire as W
+from netagg.sim.cpp_build import crc32_address
 
 RUN_SECONDS = 0.25      # the longest a call runs (the engine's checks wait at most this)
 SAMPLES = 32            # round-trip samples a call keeps (its latest: an average's weight)

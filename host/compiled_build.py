@@ -19,19 +19,12 @@ from __future__ import annotations
 import ctypes
 import enum
 import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
 from pathlib import Path
 
 from netagg.sim import wire as W
-from netagg.sim.build import locked
-from netagg.sim.toolchain import cache_dir
+from netagg.sim.cpp_build import FLAGS, Unavailable, build_and_load, enabled
 
 SOURCE = Path(__file__).resolve().parent / "cpp" / "step.cpp"
-FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno"]
 
 
 class Status(enum.IntEnum):
@@ -128,19 +121,6 @@ def unavailable() -> str | None:
     return _reason
 
 
-def enabled() -> bool:
-    return os.environ.get("NETAGG_COMPILED", "1") != "0"
-
-
-@functools.cache
-def _compiler() -> tuple[str, str] | None:
-    path = shutil.which(os.environ.get("CXX", "c++"))
-    if path is None:
-        return None
-    version = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
-    return path, version
-
-
 def library() -> ctypes.CDLL | None:
     """The loaded library, built if need be; None where it cannot be (see the module)."""
     global _reason
@@ -153,65 +133,15 @@ def library() -> ctypes.CDLL | None:
 @functools.cache
 def _load() -> ctypes.CDLL | None:
     global _reason
-    compiler = _compiler()
-    if compiler is None:
-        _reason = "no C++ compiler"
-        return None
-    header = abi_header()
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([
-        source, header.encode(), compiler[0].encode(), compiler[1].encode(),
-        " ".join(FLAGS).encode(), platform.machine().encode(), _cpu().encode()])).hexdigest()
     try:
-        out = cache_dir() / "host" / f"step-{key[:16]}.so"
-        if not out.exists():
-            with locked(out):
-                if not out.exists():
-                    _build(compiler[0], header, out)
-        lib = ctypes.CDLL(str(out))
-    except (OSError, RuntimeError) as e:
-        _reason = f"the compiled step did not build or load: {e}"
+        lib = build_and_load(SOURCE, "step_abi.h", abi_header(), "host", FLAGS)
+    except Unavailable as e:
+        _reason = str(e)
         return None
+    _reason = None
     lib.step_run.argtypes = [ctypes.POINTER(Run)]
     lib.step_run.restype = ctypes.c_int
     lib.step_float16.restype = ctypes.c_int
     lib.step_block_top.argtypes = [ctypes.c_int64] * 4 + [ctypes.c_void_p]
     lib.step_block_top.restype = None
     return lib
-
-
-def _cpu() -> str:
-    """The CPU model (the build is for this machine's instruction set)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") or line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return ""
-
-
-def _build(compiler: str, header: str, out: Path):
-    work = out.with_name(f"{out.stem}.{os.getpid()}.d")
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "step_abi.h").write_text(header)
-    tmp = work / out.name
-    result = subprocess.run([compiler, *FLAGS, "-I", str(work), str(SOURCE), "-o", str(tmp)],
-                            capture_output=True, text=True)
-    if result.returncode:
-        shutil.rmtree(work, ignore_errors=True)
-        raise RuntimeError(result.stderr[-2000:])
-    tmp.replace(out)
-    shutil.rmtree(work, ignore_errors=True)
-
-
-@functools.cache
-def crc32_address() -> int:
-    """The address of zlib-ng's CRC-32 (the one `sim.wire.crc32` is), 0 if it cannot be
-    found (the C++ then uses its own, slower)."""
-    try:
-        import zlib_ng.zlib_ng as z
-
-        return ctypes.cast(ctypes.CDLL(z.__file__).zng_crc32, ctypes.c_void_p).value or 0
-    except (ImportError, OSError, AttributeError):
-        return 0

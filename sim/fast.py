@@ -40,7 +40,7 @@ import ctypes
 import dataclasses
 
 import numpy as np
-from netagg.sim import fast_build
+from netagg.sim import cpp_build, fast_build
 from netagg.sim import wire as W
 from netagg.sim.fast_build import JOB_WORDS, TEMPLATE_BYTES, WORKER_WORDS, State, Stop
 from netagg.sim.golden import GoldenSwitch, Job, SlotCopy
@@ -213,7 +213,7 @@ class FastSwitch(GoldenSwitch):
         self._state = State(
             ports=self.ports, jobs=self.jobs, max_workers=self.max_workers, slots=self.slots,
             max_payload=self.max_payload, queue_capacity=self.queue_capacity, lanes=lanes,
-            crc32=fast_build.crc32_address(), thresholds=self._thresholds.ctypes.data,
+            crc32=cpp_build.crc32_address(), thresholds=self._thresholds.ctypes.data,
             job=self._table.ctypes.data, worker=self._workers.ctypes.data,
             templates=self._heads.ctypes.data,
             **{name: getattr(c, name).ctypes.data for name in SlotCopies.FIELDS},

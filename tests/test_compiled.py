@@ -17,6 +17,7 @@ from netagg.host import Worker, compiled_build, job_setup
 from netagg.host import compiled as compiled_module
 from netagg.host import numerics as N
 from netagg.host.wire_arrays import write_imm_dtype
+from netagg.sim import cpp_build
 from netagg.sim import wire as W
 from netagg.sim.serve import SimServer, make_backend
 
@@ -161,7 +162,7 @@ def test_without_a_compiler_or_when_turned_off_the_python_window_runs(monkeypatc
         monkeypatch.setenv("NETAGG_COMPILED", "1")
         monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
         monkeypatch.setenv("NETAGG_CACHE", str(tmp_path))
-        compiled_build._compiler.cache_clear()
+        cpp_build._compiler.cache_clear()
         compiled_build._load.cache_clear()
         try:
             assert compiled_build.library() is None
@@ -172,7 +173,7 @@ def test_without_a_compiler_or_when_turned_off_the_python_window_runs(monkeypatc
             assert got.tobytes() == want[0].tobytes()
         finally:
             monkeypatch.undo()
-            compiled_build._compiler.cache_clear()
+            cpp_build._compiler.cache_clear()
             compiled_build._load.cache_clear()
     assert compiled_build.library() is not None
 
