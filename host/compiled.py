@@ -240,7 +240,7 @@ class CompiledStep:
         for name in ("next", "cur", "use", "cur_use", "tag", "whole", "last_psn", "sent_at",
                      "deadline"):
             setattr(r, name, _addr(getattr(w, name)))
-        r.rtos = _addr(w.rto)
+        r.rtos, r.attempts = _addr(w.rto), _addr(w.attempts)
         r.total, r.dealt, r.credits, r.limit = w.total, w.dealt, e.credits, e.limit
         r.rto, r.psn, r.until = e.rtt.rto, e.psns.psn, until
         self.known_before = span.known.copy()

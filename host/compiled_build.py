@@ -74,7 +74,7 @@ RUN_FIELDS = [
     # the window (`host.window.PlainWindow`'s arrays) and its check-lane tags
     ("total", _I), ("dealt", _I), ("credits", _I), ("limit", _I), ("next", _I), ("cur", _I),
     ("use", _I), ("cur_use", _I), ("tag", _I), ("whole", _I), ("last_psn", _I),
-    ("sent_at", _I), ("deadline", _I), ("rtos", _I), ("rto", _D), ("tag_base", _I),
+    ("sent_at", _I), ("deadline", _I), ("rtos", _I), ("attempts", _I), ("rto", _D), ("tag_base", _I),
     ("tag_cols", _I), ("tag_table", _I), ("seal_table", _I), ("whole_table", _I), ("started", _I),
     # the span (`host.window._Span`) and its work
     ("first", _I), ("count", _I), ("leading", _I), ("chunk", _I), ("needs", _I),

@@ -425,10 +425,8 @@ class Engine(Taking):
     def _retransmit(self):
         now = time.monotonic()
         if self.window is not None and now >= self.earliest:
-            if self.window.due(now):
-                self.window.leave()         # the engine retransmits, message by message
-            else:
-                self.earliest = float(self.window.deadline.min())
+            self.window.resend(now)
+            self.earliest = float(self.window.deadline.min())
         if self.window is None and now >= self.earliest:
             self.earliest = float("inf")
             for st in self.slots:

@@ -14,9 +14,11 @@ at a time (`host.messages.deliver_rows`), after the next packets are sent (`star
 the writing overlaps the switch's turnaround. No `Message` object exists for a message of the
 window.
 
-Anything else leaves the window (`leave`): a result that does not complete its use at once
-(fewer contributions, saturation, a late or early copy, a stray), a retransmission timeout,
-a chunk about to start in a block agreed non-finite (`host.nonfinite`: two rounds a chunk),
+A message whose result is late is sent again from the window (`resend`), its timeout doubled
+as the engine's `_transmit` does, and a copy of a slot's last result that comes after it was
+taken (the switch answers a repeated contribution so) is counted (`stale_results`) and
+dropped. Anything else leaves the window (`leave`): a result that does not complete its use
+at once (fewer contributions, saturation, an early copy, a stray), a chunk about to start in a block agreed non-finite (`host.nonfinite`: two rounds a chunk),
 or a work the window does not take (a quorum, a loss budget, several paths). The window then
 writes its state into the engine's `SlotState`s and `Message`s, as the engine would have
 left them, and the engine goes on from there, one message at a time; the next work
@@ -115,6 +117,7 @@ class PlainWindow:
         self.sent_at = np.zeros(n)
         self.deadline = np.full(n, np.inf)
         self.rto = np.zeros(n)
+        self.attempts = np.zeros(n, np.int64)      # sendings of the message in flight
         self.packets: list = [None] * n
         self.tag_base = self.use - TAG_USES         # `_tags`' table: none yet
         self.tag_table = np.zeros((n, TAG_USES), np.int64)
@@ -155,15 +158,27 @@ class PlainWindow:
               & (batch.check == self.whole[slot]) & (batch.count == e.workers)
               & ~batch.overflow & (batch.limit >= self.last_psn[slot]))
         rows = np.flatnonzero(ok)
-        if not len(rows):
-            return list(range(len(slot)))
-        if np.bincount(slot[rows]).max() > 1:   # a slot's second copy in a batch: not at once
-            _, first = np.unique(slot[rows], return_index=True)
-            ok[:] = False
-            rows = rows[np.sort(first)]
-            ok[rows] = True
-        done = slot[rows]
-        e.rtt.sample(now - self.sent_at[done[0]])
+        if len(rows):
+            if np.bincount(slot[rows]).max() > 1:   # a slot's second copy in a batch: later
+                _, first = np.unique(slot[rows], return_index=True)
+                ok[:] = False
+                rows = rows[np.sort(first)]
+                ok[rows] = True
+            self._complete(batch, rows, now)
+        others = np.flatnonzero(~ok)
+        if not len(others):
+            return []
+        stale = self._stale(batch, others)
+        e.stats["stale_results"] += int(stale.sum())
+        return others[~stale].tolist()
+
+    def _complete(self, batch, rows: np.ndarray, now: float):
+        """The messages in flight whose uses the results `rows` of `batch` complete."""
+        e = self.engine
+        done = batch.slot[rows]
+        once = done[self.attempts[done] == 1]       # (Karn's rule: a message sent once)
+        if len(once):
+            e.rtt.sample(now - self.sent_at[once[0]])
         e.last_progress = now
         g = self.cur[done]
         self.cur[done] = -1
@@ -173,7 +188,19 @@ class PlainWindow:
         for span in self._spans_of(g):
             mine = (g >= span.first) & (g < span.first + span.count)
             self._taken(span, g[mine] - span.first, rows[mine], exponent[mine], batch.lanes)
-        return np.flatnonzero(~ok).tolist()
+
+    def _stale(self, batch, rows: np.ndarray) -> np.ndarray:
+        """Which results `rows` of `batch` are copies of their slot's last completed use's
+        (its version and its complete check lane)."""
+        e, slot = self.engine, batch.slot[rows]
+        last = self.use[slot] - 1 - (self.cur[slot] >= 0)
+        stale = last >= 0
+        if stale.any():
+            tags = e.check_lane.tags(slot[stale], last[stale])
+            stale[stale] = ((batch.version[rows][stale] == last[stale] & 1)
+                            & (batch.check[rows][stale] == e.workers * tags
+                               + e.check_lane.everyone))
+        return stale
 
     def _taken(self, span: _Span, i: np.ndarray, rows: np.ndarray, exponent: np.ndarray,
                lanes: np.ndarray):
@@ -295,6 +322,7 @@ class PlainWindow:
         e.transport.send_batch(datagrams, [0] * len(slots), dscp.tolist())
         rto = e.rtt.rto
         self.sent_at[slots], self.rto[slots], self.deadline[slots] = now, rto, now + rto
+        self.attempts[slots] = 1
         e.earliest = min(e.earliest, now + rto)
         e.stats["packets_sent"] += len(slots)
         e.stats["bytes_sent"] += len(slots) * len(datagrams[0])
@@ -333,9 +361,28 @@ class PlainWindow:
 
     # --- leaving ------------------------------------------------------------------------
 
-    def due(self, now: float) -> bool:
-        """Whether a message in flight is due for retransmission (the window cannot)."""
-        return bool((self.deadline <= now).any())
+    def resend(self, now: float):
+        """Send the packets of the messages in flight that are due again, each with its
+        timeout twice the last (at most the estimator's `rto_max`), as the engine's
+        `_transmit` does."""
+        e = self.engine
+        due = np.flatnonzero(self.deadline <= now)
+        if not len(due):
+            return
+        rto = np.minimum(e.rtt.rto_max, 2 * self.rto[due])
+        self.rto[due], self.deadline[due] = rto, now + rto
+        self.attempts[due] += 1
+        dscp = np.zeros(len(due), np.int64)
+        g = self.cur[due]
+        for span in self._spans_of(g):
+            mine = (g >= span.first) & (g < span.first + span.count)
+            dscp[mine] = span.dscp[g[mine] - span.first]
+        packets = [self.packets[s] for s in due.tolist()]
+        e.transport.send_batch(packets, [0] * len(due), dscp.tolist())
+        e.stats["retransmissions"] += len(due)
+        e.stats["packets_sent"] += len(due)
+        e.stats["bytes_sent"] += sum(map(len, packets))
+        e.earliest = min(e.earliest, float(self.deadline.min()))
 
     def leave(self):
         """Write the window's state into the engine's slots and messages, as the engine
@@ -378,7 +425,7 @@ class PlainWindow:
                     m.exponent = span.work.exponents[m.needs]
                 m.expect = (m.use & 1, int(self.whole[s]))
                 m.timer = RetransmitTimer(float(self.sent_at[s]), float(self.deadline[s]),
-                                          float(self.rto[s]), 1)
+                                          float(self.rto[s]), int(self.attempts[s]))
                 m.packet = self.packets[s]
                 st.inflight = m
         e.dealer.next_slot = (self.first_slot + self.total) % self.slots

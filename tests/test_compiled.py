@@ -89,9 +89,9 @@ def _peers(url: str, arrays: list, delays: list[float], **kw) -> list:
 
 
 def test_two_workers_through_the_golden_switch_one_late():
-    """A peer 0.6 s late: the other's window times out and hands its slots to the
-    engine's message path, which retransmits; the late peer's compiled step carries its
-    allreduce; int32 sums exact on both."""
+    """A peer 0.6 s late: the other's window times out and sends its packets again, each
+    timeout twice the last, without leaving to the engine's message path; the late peer's
+    compiled step carries its allreduce; int32 sums exact on both."""
     rng = np.random.default_rng(3)
     arrays = [rng.integers(-2**24, 2**24, 255 * 300 + 5, dtype=np.int32) for _ in range(2)]
     with SimServer(make_backend("golden")).start() as server:
@@ -99,8 +99,9 @@ def test_two_workers_through_the_golden_switch_one_late():
     total = arrays[0] + arrays[1]
     for got, _, _ in out:
         assert np.array_equal(got, total)
-    # the messages handed over keep their timeouts: a few retries each, with backoff
-    assert 0 < out[0][1]["retransmissions"] <= 6 * 64 and out[0][1]["window_fallbacks"] == 1
+    # a few retries each, with backoff, and the window kept
+    assert 0 < out[0][1]["retransmissions"] <= 6 * 64
+    assert out[0][1].get("window_fallbacks", 0) == 0
     assert out[1][1]["compiled_packets"] > 0.8 * out[1][1]["packets_sent"]
 
 

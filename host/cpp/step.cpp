@@ -230,7 +230,7 @@ void deliver(Run &r, int64_t chunk, const int32_t *sums, int64_t exponent) {
 struct Step {
     Run &r;
     CrcFn crc;
-    int64_t *next, *cur, *use, *cur_use, *tag, *whole, *last_psn, *tag_base;
+    int64_t *next, *cur, *use, *cur_use, *tag, *whole, *last_psn, *tag_base, *attempts;
     double *sent_at, *deadline, *rtos;
     int64_t *seal_table, *whole_table;
     const int64_t *chunk_of, *needs, *carries, *field, *offset;
@@ -249,6 +249,7 @@ struct Step {
         tag_base = at<int64_t>(r.tag_base);
         sent_at = at<double>(r.sent_at); deadline = at<double>(r.deadline);
         rtos = at<double>(r.rtos);
+        attempts = at<int64_t>(r.attempts);
         seal_table = at<int64_t>(r.seal_table); whole_table = at<int64_t>(r.whole_table);
         chunk_of = at<int64_t>(r.chunk); needs = at<int64_t>(r.needs);
         carries = at<int64_t>(r.carries); field = at<int64_t>(r.field);
@@ -388,6 +389,7 @@ struct Step {
             sent_at[s] = now;
             deadline[s] = now + r.rto;
             rtos[s] = r.rto;
+            attempts[s] = 1;
             k++;
         }
         if (k) {
@@ -424,7 +426,7 @@ struct Step {
             count != r.workers || flag || check == r.int32_max || limit < last_psn[slot] ||
             !in_span(g) || npending >= 1024)
             return false;
-        if (!sampled) {
+        if (!sampled && attempts[slot] == 1) {     // (Karn's rule: sent once)
             double *samples = at<double>(r.samples);
             samples[r.nsamples++ % r.samples_cap] = now - sent_at[slot];   // (the latest)
             sampled = true;
