@@ -15,11 +15,12 @@ the writing overlaps the switch's turnaround. No `Message` object exists for a m
 window.
 
 A message whose result is late is sent again from the window (`resend`), its timeout doubled
-as the engine's `_transmit` does, and a copy of a slot's last result that comes after it was
-taken (the switch answers a repeated contribution so) is counted (`stale_results`) and
+as the engine's `_transmit` does, and a copy of an earlier use's result that comes after it
+was taken (the switch answers a repeated contribution so) is counted (`stale_results`) and
 dropped. Anything else leaves the window (`leave`): a result that does not complete its use
-at once (fewer contributions, saturation, an early copy, a stray), a chunk about to start in a block agreed non-finite (`host.nonfinite`: two rounds a chunk),
-or a work the window does not take (a quorum, a loss budget, several paths). The window then
+at once (fewer contributions, saturation, an early copy, a stray), a chunk about to start in
+a block agreed non-finite (`host.nonfinite`: two rounds a chunk), or a work the window does
+not take (a quorum, a loss budget, several paths). The window then
 writes its state into the engine's `SlotState`s and `Message`s, as the engine would have
 left them, and the engine goes on from there, one message at a time; the next work
 submitted to an idle engine enters a window again.
@@ -190,17 +191,20 @@ class PlainWindow:
             self._taken(span, g[mine] - span.first, rows[mine], exponent[mine], batch.lanes)
 
     def _stale(self, batch, rows: np.ndarray) -> np.ndarray:
-        """Which results `rows` of `batch` are copies of their slot's last completed use's
-        (its version and its complete check lane)."""
+        """Which results `rows` of `batch` are copies of an earlier use's than their slot's
+        current one: a credit limit below the slot's last (a later use completes after the
+        earlier ones), or the last completed use's version and complete check lane (a copy
+        made before anything else completed), as the engine's `CheckLane.classify` has it."""
         e, slot = self.engine, batch.slot[rows]
+        older = batch.limit[rows] < self.last_psn[slot]
         last = self.use[slot] - 1 - (self.cur[slot] >= 0)
-        stale = last >= 0
+        stale = (last >= 0) & ~older
         if stale.any():
             tags = e.check_lane.tags(slot[stale], last[stale])
             stale[stale] = ((batch.version[rows][stale] == last[stale] & 1)
                             & (batch.check[rows][stale] == e.workers * tags
                                + e.check_lane.everyone))
-        return stale
+        return stale | older
 
     def _taken(self, span: _Span, i: np.ndarray, rows: np.ndarray, exponent: np.ndarray,
                lanes: np.ndarray):
