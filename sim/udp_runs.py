@@ -2,8 +2,8 @@
 
 `RunReader.runs` takes what waits, from the server's raw socket (the IPv4 headers as
 received, with CAP_NET_RAW) or from its UDP socket (the canonical headers, the DSCP read with
-`IP_RECVTOS`), and gives it as runs: the frames of what one sender sent one after the other
-in datagrams of one length, each frame its Ethernet, IPv4 and UDP headers (`W.BTH_OFFSET`
+`IP_RECVTOS`), and gives it as runs: the frames of what one sender sent in datagrams of one
+length, a poll's together (one sender's after another's), each frame its Ethernet, IPv4 and UDP headers (`W.BTH_OFFSET`
 bytes, the sender's MAC standing for it) and its datagram, the run's datagrams one after the
 other in one buffer. A GSO run is cut as the sender's kernel would have cut it, each segment
 with the headers the kernel gives it; a worker's window of 64 contributions of 1,060 bytes
@@ -96,23 +96,26 @@ class RunReader:
         self._senders_in: dict[bytes, tuple] = {}   # IPv4 and UDP headers -> `_ingress_of`
 
     def runs(self):
-        """(switch port, heads, datagrams, length) of each run of frames waiting, in order:
-        frame i of a run is `heads[i]` (its Ethernet, IPv4 and UDP headers) and the `i`-th
-        `length` bytes of `datagrams` (see the module)."""
-        key, heads, bodies, full, waited = None, [], [], False, False
+        """(switch port, heads, datagrams, length) of each run of frames waiting: frame i of
+        a run is `heads[i]` (its Ethernet, IPv4 and UDP headers) and the `i`-th `length`
+        bytes of `datagrams` (see the module). Each sender's frames come in the order they
+        arrived, all of one sender's before the next sender's (in the order each was first
+        heard), as a network may have delivered them: a busy switch takes a poll's
+        contributions as a run per worker, not one by one."""
+        groups: dict[tuple, list] = {}      # sender -> its runs, [length, heads, bodies]
+        full, waited = False, False
         watch = self.raw if self.raw is not None else self.sock
         now = time.monotonic()
         if now - self._last > IDLE:         # traffic again after a pause: wait again
             self._lingers_off = 0
         while True:
             for port, more, body, size in self._pieces():
-                sender = (port, more[0][W.IP_OFFSET + 12:W.UDP_OFFSET + 2], size)
-                if sender != key and heads:
-                    yield key[0], tuple(heads), _joined(bodies), key[2]
-                    heads, bodies = [], []
-                key, full = sender, len(more) >= udp_offload.most_rows(size or 1)
-                heads += more
-                bodies.append(body)
+                mine = groups.setdefault((port, more[0][W.IP_OFFSET + 12:W.UDP_OFFSET + 2]), [])
+                if not mine or mine[-1][0] != size:
+                    mine.append([size, [], []])
+                mine[-1][1].extend(more)
+                mine[-1][2].append(body)
+                full = len(more) >= udp_offload.most_rows(size or 1)
             if not full or waited or not self.linger:
                 break
             if self._lingers_off:
@@ -122,9 +125,10 @@ class RunReader:
             if not select.select([watch], [], [], self.linger)[0]:
                 self._lingers_off = LINGER_OFF
                 break
-        if heads:
-            yield key[0], tuple(heads), _joined(bodies), key[2]
         self._last = time.monotonic()
+        for (port, _), mine in groups.items():
+            for size, heads, bodies in mine:
+                yield port, tuple(heads), _joined(bodies), size
 
     def _pieces(self):
         """(switch port, heads, datagrams, length) of each datagram or GSO run (of equal
