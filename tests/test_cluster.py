@@ -40,6 +40,14 @@ def _allreduce(cluster: C.Cluster, library: str, size: int, url: str | None = No
             for h in cluster.hosts]
 
 
+def _until_sent(cluster: C.Cluster, nbytes: int, timeout: float):
+    """Wait until the hosts' links have carried `nbytes` in all."""
+    deadline = time.monotonic() + timeout
+    while sum(c.tx_bytes for c in cluster.counters()) < nbytes:
+        assert time.monotonic() < deadline, f"the hosts sent less than {nbytes} bytes"
+        time.sleep(0.05)
+
+
 def _reports(procs: list[subprocess.Popen], timeout: float = 120.0) -> list[dict]:
     out = []
     for p in procs:
@@ -128,7 +136,7 @@ def test_a_killed_worker_and_a_killed_switch_leave_nothing_behind():
     with C.Cluster(3, "25mbit", name=name) as cluster:
         url = cluster.serve(SWITCH)
         procs = _allreduce(cluster, "netagg", 8 << 20, url, timeout=5.0)
-        time.sleep(2.0)
+        _until_sent(cluster, 2 << 20, 60.0)
         procs[2].kill()
         cluster.switch.kill()
         for p in procs[:2]:
@@ -154,7 +162,7 @@ def test_a_switch_that_dies_is_named_by_every_rank_in_seconds():
     with C.Cluster(3, "25mbit", name=name) as cluster:
         url = cluster.serve(SWITCH)
         procs = _allreduce(cluster, "netagg", 8 << 20, url, timeout=30.0)
-        time.sleep(3.0)
+        _until_sent(cluster, 2 << 20, 60.0)     # the allreduce under way
         cluster.switch.kill()
         for seconds, said in _failures(procs, 20):
             assert seconds < 8, said        # the worker's timeout is 30 s
