@@ -13,7 +13,7 @@ answers a window at once), and, when such a wait saw nothing come, takes the nex
 `LINGER_OFF` full runs without one (a window whose rest comes with its next step), until
 traffic pauses for `IDLE` seconds (a worker's next allreduce). Where a
 packet enters the switch (`entry`) is cached by its IPv4 and UDP headers, which every
-datagram of a sender repeats.
+datagram of a sender repeats (a packet without IPv4 options).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from netagg.sim import wire as W
 from netagg.sim.udp import switch_port_for
 
 _SRC, _DST = H.IPV4.byte_offset("src"), H.IPV4.byte_offset("dst")   # in an IPv4 header
+_PORTS_END = W.IP_LEN + 4       # the UDP ports' end, in a packet without IPv4 options
 
 LINGER = 0.0002     # s a backend that takes runs waits for the rest of a window after a full run
 LINGER_OFF = 32     # full runs taken without waiting after a wait nothing ended
@@ -93,7 +94,7 @@ class RunReader:
         self.sock, self.raw, self.bound_ip, self.ports = sock, raw, bound_ip, ports
         self.linger, self.udp_copies = linger, udp_copies
         self._lingers_off, self._last = 0, 0.0
-        self._senders_in: dict[bytes, tuple] = {}   # IPv4 and UDP headers -> `_ingress_of`
+        self._senders_in: dict[bytes, tuple] = {}   # addresses and ports -> `_ingress_of`
 
     def runs(self):
         """(switch port, heads, datagrams, length) of each run of frames waiting: frame i of
@@ -102,15 +103,15 @@ class RunReader:
         arrived, all of one sender's before the next sender's (in the order each was first
         heard), as a network may have delivered them: a busy switch takes a poll's
         contributions as a run per worker, not one by one."""
-        groups: dict[tuple, list] = {}      # sender -> its runs, [length, heads, bodies]
+        groups: dict[tuple, tuple] = {}     # sender -> (port, its runs: [length, heads, bodies])
         full, waited = False, False
         watch = self.raw if self.raw is not None else self.sock
         now = time.monotonic()
         if now - self._last > IDLE:         # traffic again after a pause: wait again
             self._lingers_off = 0
         while True:
-            for port, more, body, size in self._pieces():
-                mine = groups.setdefault((port, more[0][W.IP_OFFSET + 12:W.UDP_OFFSET + 2]), [])
+            for sender, port, more, body, size in self._pieces():
+                mine = groups.setdefault(sender, (port, []))[1]
                 if not mine or mine[-1][0] != size:
                     mine.append([size, [], []])
                 mine[-1][1].extend(more)
@@ -126,38 +127,15 @@ class RunReader:
                 self._lingers_off = LINGER_OFF
                 break
         self._last = time.monotonic()
-        for (port, _), mine in groups.items():
+        for port, mine in groups.values():
             for size, heads, bodies in mine:
                 yield port, tuple(heads), _joined(bodies), size
 
     def _pieces(self):
-        """(switch port, heads, datagrams, length) of each datagram or GSO run (of equal
-        lengths) waiting, as `runs`."""
+        """(sender, switch port, heads, datagrams, length) of each datagram or GSO run (of
+        equal lengths) waiting, as `runs`; the sender a key that names it (with the port)."""
         if self.raw is not None:
-            while self.udp_copies:      # the UDP socket's copies: the raw socket has them
-                try:
-                    self.sock.recv(4096)
-                except (BlockingIOError, InterruptedError):
-                    break
-            for _ in range(512):
-                try:
-                    packet = self.raw.recv(65536)
-                except (BlockingIOError, InterruptedError):
-                    return
-                ingress = self._senders_in.get(packet[:_IP_UDP])
-                if ingress is None:
-                    ingress = self._ingress_of(packet)
-                if not ingress:
-                    continue
-                eth, port = ingress
-                run = udp_offload.split(packet)     # (a run is not always longer than one)
-                if run is None:
-                    yield port, (eth + packet[:_IP_UDP],), memoryview(packet)[_IP_UDP:], \
-                        max(0, len(packet) - _IP_UDP)
-                    continue
-                _, body, size = run
-                heads = _run_heads(eth, bytes(packet[:_IP_UDP]), size, len(body))
-                yield from _cut_run(port, heads, body, size)
+            yield from self._raw_pieces()
             return
         for _ in range(512):
             try:
@@ -172,15 +150,45 @@ class RunReader:
                 size = len(data)
             head = _canonical_headers(ip, sport, self.bound_ip, size, tos >> 2)
             if not data:
-                yield port, (head,), memoryview(data), 0
+                yield (ip, sport), port, (head,), memoryview(data), 0
                 continue
             heads = _run_heads(head[:W.IP_OFFSET], head[W.IP_OFFSET:], size, len(data))
-            yield from _cut_run(port, heads, memoryview(data), size)
+            for piece in _cut_run(port, heads, memoryview(data), size):
+                yield (ip, sport), *piece
+
+    def _raw_pieces(self):
+        """`_pieces` from the raw socket: a datagram, or a run (`udp_offload.split`) cut."""
+        while self.udp_copies:          # the UDP socket's copies: the raw socket has them
+            try:
+                self.sock.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                break
+        recv, senders = self.raw.recv, self._senders_in
+        for _ in range(512):
+            try:
+                packet = recv(65536)
+            except (BlockingIOError, InterruptedError):
+                return
+            plain = packet[0] == W.IPV4_FIRST_BYTE      # no IPv4 options
+            ingress = senders.get(packet[_SRC:_PORTS_END]) if plain else None
+            if ingress is None:
+                ingress = self._ingress_of(packet)
+            if not ingress:
+                continue
+            eth, port = ingress
+            body = memoryview(packet)[_IP_UDP:]
+            size = W.datagram_length(body)
+            if size is None or len(body) <= size or not plain:      # (`udp_offload.split`)
+                yield ingress, port, (eth + packet[:_IP_UDP],), body, max(0, len(body))
+                continue
+            heads = _run_heads(eth, bytes(packet[:_IP_UDP]), size, len(body))
+            for piece in _cut_run(port, heads, body, size):
+                yield ingress, *piece
 
     def _ingress_of(self, packet: bytes) -> tuple[bytes, int] | tuple[()]:
         """The Ethernet header of a frame for an IPv4 packet as received and the switch port
         it enters, or () for a packet that is not a UDP datagram to this address and port
-        4791; cached by IPv4 and UDP headers (every datagram of a sender repeats them)."""
+        4791; cached by its addresses and ports (a packet without IPv4 options)."""
         ihl = (packet[0] & 0x0F) * 4
         if len(packet) < ihl + W.UDP_LEN or packet[_DST:_DST + 4] != W.ip_packed(self.bound_ip):
             return ()
@@ -190,5 +198,5 @@ class RunReader:
         if ihl == W.IP_LEN:
             if len(self._senders_in) >= 4096:
                 self._senders_in.clear()
-            self._senders_in[packet[:_IP_UDP]] = ingress
+            self._senders_in[packet[_SRC:_PORTS_END]] = ingress
         return ingress
