@@ -11,9 +11,10 @@ sends GSO runs, waits for results, takes and writes them, step after step, until
 `Status`; it leaves the arrays as the window's Python would have. Here, afterwards, the
 engine's counters, its credit limit, PSNs and round-trip estimate, the work's exponents
 and finished chunks are brought up to date, and what the C++ stopped at is handed to the
-Python path: a datagram it did not take goes through the transport's reading and the
-engine's `_receive_all` (which may leave the window), a non-finite block leaves the window,
-a due message is the engine's `_retransmit`'s, the rest the next Python step's. A heartbeat
+Python path: a datagram it did not take, and the rest of the runs it received with it
+(`rx_runs`), go through the transport's reading and the engine's `_receive_all` (which
+may leave the window), a non-finite block leaves the window, a due message is the
+engine's `_retransmit`'s, the rest the next Python step's. A heartbeat
 or a read of the beats that falls due (`host.liveness`) is sent between two calls, and the
 run goes on: it costs a return to Python, not a Python step.
 
@@ -22,17 +23,22 @@ sources and tensor are contiguous arrays of a format it carries (int32, float32,
 where the compiler has `_Float16`, bfloat16 as uint16 or int16 bits), and the library
 built (`host.compiled_build.library`; NETAGG_COMPILED=0 turns it off). Counters:
 `compiled_runs`, `compiled_packets` (sent by the C++).
+
+Cost: per call a few dozen Python operations (the window's array addresses are kept
+between calls); per full window of 64 packets about one wait for the socket and three
+system calls in the C++.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import ipaddress
 import time
 
 import numpy as np
 from netagg.host import numerics as N
-from netagg.host.compiled_build import Fmt, Run, Status, library
+from netagg.host.compiled_build import RX_RUNS, Fmt, Run, Status, library
 from netagg.host.progress import wanted
 from netagg.host.transport import UdpTransport
 from netagg.host.wire_arrays import write_imm_dtype
@@ -42,14 +48,19 @@ from netagg.sim.cpp_build import crc32_address
 
 RUN_SECONDS = 0.25      # the longest a call runs (the engine's checks wait at most this)
 SAMPLES = 32            # round-trip samples a call keeps (its latest: an average's weight)
-RX_BYTES = 65536        # the receive buffer: the largest GRO run
+RX_BYTES = 65536        # a run's part of the receive buffer: the largest GRO run
 
+# the window's arrays the C++ reads and writes: (`PlainWindow` attribute, `Run` field)
+_WINDOW_ARRAYS = [(name, name) for name in ("next", "cur", "use", "cur_use", "tag", "whole",
+                                            "last_psn", "sent_at", "deadline", "attempts")]
+_WINDOW_ARRAYS.append(("rto", "rtos"))
 _FORMATS = {N.INT32: Fmt.INT32, N.FLOAT32: Fmt.FLOAT32, N.FLOAT16: Fmt.FLOAT16,
             N.BFLOAT16: Fmt.BFLOAT16}
 _DTYPES = {Fmt.INT32: ("int32",), Fmt.FLOAT32: ("float32",), Fmt.FLOAT16: ("float16",),
            Fmt.BFLOAT16: ("uint16", "int16")}
 
 
+@functools.lru_cache(maxsize=64)
 def _ip(address: str) -> int:
     return int(ipaddress.IPv4Address(address))
 
@@ -104,7 +115,8 @@ class CompiledStep:
         self.size = size = write_imm_dtype(e.lanes).itemsize
         n = w.slots
         self.packets = np.zeros((n, size), np.uint8)        # each slot's datagram in flight
-        self.rx = np.zeros(RX_BYTES, np.uint8)
+        self.rx = np.zeros(RX_RUNS * RX_BYTES, np.uint8)
+        self.rx_runs = np.zeros((RX_RUNS, 5), np.int64)     # (at, length, segment, ip, port)
         self.samples = np.zeros(SAMPLES)
         self.started = np.zeros(n, np.uint8)
         self.deltas = np.ascontiguousarray(udp_offload.ident_deltas(size), np.uint32)
@@ -112,7 +124,10 @@ class CompiledStep:
         self.rx_head = np.frombuffer(W.bth(W.OP_RESULT, e.qpn, 0)[:8], np.uint8).copy()
         self.tag_base = np.zeros(n, np.int64)
         self.tag_table = self.seal_table = self.whole_table = np.zeros((n, 1), np.int64)
-        self.span = None
+        self.rows = [memoryview(row) for row in self.packets]  # (`window.packets`' items)
+        self.rx_head_bytes = self.rx_head.tobytes()
+        self.span = self.fmt = None
+        self.window_arrays: dict[str, tuple] = {}          # name: (array, its address)
         self.sources = np.zeros(8, np.int64)
         self.wanted = wanted(e)             # threads waiting for the engine: return
         self.r = r = Run()
@@ -143,7 +158,7 @@ class CompiledStep:
         r.per_run = udp_offload.most_rows(size)
         for name, array in (("deltas", self.deltas), ("tx_head", self.tx_head),
                             ("rx_head", self.rx_head), ("packets", self.packets),
-                            ("rx", self.rx),
+                            ("rx", self.rx), ("rx_runs", self.rx_runs),
                             ("samples", self.samples), ("started", self.started),
                             ("tag_base", self.tag_base), ("sources", self.sources)):
             setattr(r, name, _addr(array))
@@ -180,7 +195,7 @@ class CompiledStep:
                 e.liveness.watch(e, now)        # and the run goes on (its answer is handed)
             until = min(e.liveness.next_due, end, *e.control.deadlines())
             span = self._span()
-            fmt = span and carries(span.work)
+            fmt = span and (self.fmt if span is self.span else carries(span.work))
             if until <= now or fmt is None:
                 return
             self._enter(span, fmt, until)
@@ -196,10 +211,12 @@ class CompiledStep:
                 continue
             if status is not Status.HANDED:
                 return
-            r = self.r
-            data = bytes(self.rx[r.rx_from:r.rx_len])
-            sender = (str(ipaddress.IPv4Address(r.rx_ip)), r.rx_port)
-            datagrams = t.accept(data, r.rx_seg or None, sender)
+            r, datagrams = self.r, []
+            for i in range(r.rx_run, r.rx_nruns):      # the datagram not taken, and after
+                at, length, segment, ip, port = self.rx_runs[i].tolist()
+                data = bytes(self.rx[r.rx_from if i == r.rx_run else at:at + length])
+                datagrams += t.accept(data, segment or None,
+                                      (str(ipaddress.IPv4Address(ip)), port))
             if datagrams:
                 e._receive_all(datagrams)
 
@@ -209,7 +226,7 @@ class CompiledStep:
         has the caller's thread do it at submission; else the first call of the span)."""
         r, t = self.r, self.transport
         if span is not self.span:
-            self.span, work = span, span.work
+            self.span, self.fmt, work = span, fmt, span.work
             for b, x in work.exponents.items():     # (the span's own record of them)
                 span.known[b], span.shared[b] = True, x
             self.arrays = [np.ascontiguousarray(getattr(span, name), np.int64)
@@ -235,17 +252,20 @@ class CompiledStep:
         r.result_ip, r.result_port = _ip(t.result_source.ip), t.result_source.port
         r.tx_state, r.imm_base, r.key = writer._state(0, e.lanes), writer.imm, writer.key
         r.rx_state = t._icrc._state((t.result_source.ip, t.result_source.port),
-                                    self.size - W.ICRC_LEN, self.rx_head.tobytes())
+                                    self.size - W.ICRC_LEN, self.rx_head_bytes)
         r.rkey = e.session_tag
-        for name in ("next", "cur", "use", "cur_use", "tag", "whole", "last_psn", "sent_at",
-                     "deadline"):
-            setattr(r, name, _addr(getattr(w, name)))
-        r.rtos, r.attempts = _addr(w.rto), _addr(w.attempts)
+        known = self.window_arrays
+        for name, field in _WINDOW_ARRAYS:
+            array = getattr(w, name)
+            cached = known.get(name)
+            if cached is None or cached[0] is not array:
+                cached = known[name] = (array, _addr(array))
+                setattr(r, field, cached[1])
         r.total, r.dealt, r.credits, r.limit = w.total, w.dealt, e.credits, e.limit
         r.rto, r.psn, r.until = e.rtt.rto, e.psns.psn, until
         self.known_before = span.known.copy()
         for name in ("packets_sent", "packets_received", "credit_waits", "tensor_bytes",
-                     "chunks_done", "nsamples", "rx_len", "rx_from", "rx_seg", "gso_failed",
+                     "chunks_done", "nsamples", "rx_nruns", "rx_run", "rx_from", "gso_failed",
                      "gso_runs"):
             setattr(r, name, 0)
         r.max_inflight, r.progress_at = e.stats["max_inflight"], 0.0
@@ -298,7 +318,7 @@ class CompiledStep:
         if r.progress_at:
             e.last_progress = max(e.last_progress, r.progress_at)
         for s in np.flatnonzero(self.started).tolist():
-            w.packets[s] = memoryview(self.packets[s])
+            w.packets[s] = self.rows[s]
         self.started[:] = 0
         for b in np.flatnonzero(span.known != self.known_before).tolist():
             span.work.exponents[b] = int(span.shared[b])

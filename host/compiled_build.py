@@ -34,7 +34,8 @@ class Status(enum.IntEnum):
     IDLE = 1            # nothing in flight and nothing may start
     UNTIL = 2           # the time it was given is up (a heartbeat, a control deadline)
     DUE = 3             # a message in flight is due for retransmission
-    HANDED = 4          # a datagram it does not take: `Run.rx` from `rx_from`, for Python
+    HANDED = 4          # a datagram it does not take: `Run.rx` from `rx_from` (in run
+                        # `rx_run` of `rx_runs`) and the runs after it, for Python
     BOUNDARY = 5        # a slot's next message is outside the span it was given
     PYTHON = 6          # a slot's next message is an exponent message
     NONFINITE = 7       # a chunk about to start is in a block agreed non-finite
@@ -74,24 +75,28 @@ RUN_FIELDS = [
     # the window (`host.window.PlainWindow`'s arrays) and its check-lane tags
     ("total", _I), ("dealt", _I), ("credits", _I), ("limit", _I), ("next", _I), ("cur", _I),
     ("use", _I), ("cur_use", _I), ("tag", _I), ("whole", _I), ("last_psn", _I),
-    ("sent_at", _I), ("deadline", _I), ("rtos", _I), ("attempts", _I), ("rto", _D), ("tag_base", _I),
-    ("tag_cols", _I), ("tag_table", _I), ("seal_table", _I), ("whole_table", _I), ("started", _I),
+    ("sent_at", _I), ("deadline", _I), ("rtos", _I), ("attempts", _I), ("rto", _D),
+    ("tag_base", _I), ("tag_cols", _I), ("tag_table", _I), ("seal_table", _I),
+    ("whole_table", _I), ("started", _I),
     # the span (`host.window._Span`) and its work
     ("first", _I), ("count", _I), ("leading", _I), ("chunk", _I), ("needs", _I),
     ("carries", _I), ("field", _I), ("offset", _I), ("known", _I), ("shared", _I),
     ("fmt", _I), ("nsources", _I), ("sources", _I), ("out", _I), ("n", _I), ("frac", _I),
     ("mean", _I), ("world_size", _I),
     # buffers
-    ("packets", _I), ("rx", _I), ("rx_cap", _I), ("samples", _I),
+    ("packets", _I), ("rx", _I), ("rx_cap", _I), ("rx_runs", _I), ("samples", _I),
     ("samples_cap", _I),
     # in and out
     ("psn", _I), ("until", _D), ("wanted", _I),
     # out
     ("status", _I), ("packets_sent", _I), ("packets_received", _I), ("credit_waits", _I),
     ("max_inflight", _I), ("tensor_bytes", _I), ("chunks_done", _I), ("progress_at", _D),
-    ("nsamples", _I), ("rx_len", _I), ("rx_from", _I), ("rx_seg", _I), ("rx_ip", _I),
-    ("rx_port", _I), ("gso_failed", _I), ("gso_runs", _I),
+    ("nsamples", _I), ("rx_nruns", _I), ("rx_run", _I), ("rx_from", _I), ("gso_failed", _I),
+    ("gso_runs", _I),
 ]
+
+
+RX_RUNS = 4             # the runs (GRO buffers) one receive takes, `recvmmsg`
 
 
 class Run(ctypes.Structure):
@@ -109,6 +114,7 @@ def abi_header() -> str:
                  + "};")
     lines.append("enum Fmt {" + ", ".join(f"FMT_{f.name} = {f.value}" for f in Fmt) + "};")
     lines.append(f"constexpr int64_t MAX_SLOTS = {W.MAX_SLOTS};   // a job's most slots")
+    lines.append(f"constexpr int RX_RUNS = {RX_RUNS};   // the runs one receive takes")
     return "\n".join(lines) + "\n"
 
 
