@@ -3,17 +3,16 @@
 `RunReader.runs` takes what waits, from the server's raw socket (the IPv4 headers as
 received, with CAP_NET_RAW) or from its UDP socket (the canonical headers, the DSCP read with
 `IP_RECVTOS`), and gives it as runs: the frames of what one sender sent in datagrams of one
-length, a poll's together (one sender's after another's), each frame its Ethernet, IPv4 and UDP headers (`W.BTH_OFFSET`
-bytes, the sender's MAC standing for it) and its datagram, the run's datagrams one after the
-other in one buffer. A GSO run is cut as the sender's kernel would have cut it, each segment
-with the headers the kernel gives it; a worker's window of 64 contributions of 1,060 bytes
-comes as a GSO run of 61 and one of 3 and is one run here. After a run as long as one can
-be, the reader waits up to `linger` seconds for the rest of the window (the echo switch
-answers a window at once), and, when such a wait saw nothing come, takes the next
-`LINGER_OFF` full runs without one (a window whose rest comes with its next step), until
-traffic pauses for `IDLE` seconds (a worker's next allreduce). Where a
-packet enters the switch (`entry`) is cached by its IPv4 and UDP headers, which every
-datagram of a sender repeats (a packet without IPv4 options).
+length, a poll's together (one sender's after another's), each frame its Ethernet, IPv4 and
+UDP headers (`W.BTH_OFFSET` bytes, the sender's MAC standing for it) and its datagram, the
+run's datagrams one after the other in one buffer. A GSO run is cut as the sender's kernel
+would have cut it, each segment with the headers the kernel gives it; a worker's window of
+64 contributions of 1,060 bytes comes as a GSO run of 61 and one of 3 and is one run here.
+After a run as long as one can be, the reader waits up to `linger` seconds for the rest of
+the window (the echo switch answers a window at once), and, when such a wait saw nothing
+come, takes the next `LINGER_OFF` full runs without one (a window whose rest comes with its
+next step), until traffic pauses for `IDLE` seconds (a worker's next allreduce). Where a
+packet enters the switch (`entry`) is cached by its sender's address and port.
 """
 
 from __future__ import annotations
