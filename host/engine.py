@@ -171,7 +171,8 @@ class Engine(Taking):
         self.credits, self.quorum = credits, quorum
         self.needed = quorum if 0 < quorum < self.workers else self.workers
         self.limit = completed + credits        # also the reference to unwrap result PSNs
-        self.liveness.start(self.session_tag)   # its beats carry this run's mark
+        # its beats carry this run's mark; its reads watch the configuration's epoch
+        self.liveness.start(self.session_tag, None if keys is None else keys.epoch)
         prejoin, self.prejoin = self.prejoin, []
         for work in prejoin:
             self._deal(work)

@@ -25,6 +25,18 @@ class NetaggRankGone(NetaggError):
         return type(self), (str(self), self.job, self.ranks)
 
 
+class NetaggJobTakenOver(NetaggError):
+    """Switch job `job` was configured again by another run (epoch `epoch`, enabled by the
+    address `owner`, 0 where the job is disabled) while this run used it."""
+
+    def __init__(self, message: str, job: int, epoch: int, owner: int):
+        super().__init__(message)
+        self.job, self.epoch, self.owner = job, epoch, owner
+
+    def __reduce__(self):
+        return type(self), (str(self), self.job, self.epoch, self.owner)
+
+
 class NetaggSwitchGone(NetaggTimeout):
     """The switch at `switch` ("ip:port") answered nothing for `silent` seconds while rank
     `rank` of switch job `job` kept asking: it (or the path to it) is down."""

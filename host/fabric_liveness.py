@@ -135,7 +135,7 @@ class FabricLiveness(Liveness):
         w.control.request_async([(W.beat_reg(self.job, r), 0) for r in range(w.workers)],
                                 answer)
 
-    def start(self, tag: int):
+    def start(self, tag: int, epoch: int | None = None):
         super().start(tag)
         self._restart()
 

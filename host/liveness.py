@@ -43,6 +43,11 @@ whether the switch itself still answers, so that a switch that is gone is named 
   every answer starts the silence again. The watch starts again as the ranks' does: when
   works begin to wait, and when this worker's engine did not step for `READ_GAP` seconds (a
   stalled process hears nothing and asks nothing meanwhile).
+- **A job taken over.** The read of the beats reads the job's epoch and owner too. An epoch
+  other than this run's means another run configured the job (a new session on the same job
+  after a crash, say), and every contribution of this run now counts as a bad key: the
+  waiting works fail at once with `NetaggJobTakenOver`, naming the job, the new owner's
+  address and this rank, within a read of the new configuration.
 - **Who never came.** A rank whose last-read beat lacks this run's mark has not joined the
   run (`absent`): the bounded wait's error names it ("rank 2 has not joined this run"),
   and names the ranks whose last beat says their worker closed.
@@ -65,7 +70,8 @@ import dataclasses
 import math
 import time
 
-from netagg.host.errors import NetaggError, NetaggRankGone, NetaggSwitchGone
+from netagg.host.control import ip_str
+from netagg.host.errors import NetaggError, NetaggJobTakenOver, NetaggRankGone, NetaggSwitchGone
 from netagg.sim import wire as W
 
 BEAT_PERIOD = 0.25      # seconds between a worker's heartbeats
@@ -152,6 +158,8 @@ class Liveness:
         self.last_step = math.inf       # when the engine last stepped (`watch`)
         self.seen: dict[int, Seen] = {}
         self.gone: list[Gone] = []
+        self.epoch: int | None = None   # this run's configuration's (`start`)
+        self.taken: tuple[int, int] | None = None   # (epoch, owner) of another run's
 
     @property
     def next_due(self) -> float:
@@ -172,6 +180,13 @@ class Liveness:
         waiting = engine.pending_works > 0
         if now >= self.next_beat or (waiting and now >= self.next_read):
             self.step(now, engine.joined and waiting)
+        if self.taken and waiting:
+            epoch, owner = self.taken
+            by = f"enabled by {ip_str(owner)}" if owner else "now disabled"
+            raise NetaggJobTakenOver(
+                f"job {self.job} was configured again by another run (epoch {epoch:#010x}, "
+                f"{by}) while rank {self.rank} of {self.workers} of this run used it: this "
+                f"run's contributions no longer count", self.job, epoch, owner)
         if self.gone and waiting and now - engine.last_progress >= STUCK_AFTER:
             raise NetaggRankGone(f"{self.describe()}; rank {self.rank} of {self.workers} "
                                  f"waits: {engine.stuck()}", self.job,
@@ -185,11 +200,12 @@ class Liveness:
         if watching and not self.reading and now >= self.next_read:
             self._read(now)
 
-    def start(self, tag: int):
-        """This run's tag is known (rank 0 configured the job, or this rank joined it): the
-        beats carry its mark from now on, the first at once (before any contribution), and
-        the watch starts afresh."""
+    def start(self, tag: int, epoch: int | None = None):
+        """This run's tag is known (rank 0 configured the job, or this rank joined it), and
+        its configuration's `epoch` (None: not watched): the beats carry its mark from now
+        on, the first at once (before any contribution), and the watch starts afresh."""
         self.mark = tag & MARK or 1
+        self.epoch, self.taken = epoch, None
         self.seen.clear()
         self.gone = []
         self._beat(time.monotonic())
@@ -252,9 +268,18 @@ class Liveness:
 
         def answer(records):
             self.reading = False
-            self.judge(now, time.monotonic(), [v for _, v in records])
+            values = [v for _, v in records]
+            if self.epoch is not None and len(values) == self.workers + 2:
+                epoch, owner = values[-2:]
+                if epoch != self.epoch:
+                    self.taken = (epoch, owner)
+                values = values[:-2]
+            self.judge(now, time.monotonic(), values)
+        config = [] if self.epoch is None else [(W.job_reg(self.job, W.JOB_EPOCH), 0),
+                                                (W.job_reg(self.job, W.JOB_OWNER), 0)]
         self.control.request_async(
-            [(W.beat_reg(self.job, r), 0) for r in range(self.workers)], answer, "a beat read")
+            [(W.beat_reg(self.job, r), 0) for r in range(self.workers)] + config, answer,
+            "a beat read")
 
     def judge(self, sent: float, answered: float, beats: list[int]):
         """Take the job's `beats` (by rank) from a read sent at `sent` and answered at

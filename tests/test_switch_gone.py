@@ -27,11 +27,13 @@ from netagg.host import numerics as N
 from netagg.host import transport as T
 from netagg.host.errors import (
     NetaggError,
+    NetaggJobTakenOver,
     NetaggRankGone,
     NetaggSwitchGone,
     NetaggTimeout,
     NetaggUnreachable,
 )
+from netagg.sim import wire as W
 from netagg.sim.golden import GoldenSwitch
 from netagg.sim.serve import SimServer
 
@@ -455,3 +457,34 @@ def test_errors_keep_their_fields_across_processes():
     assert str(named) == "rank 1 of job 0 cannot reach the switch at 127.1.1.1:4791: " \
         "Network is unreachable"
     assert named.named("rank 2 of job 0") is named
+
+
+# --- a job taken over -----------------------------------------------------------------------------
+
+def test_a_job_taken_over_by_another_run_is_named_within_2_s():
+    """Run A (2 workers over UDP) has joined job 0; its rank 1 stops (its process crashed,
+    say) and run B, a fresh session, configures the same job at once and allreduces, exact.
+    Rank 0 of A, which waits for rank 1, fails with NetaggJobTakenOver naming the job and
+    the new owner's address, within 2 s of B's configuration, long before its 30 s
+    timeout."""
+    with SimServer(GoldenSwitch()).start() as server:
+        old = workers(2, server.url, timeout=30)
+        new = []
+        try:
+            in_threads(lambda r: old[r].allreduce(np.ones(10, np.int32)), 2)    # A joined
+            waiting = old[0].allreduce_async(np.ones(4 * N.LANES, np.int32))
+            old[1].close()
+            new = workers(2, server.url, timeout=30)
+            sums = in_threads(lambda r: new[r].allreduce(np.full(10, 3, np.int32)), 2)
+            assert [x.tolist() for x in sums] == [[6] * 10] * 2
+            configured, owner = time.monotonic(), new[0].transport.local.ip
+            with pytest.raises(NetaggJobTakenOver, match=(
+                    rf"^job 0 was configured again by another run \(epoch 0x[0-9a-f]{{8}}, "
+                    rf"enabled by {re.escape(owner)}\) while rank 0 of 2 of this run used "
+                    r"it")) as e:
+                waiting.wait()
+            assert time.monotonic() - configured < 2.0
+            assert e.value.job == 0 and e.value.owner == W.ip_to_int(owner)
+        finally:
+            for w in old + new:
+                w.close()
