@@ -5,12 +5,13 @@ with the workers (in-process `host.Worker`s with `fabric=`, their ranks in block
 leaves, driven cooperatively): each allreduces `values` float32 (or int32) values in `steps`
 tensors, and every worker's result is checked against numpy (float64 sum: int32 exactly,
 floats within the fixed-point bound, `apps.demo.check_result`) and against the others' (bit
-for bit). `uplink_down_at` (0..1): once that share of the tensors is complete, and as soon
-as the last spine holds uses in flight (partials it took whose result has not reached every
-leaf: `sim.topology_watch.SpineUses`), its links fail and every leaf marks its uplink down
-(`Topology.cut`); the uses it held complete through the workers' retransmissions (the
-leaves re-send their partials to the spine that remains, which pulls the leaves that are
-done: the report's `cut` and fabric counters).
+for bit). `uplink_down_at` (0..1): once that share of the tensors is complete, the last spine
+fails while it holds a use: its links are cut the moment it sends down the result of a use
+in flight (partials it took whose result has not reached every leaf:
+`sim.topology_watch.SpineUses.cut_at_result`), that result lost with them, and every leaf
+marks its uplink down (`Topology.cut`); the uses it held complete through the workers'
+retransmissions (the leaves re-send their partials to the spine that remains, which pulls
+the leaves that are done: the report's `cut` and fabric counters).
 
 `demo_described(fabric)`: worker processes over UDP against a fabric that runs elsewhere
 (`netagg sim serve --topology 2x2 --describe fabric.json`, or boards described by hand),
@@ -44,24 +45,24 @@ def fabric_counters(topology, job: int = 0) -> dict:
     return out
 
 
-def cut_spine(topology, spine: int, watch, rounds: int = 8) -> dict:
-    """Spine `spine` fails (`Topology.cut`) once it holds uses in flight (`watch`, the
-    topology's `SpineUses`), driving the in-process workers meanwhile for at most `rounds`
-    slices of the RTL's time (a golden fabric completes at once what it takes: it is cut as
-    it is); what it held."""
+def cut_spine(topology, spine: int, watch, timeout: float = 60.0) -> dict:
+    """Spine `spine` fails while it holds a use: `watch` (the topology's `SpineUses`) cuts its
+    links as it sends down the result of a use in flight, the in-process workers driven until
+    it has (at most `timeout` seconds; at once when no work is pending); then every leaf
+    marks its uplink down (`Topology.cut`). What it held."""
     from netagg.host.fabric import hub_for
-    from netagg.sim.topology_time import clocked
+    from netagg.sim.topology import Notice
     name = f"spine{spine}"
     hub = hub_for(topology)
-    if any(clocked(n.switch) for n in topology.nodes.values()):
-        for _ in range(rounds):
-            if watch.in_flight(name) or not any(e.pending_works for e in hub.engines):
-                break
-            hub.drive()
+    watch.cut_at_result(name, lambda: topology.cut(spine, Notice.NONE))
+    deadline = time.monotonic() + timeout
+    while name not in watch.frozen and time.monotonic() < deadline and \
+            any(e.pending_works and not e.failed for e in hub.engines):
+        hub.drive()
+    watch.cuts.pop(name, None)
     watch.frozen.add(name)
-    in_flight = watch.in_flight(name)
     topology.cut(spine)
-    return {"spine": name, "uses_in_flight": len(in_flight),
+    return {"spine": name, "uses_in_flight": len(watch.in_flight(name)),
             "partials_taken": len(watch.up.get(name, {}))}
 
 
@@ -115,7 +116,7 @@ def demo_fabric(shape: str = "2x2", workers: int = 8, values: int = 200_000, ste
                 outs[r].append(handles[r][step].wait(timeout))
             if uplink_down_at is not None and cut_at is None and \
                     (step + 1) / steps >= uplink_down_at:
-                cut = cut_spine(topology, spines - 1, watch)
+                cut = cut_spine(topology, spines - 1, watch, timeout)
                 cut_at = step + 1
     except Exception as e:          # the report says what failed
         report["errors"].append(f"{type(e).__name__}: {e}")

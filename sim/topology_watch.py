@@ -9,10 +9,18 @@ RESULT_IMM and RETH.va; pulls (no
 payload) are not uses taken or answered. `frozen` spines are not followed any more (their
 links cut: what they held stays as it was).
 
+`cut_at_result(spine, cut)`: the spine fails while it holds a use. The moment it sends down
+the result of a use in flight, the tap freezes the spine and calls `cut()`, which cuts its
+links (`Topology.cut(i, Notice.NONE)`: the links only, no control request inside the tap):
+that result is lost on them, so the use stays in flight whatever the switches' timing (a
+slice, a tick, a golden switch answering at once).
+
 Cost: one frame parse per frame between switches.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from netagg.sim import wire as W
 from netagg.sim.topology import Direction, Link
@@ -40,19 +48,34 @@ class SpineUses:
         self.up: dict[str, dict[Use, set[str]]] = {}
         self.down: dict[str, dict[Use, set[str]]] = {}
         self.frozen: set[str] = set()
+        self.cuts: dict[str, Callable[[], None]] = {}     # spine -> what cuts its links
+
+    def cut_at_result(self, spine: str, cut: Callable[[], None]):
+        """`cut()` and freeze `spine` the moment it sends down a result of a use in flight
+        (see the module's docstring)."""
+        self.cuts[spine] = cut
 
     def __call__(self, link: Link, direction: Direction, frame: bytes) -> bool:
         if link.b in self.frozen:
             return False
         use = use_of(frame, direction)
-        if use is not None:
-            seen = self.up if direction is Direction.UP else self.down
-            seen.setdefault(link.b, {}).setdefault(use, set()).add(link.a)
+        if use is None:
+            return False
+        if direction is Direction.DOWN and link.b in self.cuts and self.holds(link.b, use):
+            self.frozen.add(link.b)
+            self.cuts.pop(link.b)()     # its links cut: this result is lost on them
+            return False
+        seen = self.up if direction is Direction.UP else self.down
+        seen.setdefault(link.b, {}).setdefault(use, set()).add(link.a)
         return False
+
+    def holds(self, spine: str, use: Use) -> bool:
+        """Whether `spine` took partials of `use` whose result did not reach every leaf that
+        sent one."""
+        leaves = self.up.get(spine, {}).get(use)
+        return bool(leaves) and not leaves <= self.down.get(spine, {}).get(use, set())
 
     def in_flight(self, spine: str) -> list[Use]:
         """The uses whose partials `spine` took and whose result did not reach every leaf
         that sent one."""
-        down = self.down.get(spine, {})
-        return [u for u, leaves in self.up.get(spine, {}).items()
-                if not leaves <= down.get(u, set())]
+        return [u for u in self.up.get(spine, {}) if self.holds(spine, u)]

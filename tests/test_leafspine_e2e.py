@@ -144,7 +144,7 @@ def test_one_spine_marked_down_mid_run_still_sums_exactly():
     report = demo_fabric("2x2", workers=8, values=60_000, steps=6, dtype="int32",
                          uplink_down_at=0.5, quiet=True)
     assert report["errors"] == [] and report["verified"]
-    assert report["cut_after_tensors"] == 3
+    assert report["cut_after_tensors"] == 3 and report["cut"]["uses_in_flight"] >= 1
     partials = report["partials"]
     assert all(p[0] > p[1] for p in partials.values())  # spine0 took the rest of the run
     counters = report["fabric_counters"]
@@ -413,7 +413,8 @@ def test_sim_serve_topology_in_its_own_process_with_8_udp_workers_and_processes(
 def test_8_workers_through_rtl_leaves_and_spines(capsys, down):
     """`netagg demo --topology 2x2 --backend rtl`: two RTL leaves and two RTL spines (one
     Verilator build per role), 8 workers, verified against numpy; with the last spine's
-    uplinks marked down halfway, the rest goes through spine 0."""
+    links cut halfway as it answers a use it holds (that use in flight) and its uplinks
+    marked down, the rest goes through spine 0."""
     from netagg.apps.cli import main
     args = ["demo", "--topology", "2x2", "--workers", "8", "--backend", "rtl",
             "--values", "40000", "--json"]
