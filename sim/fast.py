@@ -26,8 +26,8 @@ The C++ reads the job table from arrays that `_refresh` writes from the golden m
 the deadlines' clock (`tick`) at each call; COMPLETED goes both ways at each call.
 
 `run` returns the frames sent since the last `run` or `sent_runs`, in the golden model's
-order; `sent_runs` returns the results of consecutive calls as one `sim.udp_offload.FrameRun`
-per destination (its results in order), for `sim serve` to send as GSO runs.
+order; `sent_runs` returns each call's results as one `sim.udp_offload.FrameRun` per
+destination (its results in order), for `sim serve` to send as GSO runs.
 
 Cost: one C++ call a run (a few microseconds) and, per contribution, its ICRC and one pass
 over its lanes; per result a copy of the template, its lanes and its ICRC.
@@ -165,11 +165,6 @@ class Results:
     def __init__(self, frames: np.ndarray, sent: np.ndarray):
         self.frames, self.sent = frames, sent
 
-    def join(self, other: Results) -> Results:
-        """These frames, then `other`'s (of the same length)."""
-        return Results(np.concatenate([self.frames, other.frames]),
-                       np.concatenate([self.sent, other.sent]))
-
     def pairs(self) -> list[tuple[int, bytes]]:
         return [(port, row.tobytes()) for port, row in zip(self.sent[:, 0].tolist(),
                                                            self.frames)]
@@ -268,17 +263,9 @@ class FastSwitch(GoldenSwitch):
                 for pair in (item.pairs() if isinstance(item, Results) else (item,))]
 
     def sent_runs(self) -> list:
-        """What `run` returns, but the results of consecutive calls as one `FrameRun` per
-        destination."""
+        """What `run` returns, but each call's results as one `FrameRun` per destination."""
         out, self._sent = self._sent, []
-        merged: list = []
-        for item in out:
-            if isinstance(item, Results) and merged and isinstance(merged[-1], Results) \
-                    and merged[-1].frames.shape[1] == item.frames.shape[1]:
-                merged[-1] = merged[-1].join(item)
-            else:
-                merged.append(item)
-        return [run for item in merged
+        return [run for item in out
                 for run in (item.runs() if isinstance(item, Results) else (item,))]
 
     # --- the golden model's, kept in step with the arrays ----------------------------------

@@ -50,7 +50,8 @@ from .verilated import ContractError, Harness, LoadedModel, build_library, check
 # (netagg_ports.h) or expects of it changes.
 HARNESS_ABI = 3
 RECEIVE_IDLE = 600          # quiet cycles that end a `receive` (a control request's records)
-RUN_IDLE = 64               # quiet cycles that end a `run`: a packet's, last beat in to first out
+RUN_IDLE = 128              # quiet cycles that end a `run`: a packet's, last beat in to first
+                            # out (a spine's is about 84)
 BENCH_KEY = 0x5EEDC0DE      # the benchmarks' job's KEY, every contribution's RETH.rkey
 _PORT_SIGNALS = ("rx{i}_tdata", "rx{i}_tkeep", "rx{i}_tlast", "rx{i}_tvalid", "rx{i}_tready",
                  "tx{i}_tdata", "tx{i}_tkeep", "tx{i}_tlast", "tx{i}_tvalid", "tx{i}_tready")

@@ -20,13 +20,13 @@ send from is counted as undeliverable. `--pcap FILE` writes every frame in and o
 Wireshark dissects them as RoCEv2 (results, which go from UDP port 49152 to the worker's own
 port, with Decode As: `-d udp.port==49152,infiniband` for tshark).
 
-What waits is read as runs of frames (`sim.udp_runs`): what one sender sent in datagrams of
-one length, a poll's together, a run of datagrams a sender's kernel sent in one buffer (UDP
-segmentation offload, `sim.udp_offload`) cut into the datagrams the kernel would have sent.
-A backend that takes runs (`send_run`: the echo and fast switches) is given each run whole,
-and what it sent for a poll's runs goes out after the last, a run per destination (the
-reader waits up to `udp_runs.LINGER` for the rest of a window after a run as long as one can
-be); the others are given the run's frames one at a time.
+What waits is read as runs of frames (`sim.udp_runs`): what one sender sent one after the
+other in datagrams of one length, a run of datagrams a sender's kernel sent in one buffer
+(UDP segmentation offload, `sim.udp_offload`) cut into the datagrams the kernel would have
+sent. A backend that takes runs (`send_run`: the echo and fast switches) is given each run whole
+and answers it at once, its results going out before the next run is taken (and the reader
+waits up to `udp_runs.LINGER` for the rest of a window after a run as long as one can be);
+the others are given the run's frames one at a time.
 
 What the backend sends leaves as runs too: the datagrams of one source, destination and
 length (a backend's `FrameRun`, or frames gathered from one call) in one call each
@@ -260,9 +260,10 @@ class SimServer(Serving):
                 if pcap:
                     for i, head in enumerate(heads):
                         pcap.write(head + body[i * size:(i + 1) * size])
-                if send_run is not None:        # the run at once, the results after the last
+                if send_run is not None:        # the run at once, its results out at once
                     guarded(send_run, port, heads, body, size)
                     taken += len(heads)
+                    self._deliver(guarded(self._advance))
                     continue
                 for i, head in enumerate(heads):
                     taken += 1

@@ -2,16 +2,16 @@
 
 `RunReader.runs` takes what waits, from the server's raw socket (the IPv4 headers as
 received, with CAP_NET_RAW) or from its UDP socket (the canonical headers, the DSCP read with
-`IP_RECVTOS`), and gives it as runs: the frames of what one sender sent in datagrams of one
-length, a poll's together (one sender's after another's), each frame its Ethernet, IPv4 and
-UDP headers (`W.BTH_OFFSET` bytes, the sender's MAC standing for it) and its datagram, the
-run's datagrams one after the other in one buffer. A GSO run is cut as the sender's kernel
-would have cut it, each segment with the headers the kernel gives it; a worker's window of
-64 contributions of 1,060 bytes comes as a GSO run of 61 and one of 3 and is one run here.
-After a run as long as one can be, the reader waits up to `linger` seconds for the rest of
-the window (the echo switch answers a window at once), and, when such a wait saw nothing
-come, takes the next `LINGER_OFF` full runs without one (a window whose rest comes with its
-next step), until traffic pauses for `IDLE` seconds (a worker's next allreduce). Where a
+`IP_RECVTOS`), and gives it as runs: the frames of what one sender sent one after the other
+in datagrams of one length, each frame its Ethernet, IPv4 and UDP headers (`W.BTH_OFFSET`
+bytes, the sender's MAC standing for it) and its datagram, the run's datagrams one after the
+other in one buffer. A GSO run is cut as the sender's kernel would have cut it, each segment
+with the headers the kernel gives it; a worker's window of 64 contributions of 1,060 bytes
+comes as a GSO run of 61 and one of 3 and is one run here. After a run as long as one can
+be, the reader waits up to `linger` seconds for the rest of the window (the echo switch
+answers a window at once), and, when such a wait saw nothing come, takes the next
+`LINGER_OFF` full runs without one (a window whose rest comes with its next step), until
+traffic pauses for `IDLE` seconds (a worker's next allreduce). Where a
 packet enters the switch (`entry`) is cached by its sender's address and port.
 """
 
@@ -96,26 +96,23 @@ class RunReader:
         self._senders_in: dict[bytes, tuple] = {}   # addresses and ports -> `_ingress_of`
 
     def runs(self):
-        """(switch port, heads, datagrams, length) of each run of frames waiting: frame i of
-        a run is `heads[i]` (its Ethernet, IPv4 and UDP headers) and the `i`-th `length`
-        bytes of `datagrams` (see the module). Each sender's frames come in the order they
-        arrived, all of one sender's before the next sender's (in the order each was first
-        heard), as a network may have delivered them: a busy switch takes a poll's
-        contributions as a run per worker, not one by one."""
-        groups: dict[tuple, tuple] = {}     # sender -> (port, its runs: [length, heads, bodies])
-        full, waited = False, False
+        """(switch port, heads, datagrams, length) of each run of frames waiting, in order:
+        frame i of a run is `heads[i]` (its Ethernet, IPv4 and UDP headers) and the `i`-th
+        `length` bytes of `datagrams` (see the module)."""
+        key, heads, bodies, full, waited = None, [], [], False, False
         watch = self.raw if self.raw is not None else self.sock
         now = time.monotonic()
         if now - self._last > IDLE:         # traffic again after a pause: wait again
             self._lingers_off = 0
         while True:
-            for sender, port, more, body, size in self._pieces():
-                mine = groups.setdefault(sender, (port, []))[1]
-                if not mine or mine[-1][0] != size:
-                    mine.append([size, [], []])
-                mine[-1][1].extend(more)
-                mine[-1][2].append(body)
-                full = len(more) >= udp_offload.most_rows(size or 1)
+            for port, more, body, size in self._pieces():
+                sender = (port, more[0][W.IP_OFFSET + 12:W.UDP_OFFSET + 2], size)
+                if sender != key and heads:
+                    yield key[0], tuple(heads), _joined(bodies), key[2]
+                    heads, bodies = [], []
+                key, full = sender, len(more) >= udp_offload.most_rows(size or 1)
+                heads += more
+                bodies.append(body)
             if not full or waited or not self.linger:
                 break
             if self._lingers_off:
@@ -125,16 +122,39 @@ class RunReader:
             if not select.select([watch], [], [], self.linger)[0]:
                 self._lingers_off = LINGER_OFF
                 break
+        if heads:
+            yield key[0], tuple(heads), _joined(bodies), key[2]
         self._last = time.monotonic()
-        for port, mine in groups.values():
-            for size, heads, bodies in mine:
-                yield port, tuple(heads), _joined(bodies), size
 
     def _pieces(self):
-        """(sender, switch port, heads, datagrams, length) of each datagram or GSO run (of
-        equal lengths) waiting, as `runs`; the sender a key that names it (with the port)."""
+        """(switch port, heads, datagrams, length) of each datagram or GSO run (of equal
+        lengths) waiting, as `runs`."""
         if self.raw is not None:
-            yield from self._raw_pieces()
+            while self.udp_copies:      # the UDP socket's copies: the raw socket has them
+                try:
+                    self.sock.recv(4096)
+                except (BlockingIOError, InterruptedError):
+                    break
+            for _ in range(512):
+                try:
+                    packet = self.raw.recv(65536)
+                except (BlockingIOError, InterruptedError):
+                    return
+                ingress = self._senders_in.get(packet[_SRC:_PORTS_END]) \
+                    if packet[0] == W.IPV4_FIRST_BYTE else None
+                if ingress is None:
+                    ingress = self._ingress_of(packet)
+                if not ingress:
+                    continue
+                eth, port = ingress
+                run = udp_offload.split(packet)     # (a run is not always longer than one)
+                if run is None:
+                    yield port, (eth + packet[:_IP_UDP],), memoryview(packet)[_IP_UDP:], \
+                        max(0, len(packet) - _IP_UDP)
+                    continue
+                _, body, size = run
+                heads = _run_heads(eth, bytes(packet[:_IP_UDP]), size, len(body))
+                yield from _cut_run(port, heads, body, size)
             return
         for _ in range(512):
             try:
@@ -149,40 +169,10 @@ class RunReader:
                 size = len(data)
             head = _canonical_headers(ip, sport, self.bound_ip, size, tos >> 2)
             if not data:
-                yield (ip, sport), port, (head,), memoryview(data), 0
+                yield port, (head,), memoryview(data), 0
                 continue
             heads = _run_heads(head[:W.IP_OFFSET], head[W.IP_OFFSET:], size, len(data))
-            for piece in _cut_run(port, heads, memoryview(data), size):
-                yield (ip, sport), *piece
-
-    def _raw_pieces(self):
-        """`_pieces` from the raw socket: a datagram, or a run (`udp_offload.split`) cut."""
-        while self.udp_copies:          # the UDP socket's copies: the raw socket has them
-            try:
-                self.sock.recv(4096)
-            except (BlockingIOError, InterruptedError):
-                break
-        recv, senders = self.raw.recv, self._senders_in
-        for _ in range(512):
-            try:
-                packet = recv(65536)
-            except (BlockingIOError, InterruptedError):
-                return
-            plain = packet[0] == W.IPV4_FIRST_BYTE      # no IPv4 options
-            ingress = senders.get(packet[_SRC:_PORTS_END]) if plain else None
-            if ingress is None:
-                ingress = self._ingress_of(packet)
-            if not ingress:
-                continue
-            eth, port = ingress
-            body = memoryview(packet)[_IP_UDP:]
-            size = W.datagram_length(body)
-            if size is None or len(body) <= size or not plain:      # (`udp_offload.split`)
-                yield ingress, port, (eth + packet[:_IP_UDP],), body, max(0, len(body))
-                continue
-            heads = _run_heads(eth, bytes(packet[:_IP_UDP]), size, len(body))
-            for piece in _cut_run(port, heads, body, size):
-                yield ingress, *piece
+            yield from _cut_run(port, heads, memoryview(data), size)
 
     def _ingress_of(self, packet: bytes) -> tuple[bytes, int] | tuple[()]:
         """The Ethernet header of a frame for an IPv4 packet as received and the switch port
