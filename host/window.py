@@ -20,10 +20,10 @@ was taken (the switch answers a repeated contribution so) is counted (`stale_res
 dropped. Anything else leaves the window (`leave`): a result that does not complete its use
 at once (fewer contributions, saturation, an early copy, a stray), a chunk about to start in
 a block agreed non-finite (`host.nonfinite`: two rounds a chunk), or a work the window does
-not take (a quorum, a loss budget, several paths). The window then
-writes its state into the engine's `SlotState`s and `Message`s, as the engine would have
-left them, and the engine goes on from there, one message at a time; the next work
-submitted to an idle engine enters a window again.
+not take (a quorum, a loss budget, several paths). The window then writes its state into
+the engine's `SlotState`s and `Message`s, as the engine would have left them, and the engine
+goes on from there, one message at a time; the next work submitted to an idle engine enters
+a window again.
 
 Cost: per step about thirty array operations, and per packet one CRC-32 and a few list
 items.
@@ -202,8 +202,7 @@ class PlainWindow:
         if stale.any():
             tags = e.check_lane.tags(slot[stale], last[stale])
             stale[stale] = ((batch.version[rows][stale] == last[stale] & 1)
-                            & (batch.check[rows][stale] == e.workers * tags
-                               + e.check_lane.everyone))
+                            & (batch.check[rows][stale] == e.check_lane.whole(tags)))
         return stale | older
 
     def _taken(self, span: _Span, i: np.ndarray, rows: np.ndarray, exponent: np.ndarray,
@@ -306,7 +305,7 @@ class PlainWindow:
         self.next[slots] = g + self.slots
         tag = self._tags(slots, use)
         self.tag[slots] = tag
-        self.whole[slots] = e.workers * tag + e.check_lane.everyone
+        self.whole[slots] = e.check_lane.whole(tag)
         spans = self._spans_of(g)
         if len(spans) == 1:
             lanes, exponent, offset, dscp = self._payloads(spans[0], g - spans[0].first, tag)

@@ -126,7 +126,6 @@ class GsoSender:
                 pass
 
 
-@functools.lru_cache(maxsize=256)
 def most_rows(size: int) -> int:
     """The most datagrams of `size` bytes one run holds."""
     return min(MAX_SEGMENTS, MAX_RUN_BYTES // size)
