@@ -89,15 +89,28 @@ def _run_hosts(cluster: Cluster, library: str, size: int, repeat: int, url: str 
     return reports
 
 
+def _cpu_seconds(pid: int | None) -> float:
+    """The CPU time (user and system) process `pid` has used; 0 without one."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except (OSError, TypeError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _measure(cluster: Cluster, library: str, size: int, repeat: int, url: str | None,
              timeout: float) -> dict:
     """One library's allreduces of `size` bytes on every host: the median time (in the
-    undilated time of a dilated cluster: measured / D), each round's, and what the links
-    carried."""
-    before = cluster.counters()
+    undilated time of a dilated cluster: measured / D), each round's, the CPU time a host
+    and the switch spend on one, and what the links carried."""
+    before, switch_before = cluster.counters(), _cpu_seconds(cluster.switch_pid)
     reports = _run_hosts(cluster, library, size, repeat, url, timeout)
     moved = [a - b for a, b in zip(cluster.counters(), before)]
+    switch_cpu = _cpu_seconds(cluster.switch_pid) - switch_before
     measured = [max(r["sizes"][0]["seconds"][i] for r in reports) for i in range(repeat)]
+    host_cpu = [statistics.mean(r["sizes"][0]["cpu_seconds"][i] for r in reports)
+                for i in range(repeat)]
     seconds = statistics.median(measured)
     runs = repeat + 1       # the checked allreduce and the timed ones (barriers are tiny)
     sent = [m.tx_bytes / runs for m in moved]
@@ -107,6 +120,10 @@ def _measure(cluster: Cluster, library: str, size: int, repeat: int, url: str | 
     return {"seconds": seconds / cluster.dilation, "rounds": rounds,
             "verified": all(r["sizes"][0]["verified"] for r in reports),
             "retransmissions": sum(r["sizes"][0]["retransmissions"] for r in reports),
+            # a host's own CPU in a timed allreduce (median of the rounds, mean of the
+            # hosts); the switch's is its whole run's over the allreduces in it
+            "host_cpu_seconds": round(statistics.median(host_cpu), 3),
+            "switch_cpu_seconds": round(switch_cpu / runs, 3) if library == "netagg" else 0.0,
             "bytes_sent_per_host": statistics.mean(sent),
             "utilisation_sent": [round(s / capacity, 3) for s in sent],
             "utilisation_received": [round(r / capacity, 3) for r in received],

@@ -104,14 +104,16 @@ def main(argv=None) -> int:
                 exact = np.sum([x.astype(np.float64) for x in
                                 _expected(args.world, values, args.seed)], axis=0)
                 ok = bool(np.allclose(result, exact, rtol=1e-5, atol=1e-6 * np.abs(exact).max()))
-            times, sent_again = [], lib.retransmissions()
+            times, cpu, sent_again = [], [], lib.retransmissions()
             for _ in range(args.repeat):
                 x = mine.copy()
                 lib.barrier()
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 lib.allreduce(x)
                 times.append(time.perf_counter() - t0)
-            out["sizes"].append({"bytes": size, "seconds": times, "verified": ok,
+                cpu.append(time.process_time() - c0)
+            out["sizes"].append({"bytes": size, "seconds": times, "cpu_seconds": cpu,
+                                 "verified": ok,
                                  "retransmissions": lib.retransmissions() - sent_again})
     finally:
         lib.close()

@@ -160,6 +160,7 @@ class Cluster:
                       for i in range(hosts)]
         self.switch_ip = str(RACK_IP)
         self.processes: list[subprocess.Popen] = []
+        self.switch: subprocess.Popen | None = None     # netagg's switch, once `serve` starts it
         self._guard = None
 
     # --- up and down --------------------------------------------------------------------
@@ -271,6 +272,10 @@ class Cluster:
                                f"(exit status {proc.poll()}, said {line!r})")
         self.switch = proc
         return line
+
+    @property
+    def switch_pid(self) -> int | None:
+        return self.switch.pid if self.switch else None
 
     def counters(self) -> list[Counters]:
         """What crossed each host's NIC so far, and what its link dropped: both ends' queues,

@@ -1,9 +1,10 @@
 """Building and loading the project's compiled C++ (`host/cpp/step.cpp`, `sim/cpp/fast.cpp`).
 
-`build_and_load(source, header_name, header, flags, where)` compiles `source` with the
-machine's C++ compiler (CXX, or c++ on PATH), with its generated ABI header written beside
-it as `header_name`, into the build cache (`sim.toolchain.cache_dir()` / `where`, named by a
-hash of the source, the header, the compiler's version and flags and the machine's CPU),
+`build_and_load(source, header_name, header, flags, where, includes)` compiles `source` with
+the machine's C++ compiler (CXX, or c++ on PATH), with its generated ABI header written
+beside it as `header_name` and the headers `includes` from its folder, into the build cache
+(`sim.toolchain.cache_dir()` / `where`, named by a hash of the source, its includes, the
+header, the compiler's version and flags and the machine's CPU),
 under the cache's lock (`sim.build.locked`), and loads it with ctypes (which releases the
 GIL for each call). It raises `Unavailable` with the reason where it cannot: NETAGG_COMPILED=0,
 no compiler, a failed build or load.
@@ -55,15 +56,17 @@ def _cpu() -> str:
 
 
 def build_and_load(source: Path, header_name: str, header: str, where: str,
-                   flags: list[str] = FLAGS) -> ctypes.CDLL:
-    """The library of `source`, built into the cache's `where` folder if need be."""
+                   flags: list[str] = FLAGS, includes: list[Path] = ()) -> ctypes.CDLL:
+    """The library of `source` (which may include `includes`, beside it), built into the
+    cache's `where` folder if need be."""
     if not enabled():
         raise Unavailable("NETAGG_COMPILED=0")
     compiler = _compiler()
     if compiler is None:
         raise Unavailable("no C++ compiler")
     key = hashlib.sha256(b"\0".join([
-        source.read_bytes(), header.encode(), compiler[0].encode(), compiler[1].encode(),
+        source.read_bytes(), *(p.read_bytes() for p in includes), header.encode(),
+        compiler[0].encode(), compiler[1].encode(),
         " ".join(flags).encode(), platform.machine().encode(), _cpu().encode()])).hexdigest()
     try:
         out = cache_dir() / where / f"{source.stem}-{key[:16]}.so"
@@ -83,7 +86,8 @@ def _build(compiler: str, source: Path, header_name: str, header: str, flags: li
     work.mkdir(parents=True, exist_ok=True)
     (work / header_name).write_text(header)
     tmp = work / out.name
-    result = subprocess.run([compiler, *flags, "-I", str(work), str(source), "-o", str(tmp)],
+    result = subprocess.run([compiler, *flags, "-I", str(work), "-I", str(source.parent),
+                             str(source), "-o", str(tmp)],
                             capture_output=True, text=True)
     if result.returncode:
         shutil.rmtree(work, ignore_errors=True)

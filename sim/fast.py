@@ -2,7 +2,7 @@
 
 `FastSwitch` is `sim.golden.GoldenSwitch` (the specification) with its slot copies, its job
 table as the compiled core reads it and its counters in flat numpy arrays, and a C++ core
-(`sim/cpp/fast.cpp`, built by `sim.fast_build`, the GIL released) that takes the common
+(`sim/cpp/fast_switch.h`, built by `sim.fast_build`, the GIL released) that takes the common
 frame. Everything else is the golden model's own code, on the same arrays: the control path
 (registers, job table, keys, owners, heartbeats, the manager), the parser's drops, the job
 table's refusals, forced priority decisions. The differential fuzzer holds it to the golden
@@ -223,6 +223,7 @@ class FastSwitch(GoldenSwitch):
         self._run = lib.fast_run
         self._arenas(0, 0)
         self._stale = True
+        self.generation = 0             # how many times the C++'s table was written
         self._sent: list = []
         self.paths = Paths()
 
@@ -233,7 +234,7 @@ class FastSwitch(GoldenSwitch):
         a forced priority decision goes through the golden model's `receive`."""
         frame = bytes(frame)
         if fill or null is not None or not 0 <= port < self.ports or len(frame) <= W.BTH_OFFSET:
-            self._golden(port, frame, fill, null)
+            self.golden(port, frame, fill, null)
             return
         self._take(port, frame, frame[W.BTH_OFFSET:], len(frame) - W.BTH_OFFSET, 1,
                    lambda i: frame)
@@ -253,7 +254,7 @@ class FastSwitch(GoldenSwitch):
         if (not rows or not 0 <= port < self.ports or len(joined) != rows * W.BTH_OFFSET
                 or len(body) != rows * size):
             for i in range(rows):
-                self._golden(port, frame(i))
+                self.golden(port, frame(i))
             return
         self._take(port, joined, body, size, rows, frame)
 
@@ -290,7 +291,7 @@ class FastSwitch(GoldenSwitch):
         self._table[:, _COMPLETED] = [job.completed for job in self.job]
         return out
 
-    def _golden(self, port: int, frame: bytes, fill: int = 0, null: bool | None = None):
+    def golden(self, port: int, frame: bytes, fill: int = 0, null: bool | None = None):
         """A frame through the golden model's `receive`."""
         self.paths.golden += 1
         self._sent += self.receive(port, frame, fill, null)
@@ -309,6 +310,13 @@ class FastSwitch(GoldenSwitch):
         self._thresholds[:] = self.drop_thresholds
         self._most = max([job.workers for job in self.job if job.enable] + [1])
         self._stale = False
+        self.generation += 1
+
+    def sync_completed(self):
+        """COMPLETED from the C++'s table to the golden model's jobs, after the C++ took
+        rows."""
+        for job, completed in zip(self.job, self._table[:, _COMPLETED].tolist()):
+            job.completed = completed
 
     # --- the C++ --------------------------------------------------------------------------
 
@@ -339,11 +347,10 @@ class FastSwitch(GoldenSwitch):
                 self._out_at += n * frame_bytes
                 self._sent_at += n
             if st.taken > at:
-                for job, completed in zip(self.job, self._table[:, _COMPLETED].tolist()):
-                    job.completed = completed
+                self.sync_completed()
             at = st.taken
             if stop == Stop.GOLDEN:
-                self._golden(port, frame(at))
+                self.golden(port, frame(at))
                 at += 1
             elif stop == Stop.FULL and not n:
                 raise RuntimeError("the fast switch's results do not fit its buffer")

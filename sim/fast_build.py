@@ -1,10 +1,12 @@
-"""The fast switch's compiled core (`sim/cpp/fast.cpp`): its interface, built and loaded.
+"""The fast switch's compiled core and socket loop (`sim/cpp/fast.cpp`, `fast_switch.h`,
+`fast_io.h`): their interface, built and loaded.
 
 The interface is declared here once: `State`, the ctypes structure a call fills (the
 switch's parameters, the addresses of the numpy arrays that hold its job table, slot copies
 and counters, where the run of frames to take begins and the buffers for what it sends; the
 run's headers and datagrams are the call's two other arguments, bytes), `Stop`, why a
-call returned, and the wire's layout as the C++ reads it (offsets, opcodes, ImmDt fields,
+call returned, `Io` and `Served`, the socket loop's buffers, tables and counts and why it
+returned, and the wire's layout as the C++ reads it (offsets, opcodes, ImmDt fields,
 counter positions, the layout of a job's and a worker's row), all taken from `sim.wire`.
 `abi_header` writes them as the C++ header ``fast_abi.h`` the source includes, so the C++
 declares no field or constant of its own.
@@ -25,10 +27,12 @@ import functools
 from pathlib import Path
 
 from netagg.hw import headers as H
+from netagg.sim import udp_offload
 from netagg.sim import wire as W
 from netagg.sim.cpp_build import FLAGS, Unavailable, build_and_load, enabled
 
 SOURCE = Path(__file__).resolve().parent / "cpp" / "fast.cpp"
+INCLUDES = [SOURCE.with_name("fast_switch.h"), SOURCE.with_name("fast_io.h")]
 
 
 class Stop(enum.IntEnum):
@@ -37,6 +41,14 @@ class Stop(enum.IntEnum):
     DONE = 0            # every row of the run taken
     GOLDEN = 1          # row `taken` is not the compiled core's: the golden model's `receive`
     FULL = 2            # the buffer for what it sends cannot hold row `taken`'s results
+
+
+class Served(enum.IntEnum):
+    """Why `fast_serve` returned."""
+
+    IDLE = 0            # nothing waits on the socket
+    BUDGET = 1          # `Io.budget` packets taken: the clock and the control path's turn
+    HANDBACK = 2        # packet `hand_packet` of the batch, from row `hand_row`, is Python's
 
 
 # A job's row in the job table (`State.job`), and a worker's (`State.worker`).
@@ -76,6 +88,34 @@ class State(ctypes.Structure):
     _fields_ = [(name, _I) for name in STATE_FIELDS]
 
 
+# A row of the senders' table (`Io.senders`): a UDP sender's IPv4 address and port (as
+# integers), the switch port its frames enter and the MAC standing for it.
+SENDER_WORDS = ("ip", "udp_port", "port", "mac")
+# A destination's route (`Io.routes`, by job * max_workers + rank): the socket that sends
+# from its results' source (-1: none), and the address and port they go to.
+ROUTE_WORDS = ("fd", "ip", "udp_port")
+RX_BATCH = 64                   # packets one recvmmsg takes at most
+IO_FIELDS = [
+    # the sockets and tables (addresses of numpy arrays, int64 unless said)
+    "raw_fd", "gso",
+    "rx", "rx_bytes", "rx_count",   # uint8 [rx_count][rx_bytes]: a batch of packets
+    "rx_lengths",                   # [rx_count]
+    "senders", "senders_count",     # [senders_count][SENDER_WORDS]
+    "routes",                       # [jobs * max_workers][ROUTE_WORDS]
+    "arena", "arena_bytes",         # uint8: the results until they are sent
+    "records", "records_rows",      # [records_rows][3]: a result's offset, bytes, dest.
+    "sent",                         # [records_rows][2]: `State.sent` for a run
+    "batch", "resume_at", "budget",
+    # out (counts add up over calls)
+    "served", "hand_packet", "hand_row", "error",
+    "datagrams_in", "datagrams_out", "dropped", "undeliverable", "compiled",
+]
+
+
+class Io(ctypes.Structure):
+    _fields_ = [(name, _I) for name in IO_FIELDS]
+
+
 def _fields(layout, prefix: str) -> list[str]:
     return [f"constexpr int {prefix}_{name.upper()}_SHIFT = {shift}, "
             f"{prefix}_{name.upper()}_BITS = {width};" for name, shift, width in layout]
@@ -98,6 +138,10 @@ def constants() -> dict[str, int]:
         "PRIORITY_CLASSES": W.PRIORITY_CLASSES, "TEMPLATE_BYTES": TEMPLATE_BYTES,
         "N_PORT_COUNTERS": len(W.PORT_COUNTERS), "N_JOB_COUNTERS": len(W.JOB_COUNTERS),
         "JOB_WORDS": len(JOB_WORDS), "WORKER_WORDS": len(WORKER_WORDS),
+        "ETH_LEN": W.ETH_LEN, "WRITE_IMM_HEAD_LEN": W.WRITE_IMM_HEAD_LEN,
+        "MAX_SEGMENTS": udp_offload.MAX_SEGMENTS, "MAX_RUN_BYTES": udp_offload.MAX_RUN_BYTES,
+        "RX_BATCH": RX_BATCH, "SENDER_WORDS": len(SENDER_WORDS),
+        "ROUTE_WORDS": len(ROUTE_WORDS),
     }
 
 
@@ -107,14 +151,17 @@ def abi_header() -> str:
              "#include <cstdint>", "struct State {"]
     lines += [f"    int64_t {name};" for name in STATE_FIELDS]
     lines.append("};")
+    lines += ["struct Io {", *(f"    int64_t {name};" for name in IO_FIELDS), "};"]
     lines.append("enum Stop {" + ", ".join(f"STOP_{s.name} = {s.value}" for s in Stop) + "};")
+    lines.append("enum Served {" + ", ".join(f"SERVED_{s.name} = {s.value}" for s in Served)
+                 + "};")
     lines += [f"constexpr int64_t {name} = {value};" for name, value in constants().items()]
     lines += _fields(W.REQUEST_IMM, "REQ") + _fields(W.RESULT_IMM, "RES")
     masked = sorted(b - W.IP_OFFSET for b in H.ICRC_MASKED_BYTES)
     lines.append("// bytes of the ICRC's headers (from the IPv4 header) masked to ones")
     lines.append("constexpr int ICRC_MASKED[] = {" + ", ".join(map(str, masked)) + "};")
     for prefix, names in (("PC", W.PORT_COUNTERS), ("JC", W.JOB_COUNTERS), ("J", JOB_WORDS),
-                          ("WK", WORKER_WORDS)):
+                          ("WK", WORKER_WORDS), ("SD", SENDER_WORDS), ("RT", ROUTE_WORDS)):
         lines.append("enum {" + ", ".join(f"{prefix}_{n.upper()} = {i}"
                                           for i, n in enumerate(names)) + "};")
     return "\n".join(lines) + "\n"
@@ -142,11 +189,13 @@ def library() -> ctypes.CDLL | None:
 def _load() -> ctypes.CDLL | None:
     global _reason
     try:
-        lib = build_and_load(SOURCE, "fast_abi.h", abi_header(), "sim", FLAGS)
+        lib = build_and_load(SOURCE, "fast_abi.h", abi_header(), "sim", FLAGS, INCLUDES)
     except Unavailable as e:
         _reason = str(e)
         return None
     _reason = None
     lib.fast_run.argtypes = [ctypes.POINTER(State), ctypes.c_char_p, ctypes.c_char_p]
     lib.fast_run.restype = ctypes.c_int
+    lib.fast_serve.argtypes = [ctypes.POINTER(State), ctypes.POINTER(Io)]
+    lib.fast_serve.restype = ctypes.c_int
     return lib

@@ -130,31 +130,13 @@ class RunReader:
         """(switch port, heads, datagrams, length) of each datagram or GSO run (of equal
         lengths) waiting, as `runs`."""
         if self.raw is not None:
-            while self.udp_copies:      # the UDP socket's copies: the raw socket has them
-                try:
-                    self.sock.recv(4096)
-                except (BlockingIOError, InterruptedError):
-                    break
+            self.drop_udp_copies()
             for _ in range(512):
                 try:
                     packet = self.raw.recv(65536)
                 except (BlockingIOError, InterruptedError):
                     return
-                ingress = self._senders_in.get(packet[_SRC:_PORTS_END]) \
-                    if packet[0] == W.IPV4_FIRST_BYTE else None
-                if ingress is None:
-                    ingress = self._ingress_of(packet)
-                if not ingress:
-                    continue
-                eth, port = ingress
-                run = udp_offload.split(packet)     # (a run is not always longer than one)
-                if run is None:
-                    yield port, (eth + packet[:_IP_UDP],), memoryview(packet)[_IP_UDP:], \
-                        max(0, len(packet) - _IP_UDP)
-                    continue
-                _, body, size = run
-                heads = _run_heads(eth, bytes(packet[:_IP_UDP]), size, len(body))
-                yield from _cut_run(port, heads, body, size)
+                yield from self.packet_pieces(packet)
             return
         for _ in range(512):
             try:
@@ -173,6 +155,37 @@ class RunReader:
                 continue
             heads = _run_heads(head[:W.IP_OFFSET], head[W.IP_OFFSET:], size, len(data))
             yield from _cut_run(port, heads, memoryview(data), size)
+
+    def drop_udp_copies(self):
+        """The UDP socket's copies of what the raw socket has (`udp_copies`), dropped."""
+        while self.udp_copies:
+            try:
+                self.sock.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                break
+
+    def ingress(self, packet: bytes) -> tuple[bytes, int] | tuple[()]:
+        """The Ethernet header of the frames of an IPv4 packet as received and the switch
+        port they enter, or () for a packet that is not a UDP datagram to this address and
+        port 4791."""
+        ingress = self._senders_in.get(packet[_SRC:_PORTS_END]) \
+            if packet[0] == W.IPV4_FIRST_BYTE else None
+        return self._ingress_of(packet) if ingress is None else ingress
+
+    def packet_pieces(self, packet: bytes):
+        """`_pieces` of one IPv4 packet as received (the raw socket's)."""
+        ingress = self.ingress(packet)
+        if not ingress:
+            return
+        eth, port = ingress
+        run = udp_offload.split(packet)     # (a run is not always longer than one)
+        if run is None:
+            yield port, (eth + packet[:_IP_UDP],), memoryview(packet)[_IP_UDP:], \
+                max(0, len(packet) - _IP_UDP)
+            return
+        _, body, size = run
+        heads = _run_heads(eth, bytes(packet[:_IP_UDP]), size, len(body))
+        yield from _cut_run(port, heads, body, size)
 
     def _ingress_of(self, packet: bytes) -> tuple[bytes, int] | tuple[()]:
         """The Ethernet header of a frame for an IPv4 packet as received and the switch port
