@@ -24,7 +24,9 @@ makes is named NAME-...: it refuses to start where any such namespace exists, sa
 remove them (`netagg cluster down --name NAME`, `remove`). It needs root (CAP_SYS_ADMIN and
 CAP_NET_ADMIN); without it `Cluster` raises `NeedsRoot` with one line that says so.
 
-`run` starts a program in a host's namespace (or the rack's), `serve` starts the switch there,
+`run` starts a program in a host's namespace (or the rack's), `serve` starts the switch there
+at a higher priority than the hosts' processes (`SWITCH_NICE`): it stands for a switch of its
+own, as the bridge does, whose forwarding runs in the kernel ahead of every process,
 `counters` reads what crossed each host's NIC, `set_link` takes a host's link down or up.
 """
 
@@ -58,6 +60,9 @@ SWITCH_SLOTS = 256
 # (the RTL) no faster than them: a window D times smaller covers the round trip, and a larger
 # one only queues at the switch, past the retransmission timers (which are not dilated).
 MIN_SLOTS = 64
+# The switch's process's nice value: on a machine whose cores the hosts share, a switch
+# process waiting behind them for its turn holds every host's window at once.
+SWITCH_NICE = -10
 
 
 class NeedsRoot(PermissionError):
@@ -271,6 +276,7 @@ class Cluster:
             raise ClusterError(f"the {backend} switch did not start in {self.rack} "
                                f"(exit status {proc.poll()}, said {line!r})")
         self.switch = proc
+        os.setpriority(os.PRIO_PROCESS, proc.pid, SWITCH_NICE)
         return line
 
     @property

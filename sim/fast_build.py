@@ -46,8 +46,8 @@ class Stop(enum.IntEnum):
 class Served(enum.IntEnum):
     """Why `fast_serve` returned."""
 
-    IDLE = 0            # nothing waits on the socket
-    BUDGET = 1          # `Io.budget` packets taken: the clock and the control path's turn
+    IDLE = 0            # nothing came for `Io.wait_us`
+    BUDGET = 1          # `Io.wait_us` passed: the clock's and the control path's turn
     HANDBACK = 2        # packet `hand_packet` of the batch, from row `hand_row`, is Python's
 
 
@@ -105,7 +105,7 @@ IO_FIELDS = [
     "arena", "arena_bytes",         # uint8: the results until they are sent
     "records", "records_rows",      # [records_rows][3]: a result's offset, bytes, dest.
     "sent",                         # [records_rows][2]: `State.sent` for a run
-    "batch", "resume_at", "budget",
+    "batch", "resume_at", "wait_us",
     # out (counts add up over calls)
     "served", "hand_packet", "hand_row", "error",
     "datagrams_in", "datagrams_out", "dropped", "undeliverable", "compiled",

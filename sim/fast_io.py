@@ -14,13 +14,16 @@ The C++ reads the switch's job table as `FastSwitch` keeps it (refreshed here wh
 and the destinations' routes (the socket that sends from a result's source, its
 destination) from a table built from the result templates each time the job table changes.
 
-Cost: one recvmmsg per batch of up to `RX_BATCH` packets, the core's per row, and one
-sendmmsg per socket per batch for every destination's runs.
+A call waits for more (ppoll, the GIL released) up to `WAIT_US` and returns at the latest
+after it, so Python's own loop runs about once per `WAIT_US` under load. Cost: one recvmmsg
+per batch of up to `RX_BATCH` packets, the core's per row, and one sendmmsg per socket per
+batch for every destination's runs.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import socket
 
 import numpy as np
@@ -32,7 +35,7 @@ from netagg.sim.fast_build import ROUTE_WORDS, RX_BATCH, SENDER_WORDS, Io, Serve
 RX_BYTES = 1 << 16          # the largest IPv4 packet
 MOST_SENDERS = 256          # senders in the table; the others' packets are Python's
 ARENA_BYTES = 4 << 20       # results held until a batch's are sent
-BUDGET = 4096               # packets a call takes before the clock's and the control's turn
+WAIT_US = 2000              # us a call waits for more, and runs at most, before Python's turn
 _ADDRESSES = slice(W.IP_OFFSET + 12, W.UDP_OFFSET + 4)     # a frame's IPv4 and UDP addresses
 
 
@@ -58,14 +61,15 @@ class FastIo:
                      senders=self.senders.ctypes.data, senders_count=0,
                      routes=self.routes.ctypes.data, arena=self.arena.ctypes.data,
                      arena_bytes=ARENA_BYTES, records=self.records.ctypes.data,
-                     records_rows=rows, sent=self.sent.ctypes.data, budget=BUDGET)
+                     records_rows=rows, sent=self.sent.ctypes.data, wait_us=WAIT_US)
         self._pointers = ctypes.pointer(switch._state), ctypes.pointer(self.io)
         self._routed = -1               # the job table's generation the routes are for
         self.unsendable: set[tuple[str, int]] = set()
 
     def serve(self) -> Served:
-        """Take what waits until nothing does, the budget is spent or a packet is Python's
-        (`handed`); every result taken is sent."""
+        """Take what comes until nothing does for `WAIT_US`, `WAIT_US` have passed (the
+        deadlines' clock and the control path's turn) or a packet is Python's (`handed`);
+        every result taken is sent."""
         sw = self.switch
         if sw._stale:
             sw._refresh()
@@ -74,6 +78,9 @@ class FastIo:
         sw._state.now = sw.now
         compiled = self.io.compiled
         why = Served(self._serve(*self._pointers))
+        if self.io.error:           # the raw socket failed (not: nothing waits)
+            error, self.io.error = self.io.error, 0
+            raise OSError(error, f"reading the switch's raw socket: {os.strerror(error)}")
         if self.io.compiled != compiled:
             sw.paths.compiled += self.io.compiled - compiled
             sw.sync_completed()

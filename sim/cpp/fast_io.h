@@ -23,8 +23,10 @@
 #include <cstring>
 #include <netinet/in.h>
 #include <netinet/udp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <time.h>
 
 #include <vector>
 
@@ -259,41 +261,67 @@ struct Serve {
         return stop == rows;
     }
 
-    // Batches until nothing waits (`SERVED_IDLE`), `io.budget` packets are taken
-    // (`SERVED_BUDGET`) or a packet is handed back (`SERVED_HANDBACK`).
+    // Batches until nothing comes for `io.wait_us` (`SERVED_IDLE`), `io.wait_us` have
+    // passed since the call (`SERVED_BUDGET`: the clock's and the control path's turn) or a
+    // packet is handed back (`SERVED_HANDBACK`).
     Served loop() {
-        int64_t taken = 0;
+        const int64_t start = now_us();
         while (true) {
             if (io.resume_at >= io.batch) {
-                if (taken >= io.budget) return done(SERVED_BUDGET);
-                mmsghdr msgs[RX_BATCH];
-                iovec iovs[RX_BATCH];
-                int64_t want = io.rx_count < RX_BATCH ? io.rx_count : RX_BATCH;
-                for (int64_t i = 0; i < want; i++) {
-                    iovs[i].iov_base = packet(i);
-                    iovs[i].iov_len = size_t(io.rx_bytes);
-                    std::memset(&msgs[i], 0, sizeof msgs[i]);
-                    msgs[i].msg_hdr.msg_iov = &iovs[i];
-                    msgs[i].msg_hdr.msg_iovlen = 1;
+                flush();                            // a batch's results leave before the next
+                const int got = receive();
+                if (got < 0) return done(SERVED_IDLE);
+                if (got == 0) {
+                    const int64_t left = io.wait_us - (now_us() - start);
+                    if (left <= 0) return done(SERVED_IDLE);
+                    pollfd p = {int(io.raw_fd), POLLIN, 0};
+                    const timespec wait = {time_t(left / 1000000), long(left % 1000000) * 1000};
+                    if (ppoll(&p, 1, &wait, nullptr) <= 0) return done(SERVED_IDLE);
+                    continue;
                 }
-                const int got = recvmmsg(int(io.raw_fd), msgs, unsigned(want), MSG_DONTWAIT,
-                                         nullptr);
-                if (got <= 0) {
-                    io.batch = io.resume_at = 0;
-                    if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-                        io.error = errno;
-                    return done(SERVED_IDLE);
+                if (now_us() - start >= io.wait_us) {
+                    io.batch = got;                 // taken at the next call
+                    return done(SERVED_BUDGET);
                 }
-                for (int i = 0; i < got; i++) at<int64_t>(io.rx_lengths)[i] = msgs[i].msg_len;
-                io.batch = got, io.resume_at = 0;
             }
-            for (; io.resume_at < io.batch; io.resume_at++, taken++) {
+            for (; io.resume_at < io.batch; io.resume_at++) {
                 if (!packet_taken(io.resume_at)) {
                     io.hand_packet = io.resume_at++;
                     return done(SERVED_HANDBACK);
                 }
             }
         }
+    }
+
+    // A batch into the packet buffers: how many, 0 when nothing waits, -1 on an error
+    // (`io.error`).
+    int receive() {
+        mmsghdr msgs[RX_BATCH];
+        iovec iovs[RX_BATCH];
+        const int64_t want = io.rx_count < RX_BATCH ? io.rx_count : RX_BATCH;
+        for (int64_t i = 0; i < want; i++) {
+            iovs[i].iov_base = packet(i);
+            iovs[i].iov_len = size_t(io.rx_bytes);
+            std::memset(&msgs[i], 0, sizeof msgs[i]);
+            msgs[i].msg_hdr.msg_iov = &iovs[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+        }
+        io.batch = io.resume_at = 0;
+        const int got = recvmmsg(int(io.raw_fd), msgs, unsigned(want), MSG_DONTWAIT, nullptr);
+        if (got < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+            io.error = errno;
+            return -1;
+        }
+        for (int i = 0; i < got; i++) at<int64_t>(io.rx_lengths)[i] = msgs[i].msg_len;
+        io.batch = got;
+        return got;
+    }
+
+    static int64_t now_us() {
+        timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        return int64_t(t.tv_sec) * 1000000 + t.tv_nsec / 1000;
     }
 
     Served done(Served why) {
