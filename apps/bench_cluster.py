@@ -15,7 +15,10 @@ and links in the same run. Per size it reports:
   link busy the times are in the ratio of the frame bytes;
 - each host link's utilisation both ways: the bytes its NIC sent and received during the
   run (the kernel's interface counters) per allreduce, over what the link carries in the
-  median time; and the packets the links' queues dropped.
+  median time; and the packets the links' queues dropped;
+- the CPU time one allreduce costs: a host's own (the median round, the mean host), and, for
+  netagg, the switch process's (its whole run over the allreduces in it), which carries the
+  kernel's work for what it sends.
 
 Every result is checked (netagg within the fixed-point bound, gloo against float64 sums).
 """
@@ -172,7 +175,7 @@ def summary(report: dict) -> str:
     lines = [f"allreduce of float32 on an emulated cluster, links {report['rate']} each way"
              f"{dilated}, {report['switch']} switch ({report['date']}, {report['machine']})",
              "hosts     size     gloo   netagg  ratio  the bytes say  of it  "
-             "link use up/down: netagg, gloo"]
+             "link use up/down: netagg, gloo  CPU s: host gloo, host netagg, switch"]
     for r in report["runs"]:
         use = [f"{max(r[lib]['utilisation_sent']):.2f}/{max(r[lib]['utilisation_received']):.2f}"
                for lib in LIBRARIES[::-1]]
@@ -180,7 +183,10 @@ def summary(report: dict) -> str:
         lines.append(f"{r['hosts']:>5} {r['bytes'] >> 20:>4} MiB {r['gloo']['seconds']:>7.3f}s "
                      f"{r['netagg']['seconds']:>7.3f}s {r['ratio']:>6.2f} "
                      f"{r['predicted']:>14.2f} {r['of_prediction']:>6.2f}  "
-                     f"{use[0]}, {use[1]}" + ("" if checked else "  RESULT WRONG"))
+                     f"{use[0]}, {use[1]}         "
+                     f"{r['gloo']['host_cpu_seconds']:.2f}, {r['netagg']['host_cpu_seconds']:.2f}, "
+                     f"{r['netagg']['switch_cpu_seconds']:.2f}"
+                     + ("" if checked else "  RESULT WRONG"))
     return "\n".join(lines)
 
 
