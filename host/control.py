@@ -17,7 +17,11 @@ timeout doubled (up to `rto_max`); a blocking `request` gives up after `timeout`
 
 The channel notes when the switch last answered and to what (`answered`: a request names
 what it is, `what`, "a beat read" say), and since when a request has waited for an answer
-(`asking`): what tells a switch that stopped answering (`host.liveness.SwitchWatch`).
+(`asking`): what tells a switch that stopped answering (`host.liveness.SwitchWatch`). A
+blocking `request` on a channel the switch has never answered gives up after
+`FIRST_ANSWER_WITHIN` seconds of asking (`NetaggSwitchGone`): nothing serves at that
+address, or the path to it is down, and a switch that is there answers a request in
+milliseconds.
 
 The channel works alone (`SwitchControl`: `step` receives and retransmits) or
 inside an engine, which hands it the control answers among the packets it receives and
@@ -36,7 +40,7 @@ import time
 from typing import Callable
 
 from netagg.host import transport as T
-from netagg.host.errors import NetaggError, NetaggTimeout
+from netagg.host.errors import NetaggError, NetaggSwitchGone, NetaggTimeout
 from netagg.host.retransmit import RetransmitTimer, RttEstimator
 from netagg.sim import wire as W
 
@@ -45,6 +49,9 @@ CONTROL_RTO_MIN = 0.05      # the shortest wait for a control answer, in seconds
 # lossy transport holds a packet back at most its max_delay (0.02 s in the tests), a LAN
 # microseconds.
 CONTROL_LIFETIME = 0.1
+# Seconds of asking without any answer after which a switch that never answered is not there
+# (the liveness watch's silence, `host.liveness.SILENT_AFTER`).
+FIRST_ANSWER_WITHIN = 2.0
 
 Records = list[tuple[int, int]]
 
@@ -137,6 +144,7 @@ class ControlChannel:
             timer = self.pending[self.request_async(records[i:i + W.MAX_CONTROL_RECORDS],
                                                     box.append)].timer
             while not box:
+                self._never_answered(time.monotonic())
                 if time.monotonic() > deadline:
                     for psn in [p for p, c in self.pending.items() if c.callback == box.append]:
                         del self.pending[psn]
@@ -151,6 +159,23 @@ class ControlChannel:
         while time.monotonic() < settled:
             self._wait_a_little(0.01)
         return answers
+
+    def _never_answered(self, now: float):
+        """`NetaggSwitchGone` where the switch has answered nothing on this channel in
+        `FIRST_ANSWER_WITHIN` seconds of asking; its requests are dropped."""
+        if self.answered[0] > -math.inf or self.asking is None or \
+                now - self.asking < FIRST_ANSWER_WITHIN:
+            return
+        silent = now - self.asking
+        self.pending.clear()
+        self.asking = None
+        switch = self.transport.switch
+        address = f"{switch.ip}:{switch.port}"
+        raise NetaggSwitchGone(
+            f"no switch answers at {address} (via "
+            f"{getattr(self.transport, 'url', 'in-process')}): {silent:.1f} s of control "
+            f"requests, none answered; nothing serves there, or the path to it is down",
+            address, -1, -1, silent)
 
     def _wait_a_little(self, timeout: float):
         driver = self.transport.driver

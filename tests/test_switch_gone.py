@@ -4,7 +4,9 @@ answer, over UDP through `netagg sim serve`'s server (in a thread, and its proce
 and in process, up to torch's `Work.wait()`; a switch slow under load is not; a host that
 cannot reach the switch (no route, its address gone, its link down mid-run) is a
 `NetaggUnreachable` naming the rank, the job, the switch and the OS's reason, at once, while a
-full buffer only loses a packet; and the bounded wait names the ranks that never joined."""
+full buffer only loses a packet; the bounded wait names the ranks that never joined; and a
+switch that never answers (nothing serves at its address, or a process there that never
+answers) is named within 2 s of joining, not after the 20 s timeout."""
 
 from __future__ import annotations
 
@@ -440,6 +442,34 @@ def test_the_timeout_names_the_ranks_that_never_joined():
     finally:
         for w in ws:
             w.close()
+
+
+@pytest.mark.parametrize("there", ["nothing", "a silent socket"])
+def test_a_switch_that_never_answers_is_named_within_2_s_of_joining(there):
+    """Nothing serves at the switch's address (a server that closed), or a process holds
+    its port and never answers: a worker joining with the default 20 s timeout, and
+    `SwitchControl`, fail with `NetaggSwitchGone` naming the address within 2 s of asking."""
+    from netagg.host import SwitchControl
+    with SimServer(GoldenSwitch()) as server:
+        url, address = server.url, server.address
+    silent = None
+    if there == "a silent socket":
+        silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        silent.bind(address)
+    try:
+        for join in (lambda: Worker(0, 2, url, session=uuid.uuid4().hex),
+                     lambda: SwitchControl(url)):
+            t0 = time.monotonic()
+            with pytest.raises(NetaggSwitchGone, match=rf"no switch answers at "
+                               rf"{re.escape(address[0])}:4791 .*none answered; nothing "
+                               r"serves there, or the path to it is down") as e:
+                join()
+            took = time.monotonic() - t0
+            assert 2.0 <= took < 3.0
+            assert e.value.switch == f"{address[0]}:4791" and e.value.silent >= 2.0
+    finally:
+        if silent is not None:
+            silent.close()
 
 
 def test_errors_keep_their_fields_across_processes():
