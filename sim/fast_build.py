@@ -140,6 +140,7 @@ def constants() -> dict[str, int]:
         "JOB_WORDS": len(JOB_WORDS), "WORKER_WORDS": len(WORKER_WORDS),
         "ETH_LEN": W.ETH_LEN, "WRITE_IMM_HEAD_LEN": W.WRITE_IMM_HEAD_LEN,
         "MAX_SEGMENTS": udp_offload.MAX_SEGMENTS, "MAX_RUN_BYTES": udp_offload.MAX_RUN_BYTES,
+        "UDP_SEGMENT_OPTION": udp_offload.UDP_SEGMENT,
         "RX_BATCH": RX_BATCH, "SENDER_WORDS": len(SENDER_WORDS),
         "ROUTE_WORDS": len(ROUTE_WORDS),
     }

@@ -35,7 +35,6 @@
 
 namespace {
 
-constexpr int UDP_SEGMENT_OPT = 103;        // linux/udp.h
 constexpr int MAX_SENDS = 256;              // messages gathered for one flush
 
 struct Serve {
@@ -67,10 +66,10 @@ struct Serve {
         return -1;
     }
 
-    // The rows of a run of `rows` datagrams of `size` bytes in at `port` (`heads`: their
-    // Ethernet, IPv4 and UDP headers, `body` the datagrams) from row `first`, through the
-    // switch; the results go to the arena (flushed when it fills). The row it stopped at,
-    // `rows` when it took them all.
+    // A run of `rows` datagrams of `size` bytes in at `port` (`heads`: their Ethernet, IPv4
+    // and UDP headers, `body` the datagrams) through the switch, row by row; the results go
+    // to the arena (flushed when it fills). The row it stopped at, `rows` when it took them
+    // all.
     int64_t take(int64_t port, const uint8_t *heads, const uint8_t *body, int64_t size,
                  int64_t rows) {
         const int64_t frame_bytes = BTH_OFFSET + size;
@@ -153,7 +152,7 @@ struct Serve {
                 m.msg_hdr.msg_controllen = CMSG_SPACE(sizeof(uint16_t));
                 cmsghdr *c = CMSG_FIRSTHDR(&m.msg_hdr);
                 c->cmsg_level = SOL_UDP;
-                c->cmsg_type = UDP_SEGMENT_OPT;
+                c->cmsg_type = UDP_SEGMENT_OPTION;
                 c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
                 const uint16_t segment = uint16_t(size);
                 std::memcpy(CMSG_DATA(c), &segment, sizeof segment);
