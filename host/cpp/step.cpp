@@ -605,7 +605,12 @@ struct Step {
                 if (cur[s] >= 0) { inflight++; first_due = std::min(first_due, deadline[s]); }
             if (!inflight) return ST_IDLE;
             now = monotonic();
-            if (first_due <= now) return ST_DUE;
+            if (first_due <= now) {     // late, or only unread (after this thread waited
+                const int got = receive();      // for a core): what waits is taken first
+                if (!got) return ST_DUE;
+                if (!take_runs(got)) return ST_HANDED;
+                continue;
+            }
             if (now >= r.until || __atomic_load_n(at<int64_t>(r.wanted), __ATOMIC_RELAXED))
                 return ST_UNTIL;
             const double wait = std::min({first_due, r.until, now + POLL_SECONDS}) - now;
