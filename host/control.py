@@ -18,7 +18,7 @@ timeout doubled (up to `rto_max`); a blocking `request` gives up after `timeout`
 The channel notes when the switch last answered and to what (`answered`: a request names
 what it is, `what`, "a beat read" say), and since when a request has waited for an answer
 (`asking`): what tells a switch that stopped answering (`host.liveness.SwitchWatch`). A
-blocking `request` on a channel the switch has never answered gives up after
+blocking `request` over UDP on a channel the switch has never answered gives up after
 `FIRST_ANSWER_WITHIN` seconds of asking (`NetaggSwitchGone`): nothing serves at that
 address, or the path to it is down, and a switch that is there answers a request in
 milliseconds.
@@ -161,10 +161,13 @@ class ControlChannel:
         return answers
 
     def _never_answered(self, now: float):
-        """`NetaggSwitchGone` where the switch has answered nothing on this channel in
-        `FIRST_ANSWER_WITHIN` seconds of asking; its requests are dropped."""
+        """`NetaggSwitchGone` where the switch at a UDP address has answered nothing on
+        this channel in `FIRST_ANSWER_WITHIN` seconds of asking; its requests are dropped.
+        (In process the switch is there, if slow: the RTL under load; and a lossy
+        transport may lose the first requests by design.)"""
         if self.answered[0] > -math.inf or self.asking is None or \
-                now - self.asking < FIRST_ANSWER_WITHIN:
+                now - self.asking < FIRST_ANSWER_WITHIN or \
+                not isinstance(self.transport, T.UdpTransport):
             return
         silent = now - self.asking
         self.pending.clear()

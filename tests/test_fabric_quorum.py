@@ -174,7 +174,7 @@ def _job_counters(topo) -> dict:
 
 @pytest.mark.parametrize("quorum,lossy,backend,steps,values",
                          [(6, 1, "golden", 2, 12_000), (7, 1, "golden", 2, 12_000),
-                          (7, 5, "golden", 1, 12_000), (6, 1, "rtl", 1, 4_000)])
+                          (7, 5, "golden", 1, 12_000), (6, 1, "rtl", 2, 12_000)])
 def test_a_world_quorum_with_a_lossy_rank_sums_as_the_check_lane_says(quorum, lossy, backend,
                                                                       steps, values):
     """Rank `lossy` loses half of its contributions before its leaf. Quorum 6 closes each
