@@ -42,9 +42,11 @@ _ADDRESSES = slice(W.IP_OFFSET + 12, W.UDP_OFFSET + 4)     # a frame's IPv4 and 
 class FastIo:
     """The compiled loop for `switch` on `raw` (the server's raw socket, non-blocking);
     `route(addresses)` gives (source, socket or None, destination) of a frame by its IPv4
-    and UDP addresses, as `SimServer._route`."""
+    and UDP addresses, as `SimServer._route`, and a source without a socket goes into
+    `unsendable` (the server's set)."""
 
-    def __init__(self, switch: FastSwitch, raw: socket.socket, route):
+    def __init__(self, switch: FastSwitch, raw: socket.socket, route,
+                 unsendable: set[tuple[str, int]]):
         self.switch, self.raw, self.route = switch, raw, route
         self._serve = fast_build.library().fast_serve
         self.rx = np.zeros((RX_BATCH, RX_BYTES), np.uint8)
@@ -64,7 +66,7 @@ class FastIo:
                      records_rows=rows, sent=self.sent.ctypes.data, wait_us=WAIT_US)
         self._pointers = ctypes.pointer(switch._state), ctypes.pointer(self.io)
         self._routed = -1               # the job table's generation the routes are for
-        self.unsendable: set[tuple[str, int]] = set()
+        self.unsendable = unsendable
 
     def serve(self) -> Served:
         """Take what comes until nothing does for `WAIT_US`, `WAIT_US` have passed (the

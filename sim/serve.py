@@ -231,7 +231,7 @@ class SimServer(Serving):
         self.clock = WallClock(backend)         # the deadlines' ticks
         self.lock = threading.Lock()
         # the fast switch's socket loop compiled, for the frames as received (not captured)
-        self.fast_io = FastIo(backend, self.raw, self._route) \
+        self.fast_io = FastIo(backend, self.raw, self._route, self.unsendable) \
             if isinstance(backend, FastSwitch) and self.raw is not None and not pcap else None
 
     @property
@@ -304,7 +304,6 @@ class SimServer(Serving):
         for name in ("datagrams_out", "undeliverable"):
             self.stats[name] += after[name] - counts[name]
         self.stats["send_buffer_full"] = after["dropped"]
-        self.unsendable |= io.unsendable
         taken += after["datagrams_in"] - counts["datagrams_in"]
         self.stats["datagrams_in"] += taken
         return taken
@@ -318,7 +317,7 @@ class SimServer(Serving):
             self.fast_io.learn(packet, *ingress)
         skip, golden, guarded = max(row, 0), row >= 0, self.guarded
         uncounted = 0
-        for port, heads, body, size in self.reader.packet_pieces(packet):
+        for port, heads, body, size in self.reader.packet_pieces(packet, ingress):
             uncounted += len(heads) if row < 0 else 0
             if skip >= len(heads):
                 skip -= len(heads)

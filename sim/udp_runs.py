@@ -172,9 +172,10 @@ class RunReader:
             if packet[0] == W.IPV4_FIRST_BYTE else None
         return self._ingress_of(packet) if ingress is None else ingress
 
-    def packet_pieces(self, packet: bytes):
-        """`_pieces` of one IPv4 packet as received (the raw socket's)."""
-        ingress = self.ingress(packet)
+    def packet_pieces(self, packet: bytes, ingress: tuple[bytes, int] | tuple[()] | None = None):
+        """`_pieces` of one IPv4 packet as received (the raw socket's); `ingress` its
+        `ingress`, where the caller has it."""
+        ingress = self.ingress(packet) if ingress is None else ingress
         if not ingress:
             return
         eth, port = ingress
