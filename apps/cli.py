@@ -30,7 +30,8 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="run a benchmark and print its figures")
     bench.add_argument("what", choices=["datapath", "switch", "allreduce", "congestion",
-                                        "board", "host", "leafspine", "cluster", "fast"])
+                                        "board", "host", "leafspine", "cluster", "fast",
+                                        "loss"])
     bench.add_argument("--ports", type=int, default=4, help="switch: ports")
     bench.add_argument("--width", type=int, default=512, help="switch: bits per port")
     bench.add_argument("--rounds", type=int, default=4,
@@ -42,7 +43,7 @@ def main(argv=None) -> int:
                             "capped at 4 MB for the golden model, 1 MB for the RTL; "
                             "host: default 1M,8M,32M")
     bench.add_argument("--workers", type=int, default=None,
-                       help="allreduce, host: workers (default 4); fast: workers and UDP "
+                       help="allreduce, host, loss: workers (default 4); fast: workers and UDP "
                             "senders (default 8)")
     bench.add_argument("--seconds", type=float, default=2.0,
                        help="fast: seconds of each measurement")
@@ -54,8 +55,12 @@ def main(argv=None) -> int:
                        help="congestion: how packets are spread over the paths")
     bench.add_argument("--size", default="1M",
                        help="congestion: float32 bytes per worker (e.g. 256K, 1M)")
-    bench.add_argument("--repeat", type=int, default=3,
-                       help="congestion: runs per path count (the median is reported)")
+    bench.add_argument("--repeat", type=int, default=None,
+                       help="congestion: runs per path count (default 3); cluster: runs of "
+                            "each (default 3); loss: runs of each (default 1); the median is "
+                            "reported")
+    bench.add_argument("--losses", default="1,5,20",
+                       help="loss: loss rates each way, in percent, comma-separated")
     bench.add_argument("--experiments", default="priority_drop,spraying",
                        help="congestion: priority_drop, spraying (comma-separated)")
     bench.add_argument("--loss-budget", type=float, default=0.1,
@@ -64,8 +69,9 @@ def main(argv=None) -> int:
                        help="congestion: allreduces per priority-drop mode")
     bench.add_argument("--board", default="versa_ecp5_5g", choices=BOARDS,
                        help="board: the board whose RTL runs behind TAP devices")
-    bench.add_argument("--values", type=int, default=200_000,
-                       help="board: float32 values per worker")
+    bench.add_argument("--values", type=int, default=None,
+                       help="board: float32 values per worker (default 200,000); loss: the "
+                            "same in 6 tensors (default 1,000,000)")
     bench.add_argument("--nodes", type=int, default=None,
                        help="board: nodes (with --workers); default: a worker on each port")
     bench.add_argument("--hosts", default="4,8",
@@ -74,7 +80,7 @@ def main(argv=None) -> int:
     bench.add_argument("--queue", default=None,
                        help="cluster: bytes of queue at each end of a link (default 10 ms)")
     bench.add_argument("--switch", default="fast", choices=["fast", "golden", "rtl"],
-                       help="cluster: netagg's switch on the rack")
+                       help="cluster: netagg's switch on the rack; loss: the simulated switch")
     bench.add_argument("--plot", default=None, help="cluster: draw time against hosts here")
     bench.add_argument("--dilation", type=float, default=None,
                        help="cluster: slow the links this many times (default: 50 for the "
@@ -207,7 +213,7 @@ def main(argv=None) -> int:
         report = bench_cluster.bench_cluster(
             [int(h) for h in args.hosts.split(",")], args.rate,
             [_size(s) for s in args.sizes.split(",")] if args.sizes else
-            bench_cluster.DEFAULT_SIZES, args.switch, args.repeat, args.queue,
+            bench_cluster.DEFAULT_SIZES, args.switch, args.repeat or 3, args.queue,
             quiet=args.json, dilation=args.dilation)
         if args.plot:
             bench_cluster.plot(report, args.plot)
@@ -215,6 +221,15 @@ def main(argv=None) -> int:
             print(json.dumps(report))
         return 0 if all(r[lib]["verified"] for r in report["runs"]
                         for lib in bench_cluster.LIBRARIES) else 1
+    if args.command == "bench" and args.what == "loss":
+        from netagg.apps.bench_loss import bench_loss
+        report = bench_loss([float(p) / 100 for p in args.losses.split(",")],
+                            workers=args.workers or 4, values=args.values or 1_000_000,
+                            repeat=args.repeat or 1, backend=args.switch, quiet=args.json)
+        if args.json:
+            print(json.dumps(report))
+        return 0 if all(r[k]["verified"] for r in report["runs"]
+                        for k in ("early", "timers")) else 1
     if args.command == "demo" and args.fabric:
         from netagg.apps.demo_fabric import demo_described
         report = demo_described(args.fabric, workers=args.workers, values=args.values,
@@ -315,7 +330,7 @@ def main(argv=None) -> int:
         return 0
     if args.command == "bench" and args.what == "board":
         from netagg.apps.bench_board import bench_board
-        report = bench_board(args.board, values=args.values,
+        report = bench_board(args.board, values=args.values or 200_000,
                              workers=args.workers or 4 if args.nodes else None,
                              nodes=args.nodes,
                              quiet=args.json)
@@ -326,7 +341,7 @@ def main(argv=None) -> int:
         from netagg.apps.congestion import bench_congestion
         report = bench_congestion(args.backend, [int(p) for p in args.paths.split(",")],
                                   workers=args.workers or 4, size=_size(args.size),
-                                  spray=args.spray, repeat=args.repeat, quiet=args.json,
+                                  spray=args.spray, repeat=args.repeat or 3, quiet=args.json,
                                   experiments=args.experiments.split(","),
                                   priority={"loss_budget": args.loss_budget,
                                             "steps": args.steps})

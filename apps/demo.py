@@ -57,7 +57,7 @@ def worker_main(rank: int, world: int, url: str, local_size: int, session: str, 
                 steps: int, seed: int, dtype: str, progress, results, faults=None,
                 timeout: float = 60.0, verify: bool = True, paths: int = 1,
                 spray: str = "round_robin", start=None, bind: str | None = None,
-                fabric: dict | None = None):
+                fabric: dict | None = None, recovery: str = "early"):
     """One worker process: allreduce `values` values in `steps` tensors, report. `start`: a
     barrier the workers pass together once set up, so that the timed allreduce does not
     include the processes' start-up skew (a peer still importing numpy looks to the others
@@ -69,7 +69,7 @@ def worker_main(rank: int, world: int, url: str, local_size: int, session: str, 
         pieces = np.array_split(data, steps)
         with Worker(rank, world, url, local_size=local_size, session=session, fabric=fabric,
                     timeout=timeout, faults=faults, paths=paths, spray=spray,
-                    bind=bind) as w:
+                    bind=bind, recovery=recovery) as w:
             if start is not None:
                 start.wait(timeout)
             t0 = time.perf_counter()
@@ -99,12 +99,12 @@ def run_workers(url: str, *, workers: int, nodes: int, values: int, steps: int =
                 seed: int = 0, dtype: str = "float32", faults=None, timeout: float = 60.0,
                 verify: bool = True, on_progress=None, session: str | None = None,
                 paths: int = 1, spray: str = "round_robin", binds=None,
-                fabric: dict | None = None) -> dict:
+                fabric: dict | None = None, recovery: str = "early") -> dict:
     """Start the worker processes against `url`, wait for them, gather their reports.
     `paths` / `spray`: each worker sprays its packets over that many UDP source ports.
     `binds`: local addresses, node i's workers send from `binds[i % len(binds)]`. `fabric`:
     a leaf and spine fabric's description (`host.fabric`; `url` is ignored: each worker
-    names the leaf its node sits on)."""
+    names the leaf its node sits on). `recovery`: the workers' (`host.retransmit.Recovery`)."""
     from netagg.host.fabric import Fabric, Placement
     if workers % nodes:
         raise ValueError(f"{workers} workers do not split into {nodes} nodes")
@@ -123,7 +123,7 @@ def run_workers(url: str, *, workers: int, nodes: int, values: int, steps: int =
                                seed, dtype, progress, results, faults, timeout, verify, paths,
                                spray, start,
                                binds[r // (workers // nodes) % len(binds)] if binds else None,
-                               fabric))
+                               fabric, recovery))
              for r in range(workers)]
     t0 = time.perf_counter()
     for p in procs:
@@ -182,6 +182,7 @@ def run_workers(url: str, *, workers: int, nodes: int, values: int, steps: int =
         "results_agree": agree,
         "digest": good[0]["digest"] if agree else None,     # sha256 of the result
         "errors": errors,
+        "counters": counters,
     }
 
 

@@ -40,6 +40,7 @@ import numpy as np
 from netagg.host import numerics as N
 from netagg.host.compiled_build import RX_RUNS, Fmt, Run, Status, library
 from netagg.host.progress import wanted
+from netagg.host.retransmit import REORDER_SHARE, probe_timeout
 from netagg.host.transport import UdpTransport
 from netagg.host.wire_arrays import write_imm_dtype
 from netagg.sim import udp_offload
@@ -263,6 +264,10 @@ class CompiledStep:
                 setattr(r, field, cached[1])
         r.total, r.dealt, r.credits, r.limit = w.total, w.dealt, e.credits, e.limit
         r.rto, r.psn, r.until = e.rtt.rto, e.psns.psn, until
+        srtt, recent = e.rtt.srtt, e.recent     # (`host.retransmit.RecentAnswer`'s rules)
+        r.reorder = REORDER_SHARE * srtt if srtt is not None else np.inf
+        r.pto = probe_timeout(e.rtt) if srtt is not None else np.inf
+        r.newest, r.heard, r.probed = recent.newest, recent.heard, recent.probed
         self.known_before = span.known.copy()
         for name in ("packets_sent", "packets_received", "credit_waits", "tensor_bytes",
                      "chunks_done", "nsamples", "rx_nruns", "rx_run", "rx_from", "gso_failed",
@@ -312,6 +317,7 @@ class CompiledStep:
             self.transport.runs.gso = False
         self.transport.runs.runs += r.gso_runs     # (the worker's `gso_runs` counter)
         e.psns.psn = r.psn
+        e.recent.newest, e.recent.heard, e.recent.probed = r.newest, r.heard, bool(r.probed)
         e.limit = max(e.limit, r.limit)
         for i in range(max(0, r.nsamples - SAMPLES), r.nsamples):     # the latest, in order
             e.rtt.sample(float(self.samples[i % SAMPLES]))
@@ -327,4 +333,4 @@ class CompiledStep:
             if span.work.done:
                 w.spans = [s for s in w.spans if not s.work.done]
                 self.span = None
-        e.earliest = min(e.earliest, float(w.deadline.min()))
+        e.earliest = min(e.earliest, w.due_at())

@@ -87,7 +87,8 @@ RUN_FIELDS = [
     ("packets", _I), ("rx", _I), ("rx_cap", _I), ("rx_runs", _I), ("samples", _I),
     ("samples_cap", _I),
     # in and out
-    ("psn", _I), ("until", _D), ("wanted", _I),
+    ("psn", _I), ("until", _D), ("wanted", _I), ("reorder", _D), ("pto", _D), ("newest", _D),
+    ("heard", _D), ("probed", _I),
     # out
     ("status", _I), ("packets_sent", _I), ("packets_received", _I), ("credit_waits", _I),
     ("max_inflight", _I), ("tensor_bytes", _I), ("chunks_done", _I), ("progress_at", _D),

@@ -29,7 +29,9 @@ round-trip estimate (`host.control`).
 - **Retransmission.** A message without its result after the retransmission timeout is
   sent again: the switch counts a duplicate, or, if the use is complete, sends the result
   again to this worker alone. Which use of its slot a result is, the check lane tells
-  (`host.checklane`).
+  (`host.checklane`). A message is sent again before its timeout when a message sent after
+  it got its result, or when nothing in flight is answered for a probe timeout
+  (`host.retransmit.RecentAnswer`; off with `Recovery.TIMERS`).
 - **Spraying.** With a transport of several paths (source UDP ports), each contribution,
   first sending or retransmission, leaves by the path the `Sprayer` picks (round robin, or
   the path with the fewest contributions awaiting their result). Every packet names its
@@ -84,7 +86,7 @@ from netagg.host.messages import (
     plan_droppable,
 )
 from netagg.host.nonfinite import Phase
-from netagg.host.retransmit import RttEstimator
+from netagg.host.retransmit import RecentAnswer, Recovery, RttEstimator
 from netagg.host.session import JobKeys
 from netagg.host.taking import Taking
 from netagg.host.window import PlainWindow
@@ -111,7 +113,7 @@ class Engine(Taking):
                  qpn: int = 0x100, session_tag: int = 0, timeout: float = 20.0,
                  lanes: int = N.LANES, rto_initial: float = 0.2, rto_min: float = 0.05,
                  rto_max: float = 1.0, spray: str = "round_robin", credits: int = 0,
-                 quorum: int = 0):
+                 quorum: int = 0, recovery: Recovery = Recovery.EARLY):
         self.transport = transport
         self.sprayer = T.Sprayer(getattr(transport, "paths", 1), spray)
         self.job, self.rank, self.workers = job, rank, workers
@@ -119,6 +121,9 @@ class Engine(Taking):
         self.key = 0                    # the R_Key of its contributions (`set_job`)
         self.lanes = lanes              # data lanes of every packet of the job
         self.rtt = RttEstimator(rto_initial, rto_min, rto_max)
+        # packets lost before their timeout (`_retransmit`)
+        self.recent = RecentAnswer(sprayed=self.sprayer.paths > 1,
+                                   off=Recovery(recovery) is Recovery.TIMERS)
         self.stats = collections.Counter()
         self.psns = PsnCounter()
         self.control = ControlChannel(transport, timeout=timeout, psns=self.psns,
@@ -377,7 +382,7 @@ class Engine(Taking):
         self.transport.send_batch(datagrams, paths, [_DSCP[m.pclass] for m in msgs])
         self.stats["packets_sent"] += len(msgs)
         self.stats["bytes_sent"] += len(msgs) * len(datagram)
-        self.earliest = min(self.earliest, now + rtt.rto)
+        self.earliest = min(self.earliest, now + rtt.rto, self.recent.probe_at(rtt, now))
 
     def _datagrams(self, msgs: list[Message], lanes: np.ndarray, paths: list[int],
                    exponent, offset):
@@ -397,11 +402,13 @@ class Engine(Taking):
         self.stats[f"packets_sent_path{path}"] += 1
         return path
 
-    def _transmit(self, m: Message, path: int):
-        """Send the message's packet in flight again, from `path`."""
+    def _transmit(self, m: Message, path: int, lost: bool = False):
+        """Send the message's packet in flight again, from `path` (`lost`: before its
+        timeout, `RecentAnswer`'s)."""
         now = time.monotonic()
-        if m.timer.sent(now, self.rtt):
+        if m.timer.sent(now, self.rtt, lost=lost):
             self.stats["retransmissions"] += 1
+            self.stats["early_retransmissions"] += lost
         self.earliest = min(self.earliest, m.timer.deadline)
         self._count_sending(m, path)
         self.stats["packets_sent"] += 1
@@ -427,13 +434,19 @@ class Engine(Taking):
         now = time.monotonic()
         if self.window is not None and now >= self.earliest:
             self.window.resend(now)
-            self.earliest = float(self.window.deadline.min())
+            self.earliest = self.window.due_at()
         if self.window is None and now >= self.earliest:
             self.earliest = float("inf")
-            for st in self.slots:
-                m = st.inflight
-                if m is None:
-                    continue
+            flight = [st.inflight for st in self.slots if st.inflight is not None]
+            sent = [m for m in flight if m.packet is not None]
+            recent, rtt = self.recent, self.rtt
+            horizon = recent.horizon(rtt)
+            probe = bool(sent) and now >= recent.probe_at(rtt, max(m.timer.last_at
+                                                                   for m in sent))
+            if probe:           # every message in flight, once
+                recent.probed = True
+                self.stats["probes"] += 1
+            for m in flight:
                 if m.timer.due(now):
                     if m.packet is None:            # a round this rank waits out: ask
                         m.send = Send.ZEROS
@@ -441,10 +454,15 @@ class Engine(Taking):
                         self._send([m])
                     else:
                         self._resend(m)
+                elif m.packet is not None and (probe or m.timer.last_at < horizon):
+                    self._resend(m, lost=True)
                 self.earliest = min(self.earliest, m.timer.deadline)
+            if sent:
+                self.earliest = min(self.earliest,
+                                    recent.probe_at(rtt, max(m.timer.last_at for m in sent)))
         self.control.retransmit(now)
 
-    def _resend(self, m: Message):
+    def _resend(self, m: Message, lost: bool = False):
         """The message's packet in flight again (rebuilt if it leaves by another path)."""
         last = m.path or 0
         path = self._pick(m)
@@ -452,7 +470,7 @@ class Engine(Taking):
             lanes = np.frombuffer(m.packet, "<i4", self.lanes + 1, W.WRITE_IMM_HEAD_LEN)
             exponent, offset = m.fields()
             [m.packet] = self._datagrams([m], lanes[None, :], [path], [exponent], [offset])
-        self._transmit(m, path)
+        self._transmit(m, path, lost)
 
     # --- joining and bounded waiting ----------------------------------------------------
 

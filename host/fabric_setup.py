@@ -105,6 +105,9 @@ class FabricEngine(Engine):
                          slots=None, **kw)
         self.placement, self.quorums, self.leaf_names = placement, quorums, leaves
         self.leaf_name = leaf = leaves[placement.leaf]
+        # a job's slots are sprayed over the spines, paths of their own lengths: results
+        # come back out of order by design, so none is taken as lost for another's answer
+        self.recent.sprayed = True
         self.liveness = FabricLiveness(self.control, placement=placement, leaf=leaf, job=job,
                                        session_tag=self.session_tag, stats=self.stats)
 
@@ -207,7 +210,7 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
     quorums = FabricQuorum.of(quorum, where.world, len(fabric.leaves))    # of nodes, hier.
     engine = FabricEngine(transport, placement=where, leaves=[lf.name for lf in fabric.leaves],
                           job=j, qpn=qpn, timeout=worker.timeout, spray=spray,
-                          quorums=quorums)
+                          quorums=quorums, recovery=worker.recovery)
     worker.engine = engine
     p = read_params(engine.control)
     at = where.me(leaf.name)

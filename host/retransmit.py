@@ -10,12 +10,41 @@ change slowly and their deviation stays small, and a timeout near the mean itsel
 half the packets again. Only a packet answered after its first sending is measured: the
 answer to a retransmitted one may be the first copy's (Karn's rule).
 
-Cost: a float pair per estimator, four numbers per packet awaiting its answer.
+A packet is also sent again before its timeout when a packet sent after it was answered
+(`RecentAnswer`: time-based loss detection, RACK's rule, RFC 8985): a packet last sent more
+than a reordering window (a quarter of the smoothed round trip, RACK's) before the latest
+sending that got its answer is taken as lost. That sending is not a timeout: its wait is
+not doubled. With many packets in flight, a loss then costs about one round trip and the
+window, not a timeout. Packets sprayed over paths of different lengths (a worker's source
+ports, a fabric's spines) come back out of order by design: there the rule is off
+(`RecentAnswer.sprayed`). Where no later packet can be answered (the tail of the packets in
+flight, or a window whose uses all wait for a lost packet or for one a lost packet carries:
+nothing answered and nothing sent for a probe timeout, two smoothed round trips and at
+least `rto_min`), every packet in flight is sent again, its wait not doubled (RACK's tail
+loss probe, once until the next answer; all of them, since a use waits for every rank's
+packet and no rank knows whose was lost). A probe never comes before the shortest timeout
+would, so a rank that waits for a slower one, or a paused machine, costs no more than the
+timeouts did. The doubling timeouts are left to what a probe does not recover, and to a
+path that answers nothing.
+
+Cost: a float pair per estimator, four numbers per packet awaiting its answer, three for
+the detector.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
+import math
+
+REORDER_SHARE = 0.25    # the reordering window, a share of the smoothed round trip (RACK's)
+
+
+class Recovery(enum.Enum):
+    """How a worker finds its lost packets: by `RecentAnswer`'s rules and the timeouts
+    (EARLY, the default), or by the timeouts alone (TIMERS, to measure the rules against)."""
+    EARLY = "early"
+    TIMERS = "timers"
 
 
 @dataclasses.dataclass
@@ -56,11 +85,14 @@ class RetransmitTimer:
     attempts: int = 0
     last_at: float = 0.0
 
-    def sent(self, now: float, rtt: RttEstimator, rto_floor: float = 0.0) -> bool:
+    def sent(self, now: float, rtt: RttEstimator, rto_floor: float = 0.0,
+             lost: bool = False) -> bool:
         """Note a sending at `now`: a first one waits the estimator's RTO (at least
-        `rto_floor`), a retry twice the last wait (at most `rto_max`). True for a retry."""
+        `rto_floor`), a retry after a timeout twice the last wait (at most `rto_max`), a
+        retry of a packet `lost` by `RecentAnswer` the last wait again. True for a
+        retry."""
         retry = self.attempts > 0
-        if retry:
+        if retry and not lost:
             self.rto = min(rtt.rto_max, self.rto * 2)
         else:
             self.sent_at = now
@@ -72,3 +104,46 @@ class RetransmitTimer:
 
     def due(self, now: float) -> bool:
         return self.deadline <= now
+
+
+
+@dataclasses.dataclass
+class RecentAnswer:
+    """What the answers show of the packets in flight: the latest sending that got its
+    answer (`newest`) shows lost those last sent more than the reordering window before it;
+    and when no answer has come (`heard`) nor a packet left for a probe timeout, the packets
+    in flight are probed, once until the next answer (`probed`). Times: monotonic seconds."""
+
+    newest: float = -math.inf
+    heard: float = -math.inf
+    probed: bool = False
+    sprayed: bool = False       # several paths (ports, spines): no packet is taken as lost
+    off: bool = False           # `Recovery.TIMERS`: nothing is lost, nothing probed
+
+    def answered(self, last_sent: float, now: float) -> bool:
+        """A packet last sent at `last_sent` got its answer at `now`: whether that sending is
+        the latest answered."""
+        self.heard, self.probed = now, False
+        if last_sent <= self.newest:
+            return False
+        self.newest = last_sent
+        return True
+
+    def horizon(self, rtt: RttEstimator) -> float:
+        """A packet in flight last sent before this is lost."""
+        if rtt.srtt is None or self.sprayed or self.off:
+            return -math.inf
+        return self.newest - REORDER_SHARE * rtt.srtt
+
+    def probe_at(self, rtt: RttEstimator, last_sent: float) -> float:
+        """When the packets in flight, the latest of them sent at `last_sent`, are probed:
+        a probe timeout after that or the last answer, whichever is later (never before a
+        round trip is measured, nor twice without an answer between)."""
+        if self.probed or rtt.srtt is None or self.off:
+            return math.inf
+        return max(self.heard, last_sent) + probe_timeout(rtt)
+
+
+def probe_timeout(rtt: RttEstimator) -> float:
+    """RACK-TLP's probe timeout: two smoothed round trips, at least the shortest timeout."""
+    return max(rtt.rto_min, 2 * rtt.srtt)

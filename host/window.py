@@ -180,6 +180,8 @@ class PlainWindow:
         once = done[self.attempts[done] == 1]       # (Karn's rule: a message sent once)
         if len(once):
             e.rtt.sample(now - self.sent_at[once[0]])
+        if e.recent.answered(float((self.deadline[done] - self.rto[done]).max()), now):
+            e.earliest = -np.inf            # (`resend` looks for losses)
         e.last_progress = now
         g = self.cur[done]
         self.cur[done] = -1
@@ -326,7 +328,7 @@ class PlainWindow:
         rto = e.rtt.rto
         self.sent_at[slots], self.rto[slots], self.deadline[slots] = now, rto, now + rto
         self.attempts[slots] = 1
-        e.earliest = min(e.earliest, now + rto)
+        e.earliest = min(e.earliest, now + rto, e.recent.probe_at(e.rtt, now))
         e.stats["packets_sent"] += len(slots)
         e.stats["bytes_sent"] += len(slots) * len(datagrams[0])
         inflight = int((self.cur >= 0).sum())
@@ -366,15 +368,24 @@ class PlainWindow:
 
     def resend(self, now: float):
         """Send the packets of the messages in flight that are due again, each with its
-        timeout twice the last (at most the estimator's `rto_max`), as the engine's
-        `_transmit` does."""
+        timeout twice the last (at most the estimator's `rto_max`), and those a later
+        sending's answer shows lost (`host.retransmit.RecentAnswer`) with the same timeout,
+        as the engine's `_transmit` does."""
         e = self.engine
-        due = np.flatnonzero(self.deadline <= now)
+        flight, late = self.cur >= 0, self.deadline <= now
+        last = self.deadline - self.rto
+        lost = ~late & flight & (last < e.recent.horizon(e.rtt))
+        if flight.any() and now >= e.recent.probe_at(e.rtt, float(last[flight].max())):
+            lost |= ~late & flight          # a probe: every message in flight, once
+            e.recent.probed = True
+            e.stats["probes"] += 1
+        due = np.flatnonzero(late | lost)
         if not len(due):
             return
-        rto = np.minimum(e.rtt.rto_max, 2 * self.rto[due])
+        rto = np.where(late[due], np.minimum(e.rtt.rto_max, 2 * self.rto[due]), self.rto[due])
         self.rto[due], self.deadline[due] = rto, now + rto
         self.attempts[due] += 1
+        e.stats["early_retransmissions"] += int(lost.sum())
         dscp = np.zeros(len(due), np.int64)
         g = self.cur[due]
         for span in self._spans_of(g):
@@ -385,7 +396,18 @@ class PlainWindow:
         e.stats["retransmissions"] += len(due)
         e.stats["packets_sent"] += len(due)
         e.stats["bytes_sent"] += sum(map(len, packets))
-        e.earliest = min(e.earliest, float(self.deadline.min()))
+        e.earliest = min(e.earliest, self.due_at())
+
+    def due_at(self) -> float:
+        """When a message in flight is next due again: its timeout, a loss a later
+        sending's answer shows (now), or a probe of the tail (`host.retransmit`)."""
+        e, flight = self.engine, self.cur >= 0
+        if not flight.any():
+            return np.inf
+        last = (self.deadline - self.rto)[flight]
+        if last.min() < e.recent.horizon(e.rtt):
+            return -np.inf
+        return min(float(self.deadline.min()), e.recent.probe_at(e.rtt, float(last.max())))
 
     def leave(self):
         """Write the window's state into the engine's slots and messages, as the engine
@@ -428,13 +450,13 @@ class PlainWindow:
                     m.exponent = span.work.exponents[m.needs]
                 m.expect = (m.use & 1, int(self.whole[s]))
                 m.timer = RetransmitTimer(float(self.sent_at[s]), float(self.deadline[s]),
-                                          float(self.rto[s]), int(self.attempts[s]))
+                                          float(self.rto[s]), int(self.attempts[s]),
+                                          float(self.deadline[s] - self.rto[s]))
                 m.packet = self.packets[s]
                 st.inflight = m
         e.dealer.next_slot = (self.first_slot + self.total) % self.slots
         e.dealer.dealt = self.dealt + self.total
         e.idle = [st for st in e.slots if st.inflight is None and st.queue]
-        e.earliest = min([e.earliest] + [st.inflight.timer.deadline for st in e.slots
-                                         if st.inflight is not None])
+        e.earliest = -np.inf            # (the engine's `_retransmit` finds what is due)
         e.window = None
 

@@ -46,6 +46,11 @@ Spraying (`paths=N`, `spray="round_robin"` or `"least_loaded"`): the worker send
 contributions from N UDP source ports (other sockets of its address; results still come back
 to the first), each packet by the path the engine picks; see `host.transport`.
 
+Loss recovery (`recovery=`): a packet is sent again when a packet sent after it was answered
+or when the tail of those in flight goes unanswered (`Recovery.EARLY`, the default), or at
+its timeout; `Recovery.TIMERS` (or "timers") waits for the timeouts alone. The rules are in
+`host.retransmit`.
+
 A worker over UDP makes progress in the background (`host.progress`): `allreduce_async`
 sends at once and the allreduce completes while the caller computes; `wait` only waits.
 In-process workers of one backend run cooperatively: `allreduce_async` on each, then `wait`
@@ -94,6 +99,7 @@ from netagg.host.lossy import LossyTransport
 from netagg.host.messages import DEFAULT_PRIORITY, Work
 from netagg.host.outputs import outputs, racing
 from netagg.host.progress import Progress
+from netagg.host.retransmit import Recovery
 from netagg.sim import wire as W
 
 __all__ = ["Worker", "Handle", "SwitchControl", "NetaggError", "NetaggTimeout"]
@@ -130,7 +136,7 @@ class Worker:
                  fraction_bits: int | None = None, block: int = N.DEFAULT_BLOCK,
                  faults: dict | None = None, paths: int = 1, spray: str = "round_robin",
                  credits: int | None = None, quorum: int = 0, bind: str | None = None,
-                 deadline: float = 0.0, fabric=None):
+                 deadline: float = 0.0, fabric=None, recovery: Recovery = Recovery.EARLY):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
         if credits is not None and not 0 <= credits <= 0xFFFF:
@@ -151,6 +157,7 @@ class Worker:
         self.session = os.environ.get("NETAGG_SESSION", "default") if session is None \
             else session
         self.timeout = timeout
+        self.recovery = Recovery(recovery)
         self.fraction_bits = N.fraction_bits(world_size) if fraction_bits is None \
             else fraction_bits
         self.block = block
@@ -200,7 +207,7 @@ class Worker:
         self.transport = transport
         self.engine = Engine(transport, job=self.switch_job, rank=self.switch_rank,
                              workers=self.switch_workers, slots=None, qpn=qpn,
-                             timeout=self.timeout, spray=spray)
+                             timeout=self.timeout, spray=spray, recovery=self.recovery)
         try:
             networked = self._configure(slots, slot_base, credits, quorum)
         except BaseException:

@@ -27,7 +27,7 @@ import functools
 from pathlib import Path
 
 from netagg.hw import headers as H
-from netagg.sim import udp_offload
+from netagg.sim import udp, udp_offload
 from netagg.sim import wire as W
 from netagg.sim.cpp_build import FLAGS, Unavailable, build_and_load, enabled
 
@@ -132,6 +132,7 @@ def constants() -> dict[str, int]:
         "IMM_LEN": W.IMM_LEN, "ICRC_LEN": W.ICRC_LEN, "ICRC_HEADERS": W.ICRC_HEADERS,
         "ETHERTYPE_IPV4": H.ETHERTYPE_IPV4, "IPV4_FIRST_BYTE": W.IPV4_FIRST_BYTE,
         "IP_PROTO_UDP": H.IP_PROTO_UDP, "ROCEV2_PORT": W.ROCEV2_PORT,
+        "ARRIVAL_HEAD": udp.ARRIVAL_HEAD, "VNET_GSO_NONE": udp.VNET_GSO_NONE,
         "OP_CONTRIBUTION": W.OP_CONTRIBUTION, "OP_RESULT": W.OP_RESULT,
         "EXT_CONTRIBUTION": H.EXT_LENGTH[H.OPCODE_CLASSES[W.OP_CONTRIBUTION]],
         "VA_MSN_SHIFT": W.VA_MSN_SHIFT, "DEADLINE_BITS": W.DEADLINE_BITS,

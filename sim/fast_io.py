@@ -1,14 +1,14 @@
 """The fast switch behind `netagg sim serve`, its socket loop compiled.
 
-`FastIo` drives `fast_serve` (`sim/cpp/fast_io.h`): the C++ reads the server's raw socket a
-batch at a time, makes each packet the frames the switch sees as `sim.udp_runs` does (a GSO
-run cut into the kernel's segments, each entering with its sender's Ethernet header from the
-senders' table), takes them through the fast switch's core and sends the results as runs
-per destination, all without Python. It hands a packet back where Python decides: a sender
-the table does not hold yet (`learn` adds it), anything but a run of contributions (control
-requests, malformed packets), a row the core gives the golden model. `SimServer` takes that
-packet the Python way (`sim.serve`) and calls `serve` again, which goes on with the packet
-after it.
+`FastIo` drives `fast_serve` (`sim/cpp/fast_io.h`): the C++ reads the server's packet socket
+(`udp.arrivals_socket`) a batch at a time, makes each packet the frames the switch sees as
+`sim.udp_runs` does (a GSO run cut into the kernel's segments, each entering with its
+sender's Ethernet header from the senders' table), takes them through the fast switch's core
+and sends the results as runs per destination, all without Python. It hands a packet back
+where Python decides: a sender the table does not hold yet (`learn` adds it), anything but a
+run of contributions (control requests, malformed packets), a row the core gives the golden
+model. `SimServer` takes that packet the Python way (`sim.serve`) and calls `serve` again,
+which goes on with the packet after it.
 
 The C++ reads the switch's job table as `FastSwitch` keeps it (refreshed here when stale),
 and the destinations' routes (the socket that sends from a result's source, its
@@ -27,12 +27,12 @@ import os
 import socket
 
 import numpy as np
-from netagg.sim import fast_build
+from netagg.sim import fast_build, udp
 from netagg.sim import wire as W
 from netagg.sim.fast import FastSwitch
 from netagg.sim.fast_build import ROUTE_WORDS, RX_BATCH, SENDER_WORDS, Io, Served
 
-RX_BYTES = 1 << 16          # the largest IPv4 packet
+RX_BYTES = (1 << 16) + udp.ARRIVAL_HEAD     # the largest IPv4 packet, after vnet and Ethernet
 MOST_SENDERS = 256          # senders in the table; the others' packets are Python's
 ARENA_BYTES = 4 << 20       # results held until a batch's are sent
 WAIT_US = 2000              # us a call waits for more, and runs at most, before Python's turn
@@ -40,7 +40,7 @@ _ADDRESSES = slice(W.IP_OFFSET + 12, W.UDP_OFFSET + 4)     # a frame's IPv4 and 
 
 
 class FastIo:
-    """The compiled loop for `switch` on `raw` (the server's raw socket, non-blocking);
+    """The compiled loop for `switch` on `raw` (the server's packet socket, non-blocking);
     `route(addresses)` gives (source, socket or None, destination) of a frame by its IPv4
     and UDP addresses, as `SimServer._route`, and a source without a socket goes into
     `unsendable` (the server's set)."""
@@ -80,19 +80,19 @@ class FastIo:
         sw._state.now = sw.now
         compiled = self.io.compiled
         why = Served(self._serve(*self._pointers))
-        if self.io.error:           # the raw socket failed (not: nothing waits)
+        if self.io.error:           # the packet socket failed (not: nothing waits)
             error, self.io.error = self.io.error, 0
-            raise OSError(error, f"reading the switch's raw socket: {os.strerror(error)}")
+            raise OSError(error, f"reading the switch's packet socket: {os.strerror(error)}")
         if self.io.compiled != compiled:
             sw.paths.compiled += self.io.compiled - compiled
             sw.sync_completed()
         return why
 
-    def handed(self) -> tuple[bytes, int]:
-        """The packet handed back and the row of its frames from which it is Python's (-1:
-        the whole packet)."""
+    def handed(self) -> tuple[bytes, int, int]:
+        """The packet handed back, its run's segment size (`udp.arrival`), and the row of
+        its frames from which it is Python's (-1: the whole packet)."""
         i = self.io.hand_packet
-        return self.rx[i, :self.rx_lengths[i]].tobytes(), self.io.hand_row
+        return *udp.arrival(self.rx[i, :self.rx_lengths[i]].tobytes()), self.io.hand_row
 
     def learn(self, packet: bytes, eth: bytes, port: int) -> None:
         """Add the sender of `packet` (an IPv4 packet without options) to the table: its

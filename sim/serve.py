@@ -4,9 +4,9 @@ The server listens on UDP port 4791 of one IPv4 address (`--host`; a free 127.x.
 none is given, so that several servers can run on one machine), as a board does. Each
 datagram that arrives becomes an Ethernet frame for the backend:
 
-- with CAP_NET_RAW (root), from the IPv4 and UDP headers exactly as received (a raw socket
-  sees them): the switch checks the ICRC over the identification, flags and addresses the
-  sender's kernel really sent, as a board does;
+- with CAP_NET_RAW (root), from the IPv4 and UDP headers exactly as received (a packet
+  socket sees them, `udp.arrivals_socket`): the switch checks the ICRC over the
+  identification, flags and addresses the sender's kernel really sent, as a board does;
 - without it, from the canonical headers (`wire.wrap_datagram`: identification 0, DF) with
   the sender's and the server's addresses, and the DSCP read with `IP_RECVTOS`.
 
@@ -22,11 +22,13 @@ port, with Decode As: `-d udp.port==49152,infiniband` for tshark).
 
 What waits is read as runs of frames (`sim.udp_runs`): what one sender sent one after the
 other in datagrams of one length, a run of datagrams a sender's kernel sent in one buffer
-(UDP segmentation offload, `sim.udp_offload`) cut into the datagrams the kernel would have
-sent. A backend that takes runs (`send_run`: the echo and fast switches) is given each run whole
-and answers it at once, its results going out before the next run is taken (and the reader
-waits up to `udp_runs.LINGER` for the rest of a window after a run as long as one can be);
-the others are given the run's frames one at a time.
+(UDP segmentation offload, `sim.udp_offload`) cut where that kernel cut it, by the segment
+size it reports, never by what the packet's own headers claim: a datagram is one frame, as
+on a board's wire, and one whose RETH DMA length disagrees with its payload is dropped and
+counted as `drop_bad_payload`. A backend that takes runs (`send_run`: the echo and fast
+switches) is given each run whole and answers it at once, its results going out before the
+next run is taken (and the reader waits up to `udp_runs.LINGER` for the rest of a window
+after a run as long as one can be); the others are given the run's frames one at a time.
 
 What the backend sends leaves as runs too: the datagrams of one source, destination and
 length (a backend's `FrameRun`, or frames gathered from one call) in one call each
@@ -177,7 +179,7 @@ class Serving:
 class SimServer(Serving):
     """A backend behind UDP port 4791 of `host`. `serve()` runs until `stop()`; `start()`
     runs it in a thread. `address` is the (ip, 4791) it listens on. `as_received`: build
-    frames from the IPv4 headers as received where a raw socket can be opened (else, and
+    frames from the IPv4 headers as received where a packet socket can be opened (else, and
     with False, from the canonical ones)."""
 
     def __init__(self, backend, host: str | None = None, pcap: str | None = None,
@@ -195,28 +197,17 @@ class SimServer(Serving):
         udp_offload.enable_gro(self.sock)
         self._runs = udp_offload.GsoSender(renumber=False)
         self.sock.setblocking(False)
-        self.raw = None             # sees the IPv4 headers as received (CAP_NET_RAW)
-        self._udp_copies = False    # the UDP socket queues the datagrams the raw socket has
+        # sees the datagrams as they arrive, their IPv4 headers as received and a run's
+        # segment size as the sender's kernel cut it (CAP_NET_RAW: `udp.arrivals_socket`)
+        self.raw = None
+        self._udp_copies = False    # the UDP socket queues the datagrams the packet socket has
         if as_received:
             try:
-                self.raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
-                self.raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-                self.raw.setblocking(False)
+                self.raw = udp.arrivals_socket(W.ip_packed(self.bound_ip))
             except PermissionError:
                 pass
-        if self.raw is not None:
-            # the raw socket sees the UDP datagrams to this address (bound: the kernel does
-            # not even copy the others); the kernel keeps those to this port, and the UDP
-            # socket's copies not at all
-            self.raw.bind((self.bound_ip, 0))
-            udp.attach_filter(self.raw, udp.datagrams_to(W.ip_packed(self.bound_ip),
-                                                         W.ROCEV2_PORT))
+        if self.raw is not None:    # the UDP socket's copies: not kept at all
             self._udp_copies = not udp.attach_filter(self.sock, udp.NOTHING)
-            while True:     # what the raw socket queued before its filter: anyone's datagrams
-                try:
-                    self.raw.recv(65536)
-                except BlockingIOError:
-                    break
         self.senders: dict[tuple[str, int], socket.socket | None] = {
             tuple(self.address): self.sock}
         self._routes: dict[bytes, tuple] = {}   # addresses and ports of a frame -> its route
@@ -308,16 +299,17 @@ class SimServer(Serving):
         self.stats["datagrams_in"] += taken
         return taken
 
-    def _take_handed(self, packet: bytes, row: int) -> int:
-        """A packet the compiled loop handed back, from row `row` of its frames (-1: all of
-        it, its sender learnt), the Python way: that row through the golden model, the rest
-        as a run. The datagrams the loop did not count (all of a packet it did not cut)."""
+    def _take_handed(self, packet, segment: int, row: int) -> int:
+        """A packet the compiled loop handed back (a run of `segment`-byte datagrams, 0: one
+        datagram), from row `row` of its frames (-1: all of it, its sender learnt), the
+        Python way: that row through the golden model, the rest as a run. The datagrams the
+        loop did not count (all of a packet it did not cut)."""
         ingress = self.reader.ingress(packet)
         if row < 0 and ingress:
             self.fast_io.learn(packet, *ingress)
         skip, golden, guarded = max(row, 0), row >= 0, self.guarded
         uncounted = 0
-        for port, heads, body, size in self.reader.packet_pieces(packet, ingress):
+        for port, heads, body, size in self.reader.packet_pieces(packet, segment, ingress):
             uncounted += len(heads) if row < 0 else 0
             if skip >= len(heads):
                 skip -= len(heads)
@@ -446,7 +438,7 @@ def serve_main(backend: str = "golden", host: str | None = None, pcap: str | Non
                   f"{server.url}" + (f", writing {pcap}" if pcap else ""))
     console.print("a sender (ip, udp port) enters switch port (ip as an integer + udp port) "
                   f"% {server.ports}; IPv4 headers "
-                  + ("as received (raw socket)" if server.headers_as_received else
+                  + ("as received (packet socket)" if server.headers_as_received else
                      "canonical (identification 0, DF): CAP_NET_RAW checks them as received"))
     t0 = time.monotonic()
     # SIGTERM stops it as Ctrl-C does: an exception in the serving loop (a handler that set

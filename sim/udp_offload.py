@@ -175,30 +175,6 @@ def renumbered(ip_udp: bytes, ident: int, length: int) -> bytes:
     return bytes(ip)
 
 
-def split(packet: bytes) -> tuple[tuple, memoryview, int] | None:
-    """A run (an IPv4 packet without options, UDP) as a raw socket on loopback sees it
-    whole, cut at the datagram length the first datagram's headers give
-    (`wire.datagram_length`): (the IPv4 and UDP headers the kernel gives each segment,
-    `renumbered`; the datagrams one after the other; their length, the last one's perhaps
-    shorter), or None when the packet is no run."""
-    head = W.IP_LEN + W.UDP_LEN
-    body = memoryview(packet)[head:]
-    size = W.datagram_length(body)
-    if size is None or len(body) <= size or packet[0] != W.IPV4_FIRST_BYTE:
-        return None
-    return segment_headers(bytes(packet[:head]), size, len(body)), body, size
-
-
-def cut(packet: bytes) -> list[bytes]:
-    """The IPv4 packets a run stands for (`split`), each with the headers the kernel gives
-    its segment; the packet itself when it is no run."""
-    run = split(packet)
-    if run is None:
-        return [packet]
-    headers, body, size = run
-    return [h + body[at:at + size] for h, at in zip(headers, range(0, len(body), size))]
-
-
 @functools.lru_cache(maxsize=256)
 def segment_headers(ip_udp: bytes, size: int, body: int) -> tuple[bytes, ...]:
     """`renumbered` for each segment of a run of `body` bytes cut every `size` bytes."""

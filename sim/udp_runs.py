@@ -1,12 +1,16 @@
 """What the UDP socket of a simulated switch (`sim.serve`) received, as runs of frames.
 
-`RunReader.runs` takes what waits, from the server's raw socket (the IPv4 headers as
-received, with CAP_NET_RAW) or from its UDP socket (the canonical headers, the DSCP read with
-`IP_RECVTOS`), and gives it as runs: the frames of what one sender sent one after the other
-in datagrams of one length, each frame its Ethernet, IPv4 and UDP headers (`W.BTH_OFFSET`
-bytes, the sender's MAC standing for it) and its datagram, the run's datagrams one after the
-other in one buffer. A GSO run is cut as the sender's kernel would have cut it, each segment
-with the headers the kernel gives it; a worker's window of 64 contributions of 1,060 bytes
+`RunReader.runs` takes what waits, from the server's packet socket (`udp.arrivals_socket`:
+the IPv4 headers as received, with CAP_NET_RAW) or from its UDP socket (the canonical
+headers, the DSCP read with `IP_RECVTOS`), and gives it as runs: the frames of what one
+sender sent one after the other in datagrams of one length, each frame its Ethernet, IPv4
+and UDP headers (`W.BTH_OFFSET` bytes, the sender's MAC standing for it) and its datagram,
+the run's datagrams one after the other in one buffer. A GSO run is cut where the sender's
+kernel cut it (the segment size the kernel reports: the packet socket's virtio_net_hdr, the
+UDP socket's UDP_GRO), each segment with the headers the kernel gives it, never where the
+packet's own headers claim; a datagram is one frame whatever its RETH says (a DMA length
+that disagrees is the switch's `drop_bad_payload`). A worker's window of 64 contributions
+of 1,060 bytes
 comes as a GSO run of 61 and one of 3 and is one run here. After a run as long as one can
 be, the reader waits up to `linger` seconds for the rest of the window (the echo switch
 answers a window at once), and, when such a wait saw nothing come, takes the next
@@ -24,7 +28,7 @@ import struct
 import time
 
 from netagg.hw import headers as H
-from netagg.sim import udp_offload
+from netagg.sim import udp, udp_offload
 from netagg.sim import wire as W
 from netagg.sim.udp import switch_port_for
 
@@ -84,9 +88,10 @@ def _cut_run(port: int, heads: tuple, body: memoryview, size: int):
 
 class RunReader:
     """Runs of frames from `sock` (the server's UDP socket on `bound_ip`, port 4791) or, when
-    it is not None, `raw` (a raw socket that sees the datagrams to it; `udp_copies`: the UDP
-    socket queues them too, and its copies are dropped), each entering one of `ports` switch
-    ports; `linger` seconds' wait after a full run (0: none)."""
+    it is not None, `raw` (a packet socket that sees the datagrams to it,
+    `udp.arrivals_socket`; `udp_copies`: the UDP socket queues them too, and its copies are
+    dropped), each entering one of `ports` switch ports; `linger` seconds' wait after a full
+    run (0: none)."""
 
     def __init__(self, sock, raw, bound_ip: str, ports: int, linger: float = 0.0,
                  udp_copies: bool = False):
@@ -133,10 +138,10 @@ class RunReader:
             self.drop_udp_copies()
             for _ in range(512):
                 try:
-                    packet = self.raw.recv(65536)
+                    data = self.raw.recv(65536 + udp.ARRIVAL_HEAD)
                 except (BlockingIOError, InterruptedError):
                     return
-                yield from self.packet_pieces(packet)
+                yield from self.packet_pieces(*udp.arrival(data))
             return
         for _ in range(512):
             try:
@@ -157,7 +162,7 @@ class RunReader:
             yield from _cut_run(port, heads, memoryview(data), size)
 
     def drop_udp_copies(self):
-        """The UDP socket's copies of what the raw socket has (`udp_copies`), dropped."""
+        """The UDP socket's copies of what the packet socket has (`udp_copies`), dropped."""
         while self.udp_copies:
             try:
                 self.sock.recv(4096)
@@ -172,21 +177,21 @@ class RunReader:
             if packet[0] == W.IPV4_FIRST_BYTE else None
         return self._ingress_of(packet) if ingress is None else ingress
 
-    def packet_pieces(self, packet: bytes, ingress: tuple[bytes, int] | tuple[()] | None = None):
-        """`_pieces` of one IPv4 packet as received (the raw socket's); `ingress` its
-        `ingress`, where the caller has it."""
+    def packet_pieces(self, packet, segment: int,
+                      ingress: tuple[bytes, int] | tuple[()] | None = None):
+        """`_pieces` of one IPv4 packet as received (the packet socket's), holding a run cut
+        every `segment` bytes (0: one datagram); `ingress` its `ingress`, where the caller
+        has it."""
         ingress = self.ingress(packet) if ingress is None else ingress
         if not ingress:
             return
         eth, port = ingress
-        run = udp_offload.split(packet)     # (a run is not always longer than one)
-        if run is None:
-            yield port, (eth + packet[:_IP_UDP],), memoryview(packet)[_IP_UDP:], \
-                max(0, len(packet) - _IP_UDP)
+        body = memoryview(packet)[_IP_UDP:]
+        if not segment or len(body) <= segment or packet[0] != W.IPV4_FIRST_BYTE:
+            yield port, (eth + bytes(packet[:_IP_UDP]),), body, len(body)
             return
-        _, body, size = run
-        heads = _run_heads(eth, bytes(packet[:_IP_UDP]), size, len(body))
-        yield from _cut_run(port, heads, body, size)
+        heads = _run_heads(eth, bytes(packet[:_IP_UDP]), segment, len(body))
+        yield from _cut_run(port, heads, body, segment)
 
     def _ingress_of(self, packet: bytes) -> tuple[bytes, int] | tuple[()]:
         """The Ethernet header of a frame for an IPv4 packet as received and the switch port

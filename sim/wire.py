@@ -409,15 +409,6 @@ def read_write_imm(body: bytes) -> tuple[int, int, int, int, bytes]:
     return dqpn & 0xFFFFFF, psn & 0xFFFFFF, rkey, imm, body[WRITE_IMM_HEAD_LEN:end]
 
 
-def datagram_length(body: bytes) -> int | None:
-    """The length a WRITE Only with Immediate (a contribution or a result) starting `body`
-    has by its headers (BTH, RETH.dma_length, pad count, ICRC), or None for anything else."""
-    if len(body) < WRITE_IMM_HEAD_LEN or body[0] != OP_WRITE_ONLY_IMM_UC:
-        return None
-    dma_length = int.from_bytes(body[BTH_LEN + 12:BTH_LEN + 16], "big")
-    return WRITE_IMM_HEAD_LEN + dma_length + (body[1] >> 4 & 3) + ICRC_LEN
-
-
 def frame_datagram(frame: bytes) -> tuple[bytes, bytes]:
     """(UDP payload, IPv4 and UDP headers) of a whole Ethernet frame of RoCEv2 over IPv4,
     its lengths checked (`WireError` if they do not hold); the ICRC is the reader's."""

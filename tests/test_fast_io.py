@@ -27,7 +27,7 @@ from tests.frames import scapy_frame
 from tests.switch_traffic import Worker, job_key
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the raw socket the loop reads needs root"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the packet socket the loop reads needs root"),
     pytest.mark.skipif(fast_build.library() is None, reason=f"{fast_build.unavailable()}")]
 
 WORKERS, SLOTS, ROUNDS, VALUES = 3, 16, 3, 200
@@ -171,3 +171,54 @@ def test_the_compiled_loop_answers_as_the_golden_models_server():
     # the loop took the runs, and the hostile and control datagrams went the Python way
     assert io["datagrams_in"] >= ROUNDS * WORKERS * 2 and io["datagrams_out"] > 0
     assert paths.compiled >= ROUNDS * WORKERS * SLOTS - 4 and paths.golden >= ROUNDS * 3
+
+
+@pytest.mark.parametrize("backend", [FastSwitch, GoldenSwitch])
+def test_a_datagram_is_one_frame_whatever_its_headers_claim(backend):
+    """`netagg sim serve` cuts a run where the sender's kernel cut it (the segment size the
+    packet socket reports), never where a datagram's own RETH says: a datagram holding a
+    valid 8-lane contribution and 36 bytes more under one ICRC, and 64-byte payloads under DMA
+    lengths of 0 and 60, are each one frame the switch drops as a bad payload, as a board
+    does; a real GSO run beside them is taken datagram by datagram."""
+    with SimServer(backend()).start() as server:
+        workers = _workers(server.ports)
+        w, switch = workers[0], W.Endpoint(server.bound_ip, W.ROCEV2_PORT, 0)
+        with server.lock:
+            for addr, value in _config(server, workers):
+                server.backend.write(addr, value)
+            before = server.backend.counters()
+
+        def contribution(slot: int, payload: bytes, dma_length: int) -> bytes:
+            imm = W.pack_imm(W.REQUEST_IMM, job=0, rank=w.rank, version=0, slot=slot,
+                             exponent=0, droppable=0)
+            return _datagram(scapy_frame(
+                W.OP_CONTRIBUTION, 2, slot, payload, W.Endpoint(w.ip, w.udp_port, w.mac),
+                switch, reth=(W.contribution_va(slot, 0), job_key(0), dma_length), imm=imm))
+        lanes = np.arange(8, dtype="<i4").tobytes()
+        hostile = [contribution(0, lanes + bytes(range(36)), 32),
+                   contribution(0, bytes(64), 0), contribution(0, bytes(64), 60)]
+        run = [contribution(slot, np.full(8, slot, "<i4").tobytes(), 32)
+               for slot in range(1, SLOTS)]
+        sock = _socket(w.ip, w.udp_port)
+        for datagram in hostile:
+            sock.sendto(datagram, server.address)
+        gso = U.GsoSender(server.address)
+        gso.send(sock, run)
+        assert gso.gso          # (one buffer the kernel cuts)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            with server.lock:
+                after = server.backend.counters()
+            if after["jobs"][0]["contributions"] - before["jobs"][0]["contributions"] \
+                    >= len(run) and _drops(after, before, "drop_bad_payload") >= 3:
+                break
+            time.sleep(0.05)
+        sock.close()
+    assert after["jobs"][0]["contributions"] - before["jobs"][0]["contributions"] == len(run)
+    assert _drops(after, before, "drop_bad_payload") == len(hostile)
+    for name in ("drop_bad_icrc", "drop_truncated", "drop_bad_length"):
+        assert _drops(after, before, name) == 0, name
+
+
+def _drops(after: dict, before: dict, name: str) -> int:
+    return sum(a[name] - b[name] for a, b in zip(after["ports"], before["ports"]))

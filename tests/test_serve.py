@@ -1,4 +1,4 @@
-"""`SimServer`'s datagram path: with a raw socket the kernel queues only the datagrams to the
+"""`SimServer`'s datagram path: with a packet socket the kernel queues only the datagrams to the
 switch's address and port (once); frames the backend sends from an address this machine
 does not have are counted as undeliverable, every one of them; a backend that takes runs is
 given one run per sender and length; a frame the backend raises on is counted and the switch
@@ -16,8 +16,8 @@ import time
 import numpy as np
 import pytest
 from netagg.hw.headers import Verdict
+from netagg.sim import udp, udp_runs
 from netagg.sim import udp_offload as U
-from netagg.sim import udp_runs
 from netagg.sim import wire as W
 from netagg.sim.codec import decode
 from netagg.sim.golden import GoldenSwitch
@@ -37,7 +37,7 @@ def _other_traffic(stop: threading.Event):
     out.close()
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a raw socket needs CAP_NET_RAW (root)")
+@pytest.mark.skipif(os.geteuid() != 0, reason="a packet socket needs CAP_NET_RAW (root)")
 def test_only_datagrams_to_the_switch_are_queued_once():
     stop = threading.Event()
     noise = threading.Thread(target=_other_traffic, args=(stop,))
@@ -63,8 +63,10 @@ def test_only_datagrams_to_the_switch_are_queued_once():
                 queued.append(server.raw.recv(65536))
             except BlockingIOError:
                 break
-        assert len(queued) == 1 and queued[0].endswith(request)       # the kernel filtered
-        assert queued[0][16:20] == W.ip_packed(server.bound_ip)
+        assert len(queued) == 1                                        # the kernel filtered
+        packet, segment = udp.arrival(queued[0])
+        assert packet.endswith(request) and segment == 0               # one datagram
+        assert packet[16:20] == W.ip_packed(server.bound_ip)
         with pytest.raises(BlockingIOError):                           # no second copy
             server.sock.recv(4096)
         sock.close()
@@ -148,7 +150,7 @@ def test_a_senders_datagrams_of_one_length_are_one_run(as_received):
     are runs of their own. Each frame is the datagram sent with the headers it arrived with
     (its ICRC holds)."""
     if as_received and os.geteuid() != 0:
-        pytest.skip("a raw socket needs CAP_NET_RAW (root)")
+        pytest.skip("a packet socket needs CAP_NET_RAW (root)")
     backend = _Runs()
     with SimServer(backend, as_received=as_received) as server:
         assert server.headers_as_received == as_received

@@ -502,7 +502,9 @@ struct Step {
             samples[r.nsamples++ % r.samples_cap] = now - sent_at[slot];   // (the latest)
             sampled = true;
         }
-        r.progress_at = now;
+        r.progress_at = r.heard = now;
+        r.probed = 0;
+        r.newest = std::max(r.newest, deadline[slot] - rtos[slot]);    // (its last sending)
         cur[slot] = -1;
         deadline[slot] = INFINITY;
         last_psn[slot] = limit;
@@ -599,11 +601,20 @@ struct Step {
             const int status = start(now);
             flush();
             if (status != ST_RUNNING) return status;
-            double first_due = INFINITY;
+            // due: a timeout, a loss a later sending's answer shows, a probe of the tail
+            // (host/retransmit.py's `RecentAnswer`), each Python's to send
+            double first_due = INFINITY, last_sent = -INFINITY;
+            const double horizon = r.newest - r.reorder;
             int64_t inflight = 0;
             for (int64_t s = 0; s < r.nslots; s++)
-                if (cur[s] >= 0) { inflight++; first_due = std::min(first_due, deadline[s]); }
+                if (cur[s] >= 0) {
+                    inflight++;
+                    const double last = deadline[s] - rtos[s];
+                    first_due = std::min(first_due, last < horizon ? -INFINITY : deadline[s]);
+                    last_sent = std::max(last_sent, last);
+                }
             if (!inflight) return ST_IDLE;
+            if (!r.probed) first_due = std::min(first_due, std::max(r.heard, last_sent) + r.pto);
             now = monotonic();
             if (first_due <= now) {     // late, or only unread (after this thread waited
                 const int got = receive();      // for a core): what waits is taken first

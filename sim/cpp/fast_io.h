@@ -1,12 +1,14 @@
 // The fast switch's socket loop, compiled (sim/fast_io.py drives it through fast.cpp).
 //
 // `Serve::loop` does for the fast switch what `sim.serve.SimServer.poll` does in Python, for
-// the common datagram: it reads what waits on the server's raw socket (IPv4 packets as
-// received, to the server's address and port 4791 by the socket's filter) a batch at a time
-// (recvmmsg), makes each packet the frames the switch sees (`sim.udp_runs`): its sender's
-// Ethernet header from the senders' table, and a run the sender's kernel sent in one buffer
-// (GSO) cut at the datagram length its first datagram's headers give, each segment with the
-// IPv4 and UDP headers the kernel gives it (`udp_offload.renumbered`); hands the rows to
+// the common datagram: it reads what waits on the server's packet socket (`udp.arrivals_
+// socket`: IPv4 packets as received, to the server's address and port 4791 by the socket's
+// filter, each after a virtio_net_hdr and the Ethernet header) a batch at a time (recvmmsg), makes each packet the
+// frames the switch sees (`sim.udp_runs`): its sender's Ethernet header from the senders'
+// table, and a run the sender's kernel sent in one buffer (GSO) cut at the segment size the
+// kernel gives in the virtio_net_hdr (a datagram without one is one frame, whatever its
+// headers claim), each segment with the IPv4 and UDP headers the kernel gives it
+// (`udp_offload.renumbered`); hands the rows to
 // `Switch::run`; and sends the results, those of one destination and length as runs of up to
 // MAX_SEGMENTS datagrams (UDP_SEGMENT), every destination's in one sendmmsg per socket, after
 // each batch. The ICRCs stay as the switch made them (see sim/serve.py).
@@ -208,26 +210,29 @@ struct Serve {
     // Packet `i` of the batch through the switch; false where it is handed back from
     // `io.hand_row` (-1: the whole packet, which the C++ did not cut).
     bool packet_taken(int64_t i) {
-        const uint8_t *p = packet(i);
-        const int64_t len = at<int64_t>(io.rx_lengths)[i];
+        const uint8_t *vnet = packet(i);        // virtio_net_hdr: gso_type, gso_size
+        const uint8_t *p = vnet + ARRIVAL_HEAD;  // the IPv4 packet, after the Ethernet header
+        const int64_t len = at<int64_t>(io.rx_lengths)[i] - ARRIVAL_HEAD;
         io.hand_row = -1;
         const int64_t head = IP_LEN + UDP_LEN;
         if (len < head + WRITE_IMM_HEAD_LEN || p[0] != IPV4_FIRST_BYTE ||
             p[head] != OP_CONTRIBUTION)
             return false;
+        uint16_t segment;
+        std::memcpy(&segment, vnet + 4, 2);     // (host order, as the kernel wrote it)
+        if (vnet[1] == VNET_GSO_NONE) segment = 0;
         const int64_t row = sender(get_be32(p + 12), get_be16(p + 20));
         if (row < 0) return false;
         const int64_t *entry = at<int64_t>(io.senders) + row * SENDER_WORDS;
         const uint8_t *body = p + head;
         const int64_t body_bytes = len - head;
-        const int64_t size = WRITE_IMM_HEAD_LEN + get_be32(body + BTH_LEN + 12) +
-                             (body[1] >> 4 & 3) + ICRC_LEN;
+        const int64_t size = segment;
         uint8_t heads[MAX_SEGMENTS * BTH_OFFSET];
         uint8_t eth[ETH_LEN] = {0, 0, 0, 0, 0, 0};
         const uint64_t mac = uint64_t(entry[SD_MAC]);
         for (int b = 0; b < 6; b++) eth[6 + b] = uint8_t(mac >> (40 - 8 * b));
         put_be16(eth + 12, ETHERTYPE_IPV4);
-        if (body_bytes <= size) {               // one datagram: its headers as received
+        if (size == 0 || body_bytes <= size) {  // one datagram: its headers as received
             io.datagrams_in++;
             std::memcpy(heads, eth, ETH_LEN);
             std::memcpy(heads + ETH_LEN, p, head);
