@@ -7,7 +7,8 @@ loopback address) and `workers` worker processes over UDP, each through a lossy 
 twice and holds 10 % back by up to 3 ms (so packets behind overtake them). For each loss
 rate the same allreduce (`values` float32 values a worker, in `tensors` tensors, submitted
 together) runs `repeat` times with each recovery (`host.retransmit.Recovery`: EARLY, the
-default, and TIMERS), the two alternating; every result is checked against the exact sum
+default, and TIMERS), the two alternating, after an allreduce without loss that warms the
+switch up; every result is checked against the exact sum
 within the fixed-point bound, and the medians are reported with the retransmissions (early
 ones and probes among them) per run.
 
@@ -46,6 +47,9 @@ def bench_loss(losses=LOSSES, workers: int = 4, values: int = 1_000_000, tensors
     with SimServer(make_backend(backend, max_workers=max(8, workers))).start() as server, \
             Progress(disable=quiet, transient=True) as progress:
         task = progress.add_task("loss", total=len(losses) * repeat * len(recoveries))
+        progress.update(task, description="warming up")     # (the switch's first uses)
+        run_workers(server.url, workers=workers, nodes=workers, values=values // 10,
+                    steps=tensors, timeout=timeout)
         for loss in losses:
             row = {"loss": loss}
             runs = {r: [] for r in recoveries}

@@ -37,8 +37,10 @@ pairs of comparators, in the bits of a slot number), in the cycle before a recor
 applied: records come at most every other cycle, so each is judged on what the ones before
 it wrote, and the judgement is a register that only selects which writes take effect. A
 worker entry's own address is compared in the record's cycle, read from the entry the
-record addresses (one comparator for every entry). A refused write leaves the register as
-it was and bumps `control_denied` (the request's port) or `config_refused` (the job).
+record addresses (one comparator for every entry); so is a heartbeat's: a rank's BEAT takes
+a write from the address its entry holds, or the manager's, and no other (so no process can
+keep a dead rank's beat moving). A refused write leaves the register as it was and bumps
+`control_denied` (the request's port) or `config_refused` (the job).
 """
 
 
@@ -226,10 +228,12 @@ class Control(wiring.Component):
             m.d.sync += wiped.eq(wiped + 1)
             with m.If(wiped == depth - 1):
                 m.d.sync += wiping.eq(0)
-        entry_ok = self._workers(m, write, source, job_allowed, at, wiping, wiped)
+        entry_ok, beat_ok = self._workers(m, write, source, job_allowed, at, wiping, wiped)
+        beat_ok = beat_ok | ((manager != 0) & (source == manager))
         block_ok = job_allowed | (at.in_entry & entry_ok)
         denied, switch_denied = Signal(), Signal()      # the latter set by the records below
-        m.d.comb += denied.eq((write & at.in_block & ~block_ok) | switch_denied)
+        m.d.comb += denied.eq((write & at.in_block & ~block_ok)
+                              | (write & at.in_beats & ~beat_ok) | switch_denied)
 
         # Counters, in a bank of 16 per port and 16 per job: the counter `name` of port p is
         # at p * 16 + PORT_COUNTERS.index(name), that of job j at (ports + j) * 16 + ...
@@ -293,7 +297,7 @@ class Control(wiring.Component):
         store_at, store_data = Signal(range(depth)), Signal(32)
         store_en, from_store = Signal(), Signal()
         m.d.comb += [store_at.eq(at.beat), store_data.eq(rec.wdata),
-                     store_en.eq(write & at.in_beats), from_store.eq(at.in_beats)]
+                     store_en.eq(write & at.in_beats & beat_ok), from_store.eq(at.in_beats)]
         with m.If(port_counter | job_counter):
             m.d.comb += self.records.rdata.eq(counters.data)
         with m.Switch(rec.addr):
@@ -441,8 +445,9 @@ class Control(wiring.Component):
         `source`: the request's source address; `job_allowed`: it may write the block of the
         job it addresses; `at`: its address decoded; `wiping`, `wiped`: the entry written 0
         after a reset. Returns whether the record may write the entry it addresses as the
-        entry's own: the entry holds no address, or the request's (read from the entry, so
-        that one comparator serves every entry)."""
+        entry's own (the entry holds no address, or the request's), and whether the
+        heartbeat it addresses is the request's rank's (its entry holds the request's
+        address): read from the entry, so that one comparator serves every entry and beat."""
         MW, entries = self.max_workers, self.jobs * self.max_workers
         m.submodules.workers = table = Memory(shape=WORKER, depth=max(entries, 2), init=[])
         table_wr = table.write_port()
@@ -454,9 +459,11 @@ class Control(wiring.Component):
 
         wdata = self.records.record.wdata
         index = Signal(range(max(entries, 2)))
-        m.d.comb += [index.eq(at.job * MW + at.rank), table_rd.addr.eq(index)]
+        m.d.comb += [index.eq(at.job * MW + at.rank),
+                     table_rd.addr.eq(Mux(at.in_beats, at.beat, index))]
         old, new = table_rd.data, Signal(WORKER)
         entry_ok = (old.ip == 0) | (old.ip == source)
+        beat_ok = (old.ip != 0) & (old.ip == source)
         allowed = at.in_entry & (job_allowed | entry_ok)
 
         def fields(w):
@@ -488,4 +495,4 @@ class Control(wiring.Component):
                     m.d.sync += port.eq(wdata[16:20])
                 with m.If(at.field == R.WORKER_IP):
                     m.d.sync += ip.eq(wdata)
-        return entry_ok
+        return entry_ok, beat_ok

@@ -13,7 +13,10 @@ write enabled it): a write to any address of its block (JOB_BASE + JOB_STRIDE j 
 worker entries included) from neither its owner nor the manager is refused and counted
 (`control_denied`, on the request's port), but for a worker entry's own: the address the
 entry holds (WORKER_IP) may write it, and anyone may while it holds none (0), so that each
-rank writes its own entry into the job its rank 0 enabled. A refused record's answer carries
+rank writes its own entry into the job its rank 0 enabled. A rank's heartbeat (BEAT) takes a
+write from the address its entry holds, or the manager's, and no other (refused and counted
+as `control_denied`), so that no process keeps a dead rank's beat moving. A refused record's
+answer carries
 the register's value, unchanged. A CONFIG write that enables a job whose slot range runs
 past the switch's slots or overlaps another enabled job's, and a write of an enabled job's
 slot range, are refused and counted (`config_refused`, the job's): an enabled job's range is
@@ -143,8 +146,9 @@ DEADLINE_BITS = 8
 MAX_DEADLINE = (1 << DEADLINE_BITS) // 2        # ticks: 1 s
 
 # Heartbeats: one register per (job, rank), rw, 32 bits, reset 0, which a rank's worker
-# writes with a running count while it is open; every rank of the job reads them all to tell
-# a rank whose process is gone (its count stops) from one that is only slow.
+# writes with a running count while it is open (from the address its entry holds, or the
+# manager: see the module); every rank of the job reads them all to tell a rank whose
+# process is gone (its count stops) from one that is only slow.
 BEAT_BASE, BEAT_STRIDE = 0x3000, 0x20      # BEAT_BASE + job * BEAT_STRIDE + rank
 
 PORT_COUNTERS_BASE, PORT_COUNTERS_STRIDE = 0x4000, 0x20

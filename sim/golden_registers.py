@@ -131,6 +131,9 @@ class Registers:
         if kind is Space.GLOBAL:
             ok = off not in SWITCH_WRITABLE or self.manager == 0 or by_manager
             return None if ok else Refusal.DENIED
+        if kind is Space.BEAT:          # a rank's own address, or the manager
+            ip = self.job[index[0]].table[index[1]].ip
+            return None if (ip != 0 and source == ip) or by_manager else Refusal.DENIED
         if kind not in (Space.JOB, Space.WORKER):
             return None
         j = index if kind is Space.JOB else index[0]

@@ -165,11 +165,15 @@ async def control_path(dut):
         port = n % PORTS
         tb.send(port, control_frame([(a, 0) for a in (addresses * 2)[:count]], psn=n,
                                     sport=0xD000 + port))
-    # Heartbeats: written and read back in one request, beside ranks and jobs it has not.
-    tb.send(3, control_frame([(W.WRITE | W.beat_reg(1, 1), 0xBEA70001), (W.beat_reg(1, 1), 0),
+    # Heartbeats: a rank's own, from the address its entry holds, written and read back in
+    # one request; another address's write, and one to a rank without an entry, refused
+    # (control_denied), beside ranks and jobs the switch has not.
+    tb.send(3, control_frame([(W.WRITE | W.beat_reg(1, 1), 0xBEA70001), (W.beat_reg(1, 1), 0)],
+                             psn=20, src_ip=sc.workers[1][1].ip, sport=0xD003))
+    tb.send(3, control_frame([(W.WRITE | W.beat_reg(1, 1), 5), (W.beat_reg(1, 1), 0),
                               (W.WRITE | W.beat_reg(0, 3), 7), (W.beat_reg(0, 0), 0),
                               (W.WRITE | W.beat_reg(0, 4), 9), (W.beat_reg(2, 0), 0),
-                              (W.beat_reg(0, 3), 0)], psn=20, sport=0xD003))
+                              (W.beat_reg(0, 3), 0)], psn=21, sport=0xD003))
     # A request the switch does not serve (12 bytes: not whole records) gets no reply, and
     # the port's next request is answered all the same.
     tb.send(1, scapy_frame(W.OP_CONTROL, W.CONTROL_QPN, 9, bytes(12),
@@ -181,8 +185,9 @@ async def control_path(dut):
     assert_same(dut, tb, model)
     # The model answers what the switch committed; the last request must have been too.
     assert [W.parse_frame(f).psn for f in tb.received[1]] == [1, 10]
-    beats = W.unpack_records(W.parse_frame(tb.received[3][-1]).payload)
-    assert [v for _, v in beats] == [0xBEA70001, 0xBEA70001, 7, 0, 0, 0, 7]
+    own, others = (W.unpack_records(W.parse_frame(f).payload) for f in tb.received[3][-2:])
+    assert [v for _, v in own] == [0xBEA70001, 0xBEA70001]
+    assert [v for _, v in others] == [0xBEA70001, 0xBEA70001, 0, 0, 0, 0, 0]
 
 
 @cocotb.test()

@@ -76,10 +76,11 @@ def named_in_time(scenario, attempts: int = 3):
 # --- the registers ---------------------------------------------------------------------------
 
 def _beats_read_back(switch, jobs: int, max_workers: int):
-    """Every (job, rank)'s BEAT register reads 0 after reset and then what was written; beyond
-    the switch's jobs and ranks it reads 0 and keeps nothing."""
+    """Every (job, rank)'s BEAT register reads 0 after reset and then what the manager wrote;
+    beyond the switch's jobs and ranks it reads 0 and keeps nothing."""
     ctl = SwitchControl(switch)
     try:
+        ctl.set_manager()
         every = [W.beat_reg(j, r) for j in range(jobs) for r in range(max_workers)]
         assert ctl.read(*every) == [0] * len(every)
         values = [(0x9E3779B9 * (i + 1)) & 0xFFFFFFFF for i in range(len(every))]
@@ -97,8 +98,36 @@ def _beats_read_back(switch, jobs: int, max_workers: int):
         ctl.close()
 
 
+def _beats_only_from_their_rank(switch):
+    """A rank's BEAT takes a write from the address its entry holds, or the manager's: a
+    stranger's write, or one to a rank whose entry holds no address, leaves it as it was and
+    is counted (`control_denied`, the request's port), so no process keeps a dead rank's beat
+    moving."""
+    rank, stranger = SwitchControl(switch, ip="10.0.9.1"), SwitchControl(switch, ip="10.0.9.2")
+    try:
+        rank.write([(W.worker_reg(0, 1, W.WORKER_IP), W.ip_to_int("10.0.9.1"))])
+
+        def denied() -> int:
+            return sum(p["control_denied"] for p in rank.counters(jobs=[])["ports"].values())
+        before = denied()
+        assert rank.write([(W.beat_reg(0, 1), 0x101)]) == [0x101]       # its own
+        assert stranger.write([(W.beat_reg(0, 1), 0x202)]) == [0x101]   # another's: refused
+        assert stranger.write([(W.beat_reg(0, 2), 0x303)]) == [0]       # no rank there
+        assert rank.write([(W.beat_reg(0, 2), 0x404)]) == [0]           # another rank's
+        assert denied() - before == 3
+        stranger.set_manager()
+        assert stranger.write([(W.beat_reg(0, 1), 0x505), (W.beat_reg(0, 2), 0x606)]) \
+            == [0x505, 0x606]                                            # the manager's
+        assert rank.write([(W.beat_reg(0, 1), 0x707)]) == [0x707]       # and its own still
+        assert denied() - before == 3
+    finally:
+        rank.close()
+        stranger.close()
+
+
 def test_beat_registers_read_back_golden():
     _beats_read_back(GoldenSwitch(jobs=3, max_workers=5), 3, 5)
+    _beats_only_from_their_rank(GoldenSwitch(jobs=3, max_workers=5))
 
 
 def test_beat_registers_read_back_rtl():
@@ -106,6 +135,8 @@ def test_beat_registers_read_back_rtl():
 
     with make_switch() as rtl:
         _beats_read_back(rtl, 4, 8)
+    with make_switch() as rtl:
+        _beats_only_from_their_rank(rtl)
 
 
 # --- in process --------------------------------------------------------------------------------
@@ -163,7 +194,8 @@ def test_a_rank_that_never_beat_is_left_to_the_timeout():
     not started: it is not named gone, and the bounded wait says a peer is missing."""
     switch = GoldenSwitch()
     ctl = SwitchControl(switch)
-    ctl.write([(W.beat_reg(0, 2), 0x12345601)])          # left by an earlier run
+    ctl.set_manager()                                    # (a beat takes the manager's write)
+    ctl.write([(W.beat_reg(0, 2), 0x12345601), (W.REG_MANAGER, 0)])   # left by an earlier run
     session = uuid.uuid4().hex
     ws = [Worker(r, 3, switch, session=session, timeout=3.0) for r in range(2)]  # 2 never
     try:
