@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     bench = sub.add_parser("bench", help="run a benchmark and print its figures")
     bench.add_argument("what", choices=["datapath", "switch", "allreduce", "congestion",
                                         "board", "host", "leafspine", "cluster", "fast",
-                                        "loss"])
+                                        "loss", "failures"])
     bench.add_argument("--ports", type=int, default=4, help="switch: ports")
     bench.add_argument("--width", type=int, default=512, help="switch: bits per port")
     bench.add_argument("--rounds", type=int, default=4,
@@ -58,7 +58,9 @@ def main(argv=None) -> int:
     bench.add_argument("--repeat", type=int, default=None,
                        help="congestion: runs per path count (default 3); cluster: runs of "
                             "each (default 3); loss: runs of each (default 1); the median is "
-                            "reported")
+                            "reported; failures: runs of each scenario (default 10)")
+    bench.add_argument("--backends", default="golden,rtl",
+                       help="failures: the simulated switches, comma-separated")
     bench.add_argument("--losses", default="1,5,20",
                        help="loss: loss rates each way, in percent, comma-separated")
     bench.add_argument("--experiments", default="priority_drop,spraying",
@@ -230,6 +232,13 @@ def main(argv=None) -> int:
             print(json.dumps(report))
         return 0 if all(r[k]["verified"] for r in report["runs"]
                         for k in ("early", "timers")) else 1
+    if args.command == "bench" and args.what == "failures":
+        from netagg.apps.bench_failures import bench_failures
+        report = bench_failures(args.backends.split(","), runs=args.repeat or 10,
+                                quiet=args.json)
+        if args.json:
+            print(json.dumps(report))
+        return 0 if all(s["right"] == s["named"] for s in report["scenarios"]) else 1
     if args.command == "demo" and args.fabric:
         from netagg.apps.demo_fabric import demo_described
         report = demo_described(args.fabric, workers=args.workers, values=args.values,

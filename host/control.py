@@ -208,8 +208,6 @@ class ControlChannel:
             self.stats["ignored_control"] += 1
             return True
         self.answered = (time.monotonic(), pending.what)
-        if self.rtt.srtt is None:       # the first round trip, before any contribution's
-            self.rtt.answered(pending.timer, self.answered[0])
         try:
             records = W.unpack_records(pkt.payload)
         except ValueError:

@@ -83,7 +83,7 @@ READ_GAP = 1.0          # a read sent this long after the last answer starts the
 COUNT_BITS = 8          # a beat: the run's mark above, the running count in these bits
 MARK = (1 << (32 - COUNT_BITS)) - 1
 STUCK_AFTER = 0.5       # seconds without progress before a gone rank fails the works
-SILENT_AFTER = 2.0      # seconds without an answer, while asking, for the switch to be gone
+SILENT_AFTER = 1.5      # seconds without an answer, while asking, for the switch to be gone
 
 
 @dataclasses.dataclass
@@ -150,7 +150,9 @@ class Liveness:
         self.job, self.rank, self.workers = job, rank, workers
         self.mark = session_tag & MARK or 1     # on this run's beats (`start`); 0: no run's
         self.count = 0                  # the last beat's running count
-        self.next_beat = 0.0            # the first beat is due at once
+        # the first beat is due once this rank's entry is in the job (`start`): the switch
+        # takes a rank's beat from the address its entry holds alone
+        self.next_beat = math.inf
         self.beat_psn: int | None = None    # the beat awaiting its answer
         self.next_read = 0.0
         self.reading = False            # a read awaits its answer

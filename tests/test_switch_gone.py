@@ -37,12 +37,12 @@ from netagg.host.errors import (
 )
 from netagg.sim import wire as W
 from netagg.sim.golden import GoldenSwitch
-from netagg.sim.serve import SimServer
+from netagg.sim.serve import SimServer, make_backend
 
 from tests.host_workers import in_threads, workers
 from tests.test_liveness import ROOT, STALL, Stalls, WorkerProcess
 
-NAMED_WITHIN = 6.0      # seconds from the switch's death to every rank's error (the aim: 2 s)
+NAMED_WITHIN = 6.0      # seconds from the switch's death to every rank's error (aim: 1.5)
 
 
 def in_time(scenario, within: float = NAMED_WITHIN, attempts: int = 3):
@@ -100,8 +100,8 @@ class SlowSwitch(GoldenSwitch):
 
 SWITCH_GONE = (r"the switch at {address} is gone: rank {rank} of job 0 has had no answer from "
                r"it for (\d+\.\d) s while asking \(the last answer was to (a beat write|a beat "
-               r"read|a contribution|a request it had stopped waiting for) (\d+\.\d) s ago\); the "
-               r"switch, or the path to it, is down")
+               r"read|a join check|a contribution|a request it had stopped waiting for) "
+               r"(\d+\.\d) s ago\); the switch, or the path to it, is down")
 
 
 def assert_switch_gone(e: BaseException, address: str, rank: int):
@@ -117,7 +117,8 @@ def assert_switch_gone(e: BaseException, address: str, rank: int):
 def test_a_switch_stopped_mid_allreduce_is_named_by_every_rank_over_udp():
     """3 workers over UDP through `netagg sim serve`'s server (in a thread); the switch stops
     answering mid-allreduce and its server closes: every rank's wait raises NetaggSwitchGone
-    naming the switch's address, within 2..4 s of its last answer."""
+    naming the switch's address, 1.5 s or more after its last answer (up to 6 s on a loaded
+    machine)."""
     def scenario():
         switch = DyingSwitch()
         server = SimServer(switch).start()
@@ -152,14 +153,16 @@ def _end(handle) -> tuple[BaseException | None, float]:
     return None, time.monotonic()
 
 
-def test_a_killed_switch_process_is_named_by_every_waiting_rank():
+@pytest.mark.parametrize("backend", ["golden", "rtl"])
+def test_a_killed_switch_process_is_named_by_every_waiting_rank(backend):
     """`netagg sim serve` in its own process, 4 worker processes: ranks 0..2 in their
     allreduce (waiting on rank 3, which is open and beating but has not begun its own); the
     switch process is SIGKILLed: each of the three fails with NetaggSwitchGone naming the
-    switch's address, within 2..4 s of the kill, long before its 30 s timeout."""
+    switch's address, 1.5 s or more after the kill (up to 6 s on a loaded machine), long
+    before its 30 s timeout."""
     def scenario():
         serve = subprocess.Popen(
-            [sys.executable, "-m", "netagg.apps.cli", "sim", "serve", "--backend", "golden"],
+            [sys.executable, "-m", "netagg.apps.cli", "sim", "serve", "--backend", backend],
             cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
             env={**os.environ, "PYTHONPATH": ROOT})
         procs = []
@@ -194,7 +197,8 @@ def test_a_killed_switch_process_is_named_by_every_waiting_rank():
 
 def test_a_switch_gone_is_named_in_process():
     """3 in-process workers: the backend stops answering mid-allreduce; every wait raises
-    NetaggSwitchGone naming the in-process switch's address, within 2..4 s."""
+    NetaggSwitchGone naming the in-process switch's address, 1.5 s or more after its death
+    (up to 6 s on a loaded machine)."""
     def scenario():
         switch = DyingSwitch()
         ws = workers(3, switch, timeout=30)
@@ -286,10 +290,11 @@ def test_the_switch_watch_needs_silence_while_asking_and_a_driven_engine():
     steps(100.0, 100.0)                     # the watch begins with the works
     control.asking = 100.1
     steps(100.1, 100.0 + silent - 0.05)     # just short of it
-    with pytest.raises(NetaggSwitchGone, match=r"^the switch at 127\.9\.9\.9:4791 is gone: "
-                                               r"rank 1 of job 2 has had no answer from it for "
-                                               r"2\.0 s while asking \(the last answer was to "
-                                               r"a beat read 2\.0 s ago\)") as e:
+    said = re.escape(f"{silent:.1f}")
+    with pytest.raises(NetaggSwitchGone, match=rf"^the switch at 127\.9\.9\.9:4791 is gone: "
+                                               rf"rank 1 of job 2 has had no answer from it for "
+                                               rf"{said} s while asking \(the last answer was to "
+                                               rf"a beat read {said} s ago\)") as e:
         watch.watch(engine, 100.0 + silent)
     assert (e.value.switch, e.value.job, e.value.rank) == ("127.9.9.9:4791", 2, 1)
     control.asking = 100.0 + silent - 0.5   # (a request sent half a second ago: not asked)
@@ -491,13 +496,14 @@ def test_errors_keep_their_fields_across_processes():
 
 # --- a job taken over -----------------------------------------------------------------------------
 
-def test_a_job_taken_over_by_another_run_is_named_within_2_s():
+@pytest.mark.parametrize("backend", ["golden", "rtl"])
+def test_a_job_taken_over_by_another_run_is_named_within_2_s(backend):
     """Run A (2 workers over UDP) has joined job 0; its rank 1 stops (its process crashed,
     say) and run B, a fresh session, configures the same job at once and allreduces, exact.
     Rank 0 of A, which waits for rank 1, fails with NetaggJobTakenOver naming the job and
     the new owner's address, within 2 s of B's configuration, long before its 30 s
     timeout."""
-    with SimServer(GoldenSwitch()).start() as server:
+    with SimServer(make_backend(backend)).start() as server:
         old = workers(2, server.url, timeout=30)
         new = []
         try:
