@@ -304,6 +304,9 @@ class Result:
         return self.lanes[:-1]
 
 
+RECENT_USES = 4         # a slot's completed uses whose results' copies are known stale
+
+
 class SlotState:
     """One slot of the job as this worker sees it: the messages dealt to it, the one in
     flight, and what it knows of the slot's uses."""
@@ -317,7 +320,7 @@ class SlotState:
         self.early: dict[int, Result] = {}      # use -> result before this worker began it
         self.last_msn = -1
         self.last_psn = -math.inf       # credit limit of the last result taken
-        self.recent = collections.deque(maxlen=4)   # tags of completed uses
+        self.recent = collections.deque(maxlen=RECENT_USES)     # tags of completed uses
 
     def next_msn(self) -> int:
         """The msn of the next message: its dealing order, unless an earlier one was

@@ -39,6 +39,7 @@ from netagg.host import numerics as N
 from netagg.host.compiled import CompiledStep, carries
 from netagg.host.messages import (
     EXPONENT_CLASS,
+    RECENT_USES,
     Work,
     carried_blocks,
     deliver_rows,
@@ -195,16 +196,22 @@ class PlainWindow:
     def _stale(self, batch, rows: np.ndarray) -> np.ndarray:
         """Which results `rows` of `batch` are copies of an earlier use's than their slot's
         current one: a credit limit below the slot's last (a later use completes after the
-        earlier ones), or the last completed use's version and complete check lane (a copy
-        made before anything else completed), as the engine's `CheckLane.classify` has it."""
+        earlier ones), or the version and complete check lane of one of the slot's last
+        `RECENT_USES` completed uses (a copy the switch made for a contribution sent again,
+        which may come a use or two late), as the engine's `CheckLane.classify` has it."""
         e, slot = self.engine, batch.slot[rows]
         older = batch.limit[rows] < self.last_psn[slot]
         last = self.use[slot] - 1 - (self.cur[slot] >= 0)
-        stale = (last >= 0) & ~older
-        if stale.any():
-            tags = e.check_lane.tags(slot[stale], last[stale])
-            stale[stale] = ((batch.version[rows][stale] == last[stale] & 1)
-                            & (batch.check[rows][stale] == e.check_lane.whole(tags)))
+        version, check = batch.version[rows], batch.check[rows]
+        stale = np.zeros(len(rows), bool)
+        for back in range(RECENT_USES):
+            use = last - back
+            maybe = ~older & ~stale & (use >= 0)
+            if not maybe.any():
+                break
+            tags = e.check_lane.tags(slot[maybe], use[maybe])
+            stale[maybe] = ((version[maybe] == use[maybe] & 1)
+                            & (check[maybe] == e.check_lane.whole(tags)))
         return stale | older
 
     def _taken(self, span: _Span, i: np.ndarray, rows: np.ndarray, exponent: np.ndarray,
@@ -418,10 +425,10 @@ class PlainWindow:
             e.stats["window_fallbacks"] += 1
         spans = self.spans
         starts = np.array([s.first for s in spans])
-        # the tags of each slot's last (up to 4) completed uses, which `recent` holds
+        # the tags of each slot's last (up to RECENT_USES) completed uses, which `recent` holds
         done = self.use - (self.cur >= 0)
-        first = np.maximum(self.entry_use, done - 4)
-        ahead = np.arange(4)
+        first = np.maximum(self.entry_use, done - RECENT_USES)
+        ahead = np.arange(RECENT_USES)
         held = first[:, None] + ahead < done[:, None]
         slot_of = np.broadcast_to(np.arange(self.slots)[:, None], held.shape)[held]
         tags = e.check_lane.tags(slot_of, (first[:, None] + ahead)[held]).tolist() \
