@@ -266,7 +266,7 @@ class Engine(Taking):
         return (at, what) if at >= self.heard else (self.heard, "a contribution")
 
     def _next_deadline(self) -> float:
-        times = [self.earliest, *self.control.deadlines()]
+        times = [self.earliest, *self.control.deadlines(), self.switch_watch.due(self)]
         if not self.joined:
             times.append(self._join_next)
         deadline = min(times)

@@ -323,6 +323,15 @@ class SwitchWatch:
         self.since = math.inf           # when the watch began
         self.last_step = -math.inf      # when the engine last stepped
 
+    def due(self, engine) -> float:
+        """When the switch, silent since, would be named gone (the engine steps then, not
+        at its next retransmission, which may be a second away)."""
+        if engine.pending_works == 0 or engine.control.asking is None:
+            return math.inf
+        answered, _ = engine.last_answer()
+        return max(answered, self.since, engine.control.asking - SILENT_AFTER / 2) \
+            + SILENT_AFTER
+
     def watch(self, engine, now: float):
         waiting = engine.pending_works > 0
         if not waiting or now - self.last_step > READ_GAP:

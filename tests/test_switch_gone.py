@@ -501,8 +501,12 @@ def test_a_job_taken_over_by_another_run_is_named_within_2_s(backend):
     """Run A (2 workers over UDP) has joined job 0; its rank 1 stops (its process crashed,
     say) and run B, a fresh session, configures the same job at once and allreduces, exact.
     Rank 0 of A, which waits for rank 1, fails with NetaggJobTakenOver naming the job and
-    the new owner's address, within 2 s of B's configuration, long before its 30 s
-    timeout."""
+    the new owner's address, within 2 s of B's configuration (again if the machine stalled),
+    long before its 30 s timeout."""
+    in_time(lambda: _taken_over(backend), within=2.0)
+
+
+def _taken_over(backend: str) -> tuple[list[float], float]:
     with SimServer(make_backend(backend)).start() as server:
         old = workers(2, server.url, timeout=30)
         new = []
@@ -519,8 +523,9 @@ def test_a_job_taken_over_by_another_run_is_named_within_2_s(backend):
                     rf"enabled by {re.escape(owner)}\) while rank 0 of 2 of this run used "
                     r"it")) as e:
                 waiting.wait()
-            assert time.monotonic() - configured < 2.0
+            named = time.monotonic()
             assert e.value.job == 0 and e.value.owner == W.ip_to_int(owner)
+            return [named], configured
         finally:
             for w in old + new:
                 w.close()
