@@ -49,7 +49,11 @@ def _rank(url: str, rank: int, world: int, session: str, events, hold: bool):
                 time.sleep(3600)
             handle = w.allreduce_async(np.full(VALUES, rank + 1, np.int32))
             events.put((rank, "submitted", time.monotonic(), ""))
-            out = handle.wait()
+            try:
+                out = handle.wait()
+            except Exception as e:      # (timed here: closing the worker takes a while)
+                events.put((rank, "error", time.monotonic(), f"{type(e).__name__}: {e}"))
+                return
             right = bool(np.all(out == sum(range(1, world + 1))))
             events.put((rank, "done", time.monotonic(), "exact" if right else "WRONG"))
     except Exception as e:
@@ -77,7 +81,8 @@ class _Run:
                                                                     - time.monotonic()))
             except queue.Empty:
                 raise TimeoutError(f"ranks {list(ranks)} did not report {what!r} within "
-                                   f"{WAIT:.0f} s") from None
+                                   f"{WAIT:.0f} s (they reported {sorted(self.seen)}; "
+                                   f"exit codes {[p.exitcode for p in self.procs]})") from None
             self.seen[rank, event] = (at, text)
         return {r: self.seen.get((r, what)) or (self.seen[r, "error"][0],
                                                 "error " + self.seen[r, "error"][1])
