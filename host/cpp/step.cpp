@@ -616,14 +616,16 @@ struct Step {
             if (!inflight) return ST_IDLE;
             if (!r.probed) first_due = std::min(first_due, std::max(r.heard, last_sent) + r.pto);
             now = monotonic();
+            // (Python's turn at least every call's length, also while results keep coming
+            // with a message due: its beats and reads go between two calls)
+            if (now >= r.until || __atomic_load_n(at<int64_t>(r.wanted), __ATOMIC_RELAXED))
+                return ST_UNTIL;
             if (first_due <= now) {     // late, or only unread (after this thread waited
                 const int got = receive();      // for a core): what waits is taken first
                 if (!got) return ST_DUE;
                 if (!take_runs(got)) return ST_HANDED;
                 continue;
             }
-            if (now >= r.until || __atomic_load_n(at<int64_t>(r.wanted), __ATOMIC_RELAXED))
-                return ST_UNTIL;
             const double wait = std::min({first_due, r.until, now + POLL_SECONDS}) - now;
             pollfd p{int(r.fd), POLLIN, 0};
             if (poll(&p, 1, int(std::ceil(wait * 1000))) <= 0) continue;
