@@ -462,6 +462,12 @@ class Engine(Taking):
                                     recent.probe_at(rtt, max(m.timer.last_at for m in sent)))
         self.control.retransmit(now)
 
+    def answer_heard(self, last_sent: float, now: float):
+        """A packet last sent at `last_sent` got its answer at `now`: if that is the latest
+        sending answered, the next step looks for the packets it shows lost."""
+        if self.recent.answered(last_sent, now):
+            self.earliest = -float("inf")
+
     def _resend(self, m: Message, lost: bool = False):
         """The message's packet in flight again (rebuilt if it leaves by another path)."""
         last = m.path or 0

@@ -82,8 +82,7 @@ class Taking:
             if not sampled and m.timer.attempts == 1:     # a round trip sample a batch
                 self.rtt.sample(now - m.timer.sent_at)
                 sampled = True
-            if self.recent.answered(m.timer.last_at, now):
-                self.earliest = -float("inf")     # (`_retransmit` looks for losses)
+            self.answer_heard(m.timer.last_at, now)
             st.inflight = None
             idle.append(st)
             st.last_psn = limits[i]
@@ -160,8 +159,7 @@ class Taking:
             members = self.check_lane.members(res.check, res.count, m.tag)
         now = time.monotonic()
         self.rtt.answered(m.timer, now)
-        if self.recent.answered(m.timer.last_at, now):
-            self.earliest = -float("inf")         # (`_retransmit` looks for losses)
+        self.answer_heard(m.timer.last_at, now)
         st.inflight = None
         self.idle.append(st)
         st.last_psn = max(st.last_psn, res.limit)

@@ -181,8 +181,7 @@ class PlainWindow:
         once = done[self.attempts[done] == 1]       # (Karn's rule: a message sent once)
         if len(once):
             e.rtt.sample(now - self.sent_at[once[0]])
-        if e.recent.answered(float((self.deadline[done] - self.rto[done]).max()), now):
-            e.earliest = -np.inf            # (`resend` looks for losses)
+        e.answer_heard(float((self.deadline[done] - self.rto[done]).max()), now)
         e.last_progress = now
         g = self.cur[done]
         self.cur[done] = -1
