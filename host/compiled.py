@@ -266,7 +266,8 @@ class CompiledStep:
         r.rto, r.psn, r.until = e.rtt.rto, e.psns.psn, until
         srtt, recent = e.rtt.srtt, e.recent     # (`host.retransmit.RecentAnswer`'s rules)
         r.reorder = REORDER_SHARE * srtt if srtt is not None else np.inf
-        r.pto = probe_timeout(e.rtt) if srtt is not None else np.inf
+        r.pto = (probe_timeout(e.rtt, recent.lossy(time.monotonic())) if srtt is not None
+                 else np.inf)
         r.newest, r.heard, r.probed = recent.newest, recent.heard, recent.probed
         self.known_before = span.known.copy()
         for name in ("packets_sent", "packets_received", "credit_waits", "tensor_bytes",

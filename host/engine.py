@@ -455,6 +455,8 @@ class Engine(Taking):
                     else:
                         self._resend(m)
                 elif m.packet is not None and (probe or m.timer.last_at < horizon):
+                    if m.timer.last_at < horizon:
+                        recent.found(now)
                     self._resend(m, lost=True)
                 self.earliest = min(self.earliest, m.timer.deadline)
             if sent:

@@ -19,15 +19,16 @@ window, not a timeout. Packets sprayed over paths of different lengths (a worker
 ports, a fabric's spines) come back out of order by design: there the rule is off
 (`RecentAnswer.sprayed`). Where no later packet can be answered (the tail of the packets in
 flight, or a window whose uses all wait for a lost packet or for one a lost packet carries:
-nothing answered and nothing sent for a probe timeout, two smoothed round trips and at
-least `rto_min`), every packet in flight is sent again, its wait not doubled (RACK's tail
-loss probe, once until the next answer; all of them, since a use waits for every rank's
-packet and no rank knows whose was lost). A probe never comes before the shortest timeout
-would, so a rank that waits for a slower one, or a paused machine, costs no more than the
-timeouts did. The doubling timeouts are left to what a probe does not recover, and to a
-path that answers nothing.
+nothing answered and nothing sent for a probe timeout, two smoothed round trips), every
+packet in flight is sent again, its wait not doubled (RACK's tail loss probe, once until
+the next answer; all of them, since a use waits for every rank's packet and no rank knows
+whose was lost). While the rule finds no loss, a probe never comes before the shortest
+timeout would (`rto_min`), so a rank that waits for a slower one, or a paused machine,
+costs no more than the timeouts did; for `LOSS_MEMORY` after it found one, a silence is
+most likely another loss, and the probe comes after at least `PROBE_MIN`. The doubling
+timeouts are left to what a probe does not recover, and to a path that answers nothing.
 
-Cost: a float pair per estimator, four numbers per packet awaiting its answer, three for
+Cost: a float pair per estimator, four numbers per packet awaiting its answer, four for
 the detector.
 """
 
@@ -38,6 +39,8 @@ import enum
 import math
 
 REORDER_SHARE = 0.25    # the reordering window, a share of the smoothed round trip (RACK's)
+PROBE_MIN = 0.01        # seconds: the shortest probe timeout, while losses are being found
+LOSS_MEMORY = 1.0       # seconds a found loss keeps the probe timeout short
 
 
 class Recovery(enum.Enum):
@@ -116,6 +119,7 @@ class RecentAnswer:
 
     newest: float = -math.inf
     heard: float = -math.inf
+    lost_at: float = -math.inf  # when the rule last found a packet lost
     probed: bool = False
     sprayed: bool = False       # several paths (ports, spines): no packet is taken as lost
     off: bool = False           # `Recovery.TIMERS`: nothing is lost, nothing probed
@@ -135,15 +139,25 @@ class RecentAnswer:
             return -math.inf
         return self.newest - REORDER_SHARE * rtt.srtt
 
+    def found(self, now: float):
+        """The rule found a packet lost at `now`."""
+        self.lost_at = now
+
+    def lossy(self, now: float) -> bool:
+        """Whether the rule found a loss within `LOSS_MEMORY` before `now`."""
+        return now - self.lost_at < LOSS_MEMORY
+
     def probe_at(self, rtt: RttEstimator, last_sent: float) -> float:
         """When the packets in flight, the latest of them sent at `last_sent`, are probed:
         a probe timeout after that or the last answer, whichever is later (never before a
         round trip is measured, nor twice without an answer between)."""
         if self.probed or rtt.srtt is None or self.off:
             return math.inf
-        return max(self.heard, last_sent) + probe_timeout(rtt)
+        at = max(self.heard, last_sent)
+        return at + probe_timeout(rtt, self.lossy(at))
 
 
-def probe_timeout(rtt: RttEstimator) -> float:
-    """RACK-TLP's probe timeout: two smoothed round trips, at least the shortest timeout."""
-    return max(rtt.rto_min, 2 * rtt.srtt)
+def probe_timeout(rtt: RttEstimator, lossy: bool) -> float:
+    """RACK-TLP's probe timeout: two smoothed round trips, at least `PROBE_MIN` where
+    losses are being found (`lossy`) and the shortest timeout where none is."""
+    return max(PROBE_MIN if lossy else rtt.rto_min, 2 * rtt.srtt)

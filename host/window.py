@@ -381,6 +381,8 @@ class PlainWindow:
         flight, late = self.cur >= 0, self.deadline <= now
         last = self.deadline - self.rto
         lost = ~late & flight & (last < e.recent.horizon(e.rtt))
+        if lost.any():
+            e.recent.found(now)
         if flight.any() and now >= e.recent.probe_at(e.rtt, float(last[flight].max())):
             lost |= ~late & flight          # a probe: every message in flight, once
             e.recent.probed = True

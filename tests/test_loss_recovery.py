@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 from netagg.host import Worker, compiled_build
 from netagg.host.retransmit import (
+    LOSS_MEMORY,
+    PROBE_MIN,
     RecentAnswer,
     Recovery,
     RetransmitTimer,
@@ -57,10 +59,17 @@ def test_the_tail_is_probed_once_until_an_answer():
     assert recent.probe_at(rtt, last_sent=1.02) == np.inf
     recent.answered(last_sent=1.02, now=1.05)
     assert recent.probe_at(rtt, last_sent=1.02) == pytest.approx(1.05 + 0.06)
-    # at least the shortest timeout
+    # at least the shortest timeout while no loss is found: a rank waiting for a slower
+    # one is probed no sooner than the timeouts would send
     fast = _estimator(0.001)
+    assert recent.probe_at(fast, last_sent=1.0) == pytest.approx(1.05 + fast.rto_min)
+    # at least PROBE_MIN for LOSS_MEMORY after the rule found a loss
+    recent.found(1.04)
+    assert recent.probe_at(fast, last_sent=1.0) == pytest.approx(1.05 + PROBE_MIN)
+    assert PROBE_MIN < fast.rto_min
+    recent.answered(last_sent=1.03, now=1.04 + LOSS_MEMORY)
     assert recent.probe_at(fast, last_sent=1.0) == pytest.approx(
-        1.05 + fast.rto_min)
+        1.04 + LOSS_MEMORY + fast.rto_min)
 
 
 def test_sprayed_packets_are_probed_only_and_timers_only_finds_nothing_early():
