@@ -60,10 +60,10 @@ def predicted_ratio(hosts: int) -> float:
     return ring / (NETAGG_FRAME / NETAGG_PAYLOAD)
 
 
-def _run_hosts(cluster: Cluster, library: str, size: int, repeat: int, url: str | None,
-               timeout: float) -> list[dict]:
-    """`apps.cluster_allreduce` on every host; each rank's report. A rank that fails ends
-    the others and raises with what it said."""
+def run_hosts(cluster: Cluster, library: str, size: int, repeat: int, url: str | None,
+               timeout: float, options: tuple[str, ...] = ()) -> list[dict]:
+    """`apps.cluster_allreduce` on every host (with `options`); each rank's report. A rank
+    that fails ends the others and raises with what it said."""
     hosts = len(cluster.hosts)
     procs = []
     for h in cluster.hosts:
@@ -72,6 +72,7 @@ def _run_hosts(cluster: Cluster, library: str, size: int, repeat: int, url: str 
                 "--master", f"{cluster.hosts[0].ip}:{GLOO_PORT}", "--timeout", str(timeout)]
         if url:
             argv += ["--switch", url, "--session", f"bench-{hosts}-{size}"]
+        argv += options
         procs.append(cluster.run(h.index, argv, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True))
     # the whole run: its allreduces at a quarter of the link's rate, and the start
@@ -108,7 +109,7 @@ def _measure(cluster: Cluster, library: str, size: int, repeat: int, url: str | 
     undilated time of a dilated cluster: measured / D), each round's, the CPU time a host
     and the switch spend on one, and what the links carried."""
     before, switch_before = cluster.counters(), _cpu_seconds(cluster.switch_pid)
-    reports = _run_hosts(cluster, library, size, repeat, url, timeout)
+    reports = run_hosts(cluster, library, size, repeat, url, timeout)
     moved = [a - b for a, b in zip(cluster.counters(), before)]
     switch_cpu = _cpu_seconds(cluster.switch_pid) - switch_before
     measured = [max(r["sizes"][0]["seconds"][i] for r in reports) for i in range(repeat)]

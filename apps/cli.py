@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     bench = sub.add_parser("bench", help="run a benchmark and print its figures")
     bench.add_argument("what", choices=["datapath", "switch", "allreduce", "congestion",
                                         "board", "host", "leafspine", "cluster", "fast",
-                                        "loss", "failures"])
+                                        "loss", "failures", "fabric"])
     bench.add_argument("--ports", type=int, default=4, help="switch: ports")
     bench.add_argument("--width", type=int, default=512, help="switch: bits per port")
     bench.add_argument("--rounds", type=int, default=4,
@@ -53,12 +53,14 @@ def main(argv=None) -> int:
                        help="congestion: path counts to spray over, comma-separated")
     bench.add_argument("--spray", choices=["round_robin", "least_loaded"], default="round_robin",
                        help="congestion: how packets are spread over the paths")
-    bench.add_argument("--size", default="1M",
-                       help="congestion: float32 bytes per worker (e.g. 256K, 1M)")
+    bench.add_argument("--size", default=None,
+                       help="congestion: float32 bytes per worker (e.g. 256K; default 1M); "
+                            "fabric: per host (default 8M)")
     bench.add_argument("--repeat", type=int, default=None,
                        help="congestion: runs per path count (default 3); cluster: runs of "
                             "each (default 3); loss: runs of each (default 1); the median is "
-                            "reported; failures: runs of each scenario (default 10)")
+                            "reported; failures: runs of each scenario (default 10); fabric: "
+                            "runs of each mode (default 5)")
     bench.add_argument("--backends", default="golden,rtl",
                        help="failures: the simulated switches, comma-separated")
     bench.add_argument("--losses", default="1,5,20",
@@ -78,7 +80,13 @@ def main(argv=None) -> int:
                        help="board: nodes (with --workers); default: a worker on each port")
     bench.add_argument("--hosts", default="4,8",
                        help="cluster: host counts, comma-separated (needs root)")
-    bench.add_argument("--rate", default="100mbit", help="cluster: each host link's rate")
+    bench.add_argument("--rate", default=None,
+                       help="cluster, fabric: each host link's rate (default 100mbit; fabric "
+                            "40mbit)")
+    bench.add_argument("--topology", default="2x2", help="fabric: LEAVESxSPINES")
+    bench.add_argument("--hosts-per-leaf", type=int, default=2, help="fabric: hosts a leaf")
+    bench.add_argument("--oversubscription", type=float, default=2.0,
+                       help="fabric: a leaf's host links' rate over its uplinks'")
     bench.add_argument("--queue", default=None,
                        help="cluster: bytes of queue at each end of a link (default 10 ms)")
     bench.add_argument("--switch", default="fast", choices=["fast", "golden", "rtl"],
@@ -213,7 +221,7 @@ def main(argv=None) -> int:
     if args.command == "bench" and args.what == "cluster":
         from netagg.apps import bench_cluster
         report = bench_cluster.bench_cluster(
-            [int(h) for h in args.hosts.split(",")], args.rate,
+            [int(h) for h in args.hosts.split(",")], args.rate or "100mbit",
             [_size(s) for s in args.sizes.split(",")] if args.sizes else
             bench_cluster.DEFAULT_SIZES, args.switch, args.repeat or 3, args.queue,
             quiet=args.json, dilation=args.dilation)
@@ -223,6 +231,14 @@ def main(argv=None) -> int:
             print(json.dumps(report))
         return 0 if all(r[lib]["verified"] for r in report["runs"]
                         for lib in bench_cluster.LIBRARIES) else 1
+    if args.command == "bench" and args.what == "fabric":
+        from netagg.apps.bench_fabric import bench_fabric
+        report = bench_fabric(args.topology, args.hosts_per_leaf, args.rate or "40mbit",
+                              args.oversubscription, _size(args.size or "8M"),
+                              args.repeat or 5, quiet=args.json)
+        if args.json:
+            print(json.dumps(report))
+        return 0 if report["verified"] else 1
     if args.command == "bench" and args.what == "loss":
         from netagg.apps.bench_loss import bench_loss
         report = bench_loss([float(p) / 100 for p in args.losses.split(",")],
@@ -349,7 +365,7 @@ def main(argv=None) -> int:
     if args.command == "bench" and args.what == "congestion":
         from netagg.apps.congestion import bench_congestion
         report = bench_congestion(args.backend, [int(p) for p in args.paths.split(",")],
-                                  workers=args.workers or 4, size=_size(args.size),
+                                  workers=args.workers or 4, size=_size(args.size or "1M"),
                                   spray=args.spray, repeat=args.repeat or 3, quiet=args.json,
                                   experiments=args.experiments.split(","),
                                   priority={"loss_budget": args.loss_budget,

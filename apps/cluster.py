@@ -3,6 +3,8 @@
 ``netagg cluster up --hosts 4 --rate 100mbit`` makes the cluster, starts netagg's switch on the
 rack's own port (`--switch`, the fast switch by default), prints how to reach it, and holds
 it until Ctrl-C or SIGTERM, or until its switch exits; then it removes everything it made.
+``--topology 2x2 --hosts-per-leaf 2 --oversubscription 2 [--spray]`` makes a leaf and spine
+fabric instead (`sim.cluster_fabric`), the switch reached through the spines.
 ``netagg cluster down --name NAME`` removes a cluster left behind (processes, namespaces,
 links and queues).
 """
@@ -15,6 +17,7 @@ import sys
 import time
 
 from netagg.sim import cluster as C
+from netagg.sim.cluster_fabric import FabricCluster, Topology
 from netagg.sim.cluster_links import rate_text
 
 
@@ -29,6 +32,13 @@ def add_parser(sub) -> None:
     up.add_argument("--switch", default="fast", choices=["fast", "golden", "rtl", "none"],
                     help="netagg's switch on the rack's port ('none': no switch)")
     up.add_argument("--name", default="nagg", help="the prefix of everything it makes")
+    up.add_argument("--topology", default=None,
+                    help="LEAVESxSPINES: a leaf and spine fabric instead of one rack")
+    up.add_argument("--hosts-per-leaf", type=int, default=2, help="fabric: hosts a leaf")
+    up.add_argument("--oversubscription", type=float, default=1.0,
+                    help="fabric: a leaf's host links' rate over its uplinks'")
+    up.add_argument("--spray", action="store_true",
+                    help="fabric: spray netagg's packets over the spines (else ECMP's hash)")
     down = cmd.add_parser("down", help="remove a cluster (what a crash left behind)")
     down.add_argument("--name", default="nagg")
 
@@ -61,7 +71,12 @@ def _up(args) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        with C.Cluster(args.hosts, args.rate, args.queue, args.name) as cluster:
+        if args.topology:
+            made = FabricCluster(Topology.parse(args.topology, args.hosts_per_leaf), args.rate,
+                                 args.queue, args.name, args.oversubscription, args.spray)
+        else:
+            made = C.Cluster(args.hosts, args.rate, args.queue, args.name)
+        with made as cluster:
             url = cluster.serve(args.switch) if args.switch != "none" else None
             _describe(cluster, url)
             while url is None or cluster.switch.poll() is None:
@@ -81,6 +96,12 @@ def _describe(cluster: C.Cluster, url: str | None) -> None:
     shape = cluster.shape
     print(f"cluster {cluster.name}: {len(cluster.hosts)} hosts, links {rate_text(shape.rate)} "
           f"each way, {shape.queue} bytes of queue at each end")
+    if isinstance(cluster, FabricCluster):
+        t = cluster.topology
+        print(f"fabric: {t.leaves} leaves ({cluster.leaf(0)}..), {t.spines} spines "
+              f"({cluster.spine(0)}..), uplinks {rate_text(cluster.uplink_shape.rate)}, "
+              + ("netagg's packets sprayed over the spines" if cluster.spraying else
+                 "flows hashed onto a spine (ECMP)"))
     if url:
         print(f"switch  {url}  (namespace {cluster.rack})")
     for h in cluster.hosts:

@@ -7,9 +7,11 @@ float64 sum of every rank's data: within the fixed-point bound through netagg, f
 rounding through gloo) and then `--repeat` times, each time after a barrier (a one-value
 allreduce through the same library, whose result reaches every rank at once), timing each
 from the barrier's end to the result. It prints one JSON object: per size, its times,
-whether its result was right, and the packets netagg sent again in the timed allreduces.
+whether its result was right, the packets netagg sent again in the timed allreduces, and
+when each timed allreduce began (the wall clock, seconds since the epoch).
 
-netagg: `host.Worker` over UDP to `--switch`, session `--session`. gloo: torch.distributed
+netagg: `host.Worker` over UDP to `--switch`, session `--session`, from `--paths` source
+ports (more than one: its packets may come back out of order). gloo: torch.distributed
 with a TCP store at `--master` (host 0's address), over the same links.
 """
 
@@ -31,7 +33,7 @@ class Netagg:
     def __init__(self, rank: int, world: int, args):
         from netagg.host import Worker
         self.worker = Worker(rank, world, args.switch, session=args.session,
-                             timeout=args.timeout)
+                             timeout=args.timeout, paths=args.paths)
         self.one = np.ones(1, np.int32)
 
     def barrier(self):
@@ -86,6 +88,7 @@ def main(argv=None) -> int:
     p.add_argument("--switch", default=None)
     p.add_argument("--session", default="cluster")
     p.add_argument("--master", default=None, help="gloo: host 0's address:port")
+    p.add_argument("--paths", type=int, default=1, help="netagg: source ports sprayed over")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=60.0)
     args = p.parse_args(argv)
@@ -104,15 +107,17 @@ def main(argv=None) -> int:
                 exact = np.sum([x.astype(np.float64) for x in
                                 _expected(args.world, values, args.seed)], axis=0)
                 ok = bool(np.allclose(result, exact, rtol=1e-5, atol=1e-6 * np.abs(exact).max()))
-            times, cpu, sent_again = [], [], lib.retransmissions()
+            times, cpu, started, sent_again = [], [], [], lib.retransmissions()
             for _ in range(args.repeat):
                 x = mine.copy()
                 lib.barrier()
+                started.append(time.time())
                 t0, c0 = time.perf_counter(), time.process_time()
                 lib.allreduce(x)
                 times.append(time.perf_counter() - t0)
                 cpu.append(time.process_time() - c0)
             out["sizes"].append({"bytes": size, "seconds": times, "cpu_seconds": cpu,
+                                 "started": started,
                                  "verified": ok,
                                  "retransmissions": lib.retransmissions() - sent_again})
     finally:

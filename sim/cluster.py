@@ -91,7 +91,7 @@ def _netlink_lock():
 
 def namespaces(name: str) -> list[str]:
     """The namespaces of cluster `name` that exist now."""
-    pattern = re.compile(rf"{re.escape(name)}-(sw|h\d+)")
+    pattern = re.compile(rf"{re.escape(name)}-(sw|h\d+|l\d+|s\d+)")  # (l, s: a fabric's)
     try:
         return sorted(p.name for p in netns.RUN_DIR.iterdir() if pattern.fullmatch(p.name))
     except FileNotFoundError:
@@ -113,22 +113,27 @@ def remove(name: str) -> list[str]:
     return found
 
 
-def _receive_offload(namespace: str, device: str):
-    """Turn on GRO on `device` in `namespace`, as a NIC has it: a veth then coalesces the
-    datagrams of a flow that arrive together, and a socket with UDP_GRO takes them as one
-    run (without it, each of a host's 11,000 datagrams a second at 100 Mb/s is a system
-    call of the switch's)."""
+def set_features(namespace: str, device: str, features: dict[str, bool]):
+    """Turn `device`'s offload features (ethtool's names: ``rx-gro``) on or off in
+    `namespace`."""
     from pyroute2 import netns as pyroute_netns
     from pyroute2.ethtool import Ethtool
     pyroute_netns.pushns(namespace)
     try:
         ethtool = Ethtool()
-        features = ethtool.get_features(device)
-        features.features["rx-gro"].enable = True
-        ethtool.set_features(device, features)
+        found = ethtool.get_features(device)
+        for name, on in features.items():
+            found.features[name].enable = on
+        ethtool.set_features(device, found)
         ethtool.close()
     finally:
         pyroute_netns.popns()
+
+
+# GRO on a NIC, as a NIC has it: a veth then coalesces the datagrams of a flow that arrive
+# together, and a socket with UDP_GRO takes them as one run (without it, each of a host's
+# 11,000 datagrams a second at 100 Mb/s is a system call of the switch's).
+RECEIVE_OFFLOAD = {"rx-gro": True}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,7 +251,7 @@ class Cluster:
                     host.link("set", index=nic, state="up")
         for namespace, device in [(self.rack, f"h{h.index}") for h in self.hosts] + \
                 [(h.namespace, "eth0") for h in self.hosts]:
-            _receive_offload(namespace, device)
+            set_features(namespace, device, RECEIVE_OFFLOAD)
 
     # --- using it ------------------------------------------------------------------------
 
@@ -283,46 +288,47 @@ class Cluster:
     def switch_pid(self) -> int | None:
         return self.switch.pid if self.switch else None
 
+    def port(self, host: Host) -> tuple[str, str]:
+        """The namespace and device of the far end of host `host`'s link: the rack's port."""
+        return self.rack, f"h{host.index}"
+
     def counters(self) -> list[Counters]:
         """What crossed each host's NIC so far, and what its link dropped: both ends' queues,
         and both veths (a peer whose receive ring was full, under load)."""
-        from pyroute2 import NetNS
-        drops = self._queue_drops(self.rack, [f"h{h.index}" for h in self.hosts])
-        with NetNS(self.rack) as rack:
-            ports = [rack.link("get", index=rack.link_lookup(ifname=f"h{h.index}")[0])[0]
-                     .get("IFLA_STATS64") for h in self.hosts]
-        out = []
-        for h, port in zip(self.hosts, ports):
-            with NetNS(h.namespace) as host:
-                nic = host.link_lookup(ifname="eth0")[0]
-                stats = host.link("get", index=nic)[0].get("IFLA_STATS64")
-                own = self._queue_drops(h.namespace, ["eth0"])[0]
-            dropped = sum(s[k] for s in (stats, port) for k in ("rx_dropped", "tx_dropped"))
-            out.append(Counters(stats["tx_bytes"], stats["rx_bytes"], stats["tx_packets"],
-                                stats["rx_packets"], own + drops[h.index] + dropped))
-        return out
-
-    @staticmethod
-    def _queue_drops(namespace: str, devices: list[str]) -> list[int]:
-        from pyroute2 import NetNS
-        with NetNS(namespace) as ns:
-            counts = []
-            for dev in devices:
-                index = ns.link_lookup(ifname=dev)[0]
-                stats = [q.get("TCA_STATS2") for q in ns.get_qdiscs(index=index)
-                         if q.get("TCA_KIND") == "tbf"]
-                queue = stats[0].get("TCA_STATS_QUEUE") if stats and stats[0] else None
-                counts.append(queue["drops"] if queue else 0)
-        return counts
+        return [link_counters((h.namespace, "eth0"), self.port(h)) for h in self.hosts]
 
     def set_link(self, host: int, up: bool):
         """Take host `host`'s link down (its NIC and the rack's port) or bring it up."""
-        from pyroute2 import NetNS
-        state = "up" if up else "down"
         h = self.hosts[host]
-        with NetNS(h.namespace) as ns:
-            ns.link("set", index=ns.link_lookup(ifname="eth0")[0], state=state)
-        with NetNS(self.rack) as rack:
-            rack.link("set", index=rack.link_lookup(ifname=f"h{host}")[0], state=state)
-        if up:
-            time.sleep(0.05)        # the addresses' routes come back with the link
+        set_links([(h.namespace, "eth0"), self.port(h)], up)
+
+
+def link_counters(near: tuple[str, str], far: tuple[str, str]) -> Counters:
+    """What left and entered the device `near` (namespace, device) of a link whose other end
+    is `far`, and what the link dropped: both ends' queues, and both veths (a peer whose
+    receive ring was full, under load)."""
+    from pyroute2 import NetNS
+    stats, drops = [], 0
+    for namespace, device in (near, far):
+        with NetNS(namespace) as ns:
+            index = ns.link_lookup(ifname=device)[0]
+            stats.append(ns.link("get", index=index)[0].get("IFLA_STATS64"))
+            queues = [q.get("TCA_STATS2") for q in ns.get_qdiscs(index=index)
+                      if q.get("TCA_KIND") == "tbf"]
+            queue = queues[0].get("TCA_STATS_QUEUE") if queues and queues[0] else None
+            drops += queue["drops"] if queue else 0
+    own = stats[0]
+    dropped = sum(s[k] for s in stats for k in ("rx_dropped", "tx_dropped"))
+    return Counters(own["tx_bytes"], own["rx_bytes"], own["tx_packets"], own["rx_packets"],
+                    drops + dropped)
+
+
+def set_links(ends: list[tuple[str, str]], up: bool):
+    """Take the devices `ends` (namespace, device) down or bring them up."""
+    from pyroute2 import NetNS
+    for namespace, device in ends:
+        with NetNS(namespace) as ns:
+            ns.link("set", index=ns.link_lookup(ifname=device)[0],
+                    state="up" if up else "down")
+    if up:
+        time.sleep(0.05)        # the addresses' routes come back with the link
