@@ -7,20 +7,14 @@ import json
 import os
 import sys
 
+from netagg.apps import arguments as A
+
 # Allreduce benchmark sizes: 4 KB .. 64 MB.
 ALLREDUCE_SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 # Simulated switches are slow (the golden model tens of thousands of contributions per
 # second, the RTL at 64 bits a few hundred): their default sizes stop here unless --sizes
 # asks for more.
 MAX_DEFAULT_SIZE = {"golden": 4 << 20, "rtl": 1 << 20}
-
-
-def _size(text: str) -> int:
-    text = text.strip().upper()
-    for suffix, mult in (("KB", 1 << 10), ("MB", 1 << 20), ("K", 1 << 10), ("M", 1 << 20)):
-        if text.endswith(suffix):
-            return int(float(text[:-len(suffix)]) * mult)
-    return int(text)
 
 
 def main(argv=None) -> int:
@@ -32,17 +26,17 @@ def main(argv=None) -> int:
     bench.add_argument("what", choices=["datapath", "switch", "allreduce", "congestion",
                                         "board", "host", "leafspine", "cluster", "fast",
                                         "loss", "failures", "fabric"])
-    bench.add_argument("--ports", type=int, default=4, help="switch: ports")
-    bench.add_argument("--width", type=int, default=512, help="switch: bits per port")
-    bench.add_argument("--rounds", type=int, default=4,
+    bench.add_argument("--ports", type=A.positive, default=4, help="switch: ports")
+    bench.add_argument("--width", type=A.positive, default=512, help="switch: bits per port")
+    bench.add_argument("--rounds", type=A.positive, default=4,
                        help="switch: rounds of 16 slots of contributions on every port")
     bench.add_argument("--widths", default="64,128,256,512",
                        help="datapath: widths in bits, comma-separated")
-    bench.add_argument("--sizes", default=None,
+    bench.add_argument("--sizes", type=A.sizes, default=None,
                        help="allreduce: tensor sizes (e.g. 4K,1M); default 4 KB..64 MB, "
                             "capped at 4 MB for the golden model, 1 MB for the RTL; "
                             "host: default 1M,8M,32M")
-    bench.add_argument("--workers", type=int, default=None,
+    bench.add_argument("--workers", type=A.positive, default=None,
                        help="allreduce, host, loss: workers (default 4); fast: workers and UDP "
                             "senders (default 8)")
     bench.add_argument("--seconds", type=float, default=2.0,
@@ -53,10 +47,10 @@ def main(argv=None) -> int:
                        help="congestion: path counts to spray over, comma-separated")
     bench.add_argument("--spray", choices=["round_robin", "least_loaded"], default="round_robin",
                        help="congestion: how packets are spread over the paths")
-    bench.add_argument("--size", default=None,
+    bench.add_argument("--size", type=A.size, default=None,
                        help="congestion: float32 bytes per worker (e.g. 256K; default 1M); "
                             "fabric: per host (default 8M)")
-    bench.add_argument("--repeat", type=int, default=None,
+    bench.add_argument("--repeat", type=A.positive, default=None,
                        help="congestion: runs per path count (default 3); cluster: runs of "
                             "each (default 3); loss: runs of each (default 1); the median is "
                             "reported; failures: runs of each scenario (default 10); fabric: "
@@ -69,22 +63,22 @@ def main(argv=None) -> int:
                        help="congestion: priority_drop, spraying (comma-separated)")
     bench.add_argument("--loss-budget", type=float, default=0.1,
                        help="congestion: share of each tensor's chunks sent droppable")
-    bench.add_argument("--steps", type=int, default=40,
+    bench.add_argument("--steps", type=A.positive, default=40,
                        help="congestion: allreduces per priority-drop mode")
     bench.add_argument("--board", default="versa_ecp5_5g", choices=BOARDS,
                        help="board: the board whose RTL runs behind TAP devices")
-    bench.add_argument("--values", type=int, default=None,
+    bench.add_argument("--values", type=A.positive, default=None,
                        help="board: float32 values per worker (default 200,000); loss: the "
                             "same in 6 tensors (default 1,000,000)")
-    bench.add_argument("--nodes", type=int, default=None,
+    bench.add_argument("--nodes", type=A.positive, default=None,
                        help="board: nodes (with --workers); default: a worker on each port")
-    bench.add_argument("--hosts", default="4,8",
+    bench.add_argument("--hosts", type=A.positives, default="4,8",
                        help="cluster: host counts, comma-separated (needs root)")
     bench.add_argument("--rate", default=None,
                        help="cluster, fabric: each host link's rate (default 100mbit; fabric "
                             "40mbit)")
     bench.add_argument("--topology", default="2x2", help="fabric: LEAVESxSPINES")
-    bench.add_argument("--hosts-per-leaf", type=int, default=2, help="fabric: hosts a leaf")
+    bench.add_argument("--hosts-per-leaf", type=A.positive, default=2, help="fabric: hosts a leaf")
     bench.add_argument("--oversubscription", type=float, default=2.0,
                        help="fabric: a leaf's host links' rate over its uplinks'")
     bench.add_argument("--queue", default=None,
@@ -99,19 +93,21 @@ def main(argv=None) -> int:
 
     demo = sub.add_parser("demo", help="allreduce through a switch (simulated unless "
                                          "--switch), checked")
-    demo.add_argument("--workers", type=int, default=4)
-    demo.add_argument("--nodes", type=int, default=2,
+    demo.add_argument("--workers", type=A.positive, default=4)
+    demo.add_argument("--nodes", type=A.positive, default=2,
                       help="nodes the workers are grouped into (hierarchical allreduce)")
-    demo.add_argument("--values", type=int, default=2_000_000, help="float32 values per worker")
-    demo.add_argument("--steps", type=int, default=8, help="tensors the values are split into")
+    demo.add_argument("--values", type=A.positive, default=2_000_000,
+                      help="float32 values per worker")
+    demo.add_argument("--steps", type=A.positive, default=8,
+                      help="tensors the values are split into")
     demo.add_argument("--backend", choices=["golden", "rtl"], default=None,
                       help="rtl: the switch's Verilator model (default; with --topology the "
                            "leaves' and spines'); golden: the Python model, no compiler needed")
     demo.add_argument("--pcap", default=None, help="write every switch frame to this file")
-    demo.add_argument("--paths", type=int, default=1,
+    demo.add_argument("--paths", type=A.positive, default=1,
                       help="UDP source ports each worker sprays its packets over")
     demo.add_argument("--spray", choices=["round_robin", "least_loaded"], default="round_robin")
-    demo.add_argument("--switch", default=None,
+    demo.add_argument("--switch", type=A.switch_url, default=None,
                       help="udp://HOST:PORT of an existing switch (a board, sim board, sim "
                            "serve) instead of starting one")
     demo.add_argument("--bind", default=None,
@@ -131,9 +127,9 @@ def main(argv=None) -> int:
 
     train = sub.add_parser("train", help="DDP training of a small CNN through gloo, netagg, "
                                          "and netagg with priority drop, side by side")
-    train.add_argument("--workers", type=int, default=4, help="torchrun processes")
-    train.add_argument("--nodes", type=int, default=2, help="torchrun agents (nodes)")
-    train.add_argument("--epochs", type=int, default=None, help="default 15; --cluster 3")
+    train.add_argument("--workers", type=A.positive, default=4, help="torchrun processes")
+    train.add_argument("--nodes", type=A.positive, default=2, help="torchrun agents (nodes)")
+    train.add_argument("--epochs", type=A.positive, default=None, help="default 15; --cluster 3")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--loss-budget", type=float, default=0.05,
                        help="the drop run's share of each gradient's chunks sent droppable")
@@ -146,17 +142,17 @@ def main(argv=None) -> int:
     train.add_argument("--cluster", action="store_true",
                        help="on an emulated cluster (needs root): a process per host, each "
                             "under its own torchrun agent, on shaped links")
-    train.add_argument("--hosts", type=int, default=4, help="cluster: hosts")
+    train.add_argument("--hosts", type=A.positive, default=4, help="cluster: hosts")
     train.add_argument("--rate", default="100mbit", help="cluster: each host link's rate")
     train.add_argument("--switch", choices=["fast", "golden"], default="fast",
                        help="cluster: netagg's switch on the rack")
-    train.add_argument("--channels", type=int, default=None,
+    train.add_argument("--channels", type=A.positive, default=None,
                        help="the CNN's first convolution's channels (default 16; --cluster 64)")
-    train.add_argument("--hidden", type=int, default=None,
+    train.add_argument("--hidden", type=A.positive, default=None,
                        help="the CNN's hidden layer's width (default 128; --cluster 2048)")
 
     probe = sub.add_parser("probe", help="read a switch's parameters, addresses and counters")
-    probe.add_argument("url", help="udp://HOST:PORT")
+    probe.add_argument("url", type=A.switch_url, help="udp://HOST:PORT")
     probe.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for it")
     probe.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -171,10 +167,10 @@ def main(argv=None) -> int:
                             "127.x.y.z)")
     serve.add_argument("--pcap", default=None, help="write every frame in and out to this file "
                                                     "(with --topology: leaf0's)")
-    serve.add_argument("--ports", type=int, default=4, help="switch ports")
-    serve.add_argument("--jobs", type=int, default=4)
-    serve.add_argument("--slots", type=int, default=64, help="slots per version")
-    serve.add_argument("--max-workers", type=int, default=8)
+    serve.add_argument("--ports", type=A.positive, default=4, help="switch ports")
+    serve.add_argument("--jobs", type=A.positive, default=4)
+    serve.add_argument("--slots", type=A.positive, default=64, help="slots per version")
+    serve.add_argument("--max-workers", type=A.positive, default=8)
     serve.add_argument("--topology", default=None,
                        help="LEAVESxSPINES (2x2, say): a leaf and spine fabric, one endpoint "
                             "per switch (golden); prints its description, JSON, first")
@@ -190,9 +186,9 @@ def main(argv=None) -> int:
     fuzz = sub.add_parser("fuzz", help="differential fuzzing: the switch's RTL (or the fast "
                                        "switch) against its golden model on good and mutated "
                                        "frames")
-    fuzz.add_argument("--frames", type=int, default=10_000)
+    fuzz.add_argument("--frames", type=A.positive, default=10_000)
     fuzz.add_argument("--seed", type=int, default=0)
-    fuzz.add_argument("--width", type=int, default=64, help="bits per port")
+    fuzz.add_argument("--width", type=A.positive, default=64, help="bits per port")
     fuzz.add_argument("--minimise", action="store_true",
                       help="shrink the first difference to the fewest frames that show it")
     fuzz.add_argument("--json", action="store_true", help="print one JSON object")
@@ -221,8 +217,8 @@ def main(argv=None) -> int:
     if args.command == "bench" and args.what == "cluster":
         from netagg.apps import bench_cluster
         report = bench_cluster.bench_cluster(
-            [int(h) for h in args.hosts.split(",")], args.rate or "100mbit",
-            [_size(s) for s in args.sizes.split(",")] if args.sizes else
+            args.hosts, args.rate or "100mbit",
+            args.sizes if args.sizes else
             bench_cluster.DEFAULT_SIZES, args.switch, args.repeat or 3, args.queue,
             quiet=args.json, dilation=args.dilation)
         if args.plot:
@@ -234,7 +230,7 @@ def main(argv=None) -> int:
     if args.command == "bench" and args.what == "fabric":
         from netagg.apps.bench_fabric import bench_fabric
         report = bench_fabric(args.topology, args.hosts_per_leaf, args.rate or "40mbit",
-                              args.oversubscription, _size(args.size or "8M"),
+                              args.oversubscription, args.size or 8 << 20,
                               args.repeat or 5, quiet=args.json)
         if args.json:
             print(json.dumps(report))
@@ -331,7 +327,7 @@ def main(argv=None) -> int:
     if args.command == "bench" and args.what == "allreduce":
         from netagg.apps.demo import bench_allreduce
         if args.sizes:
-            sizes = [_size(s) for s in args.sizes.split(",")]
+            sizes = args.sizes
         else:
             sizes = [s for s in ALLREDUCE_SIZES
                      if s <= MAX_DEFAULT_SIZE.get(args.backend, s)]
@@ -348,7 +344,7 @@ def main(argv=None) -> int:
         return 0
     if args.command == "bench" and args.what == "host":
         from netagg.apps.bench_host import bench_host
-        report = bench_host([_size(s) for s in args.sizes.split(",")] if args.sizes else None,
+        report = bench_host(args.sizes,
                             workers=args.workers or 4)
         if args.json:
             print(json.dumps(report))
@@ -365,7 +361,7 @@ def main(argv=None) -> int:
     if args.command == "bench" and args.what == "congestion":
         from netagg.apps.congestion import bench_congestion
         report = bench_congestion(args.backend, [int(p) for p in args.paths.split(",")],
-                                  workers=args.workers or 4, size=_size(args.size or "1M"),
+                                  workers=args.workers or 4, size=args.size or 1 << 20,
                                   spray=args.spray, repeat=args.repeat or 3, quiet=args.json,
                                   experiments=args.experiments.split(","),
                                   priority={"loss_budget": args.loss_budget,

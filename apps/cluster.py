@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 
+from netagg.apps import arguments as A
 from netagg.sim import cluster as C
 from netagg.sim.cluster_fabric import FabricCluster, Topology
 from netagg.sim.cluster_links import rate_text
@@ -25,7 +26,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("cluster", help="an emulated rack of hosts on shaped links (needs root)")
     cmd = p.add_subparsers(dest="cluster_command", required=True)
     up = cmd.add_parser("up", help="make the cluster and hold it until Ctrl-C")
-    up.add_argument("--hosts", type=int, default=4)
+    up.add_argument("--hosts", type=A.positive, default=4)
     up.add_argument("--rate", default="100mbit", help="each host link's rate, both ways")
     up.add_argument("--queue", default=None,
                     help="bytes of queue at each end of a link (default: 10 ms of the rate)")
@@ -34,7 +35,7 @@ def add_parser(sub) -> None:
     up.add_argument("--name", default="nagg", help="the prefix of everything it makes")
     up.add_argument("--topology", default=None,
                     help="LEAVESxSPINES: a leaf and spine fabric instead of one rack")
-    up.add_argument("--hosts-per-leaf", type=int, default=2, help="fabric: hosts a leaf")
+    up.add_argument("--hosts-per-leaf", type=A.positive, default=2, help="fabric: hosts a leaf")
     up.add_argument("--oversubscription", type=float, default=1.0,
                     help="fabric: a leaf's host links' rate over its uplinks'")
     up.add_argument("--spray", action="store_true",

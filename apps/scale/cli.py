@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 
+from netagg.apps import arguments as A
 from netagg.apps.scale import loss as loss_model
 from netagg.apps.scale.cluster import MODELS, PAYLOAD, Cluster, Model, SwitchCalibration, Topology
 from netagg.apps.scale.flow import Scheme, estimate
@@ -34,7 +35,8 @@ def add_parser(sub) -> None:
                    help="parameter count instead of a named model (e.g. 2.5e7)")
     p.add_argument("--compute-ms", type=float, default=None,
                    help="compute time of one iteration on one worker (default: the model's)")
-    p.add_argument("--workers", default=DEFAULT_WORKERS, help="comma-separated, 8..1024")
+    p.add_argument("--workers", type=A.positives, default=DEFAULT_WORKERS,
+                   help="comma-separated, 8..1024")
     p.add_argument("--gbps", default="100", help="link rates, comma-separated, 1..400")
     p.add_argument("--topology", choices=[t.value for t in Topology], default="fat-tree")
     p.add_argument("--radix", type=int, default=64, help="ports per switch")
@@ -104,7 +106,7 @@ def sweep(args, console) -> dict:
     from rich.progress import Progress
 
     model, switch = _model(args), _calibration(args)
-    workers = [int(w) for w in args.workers.split(",")]
+    workers = args.workers
     rates = [float(g) for g in args.gbps.split(",")]
     schemes = [Scheme(s) for s in args.schemes.split(",")]
     setup = loss_model.LossSetup(args.loss, args.overload, args.buffer, args.loss_budget,
