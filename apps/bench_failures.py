@@ -22,12 +22,12 @@ import datetime
 import multiprocessing as mp
 import os
 import platform
-import queue
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from multiprocessing import connection
 
 import numpy as np
 
@@ -37,53 +37,63 @@ WAIT = 60.0                 # seconds a scenario waits for any one event
 
 def _rank(url: str, rank: int, world: int, session: str, events, hold: bool):
     """A worker process: join (an allreduce), then allreduce `VALUES` values and report
-    ("ready", "submitted", "configured", "done" or "error") with the time; `hold`: after
-    joining, beat and wait instead."""
+    ("ready", "submitted", "configured", "done" or "error") with the time on `events`, a pipe
+    of its own; `hold`: after joining, beat and wait instead."""
     from netagg.host import Worker
     try:
         with Worker(rank, world, url, session=session, timeout=30) as w:
-            events.put((rank, "configured", time.monotonic(), ""))
+            events.send((rank, "configured", time.monotonic(), ""))
             w.allreduce(np.ones(10, np.int32))
-            events.put((rank, "ready", time.monotonic(), ""))
+            events.send((rank, "ready", time.monotonic(), ""))
             if hold:
                 time.sleep(3600)
             handle = w.allreduce_async(np.full(VALUES, rank + 1, np.int32))
-            events.put((rank, "submitted", time.monotonic(), ""))
+            events.send((rank, "submitted", time.monotonic(), ""))
             try:
                 out = handle.wait()
             except Exception as e:      # (timed here: closing the worker takes a while)
-                events.put((rank, "error", time.monotonic(), f"{type(e).__name__}: {e}"))
+                events.send((rank, "error", time.monotonic(), f"{type(e).__name__}: {e}"))
                 return
             right = bool(np.all(out == sum(range(1, world + 1))))
-            events.put((rank, "done", time.monotonic(), "exact" if right else "WRONG"))
+            events.send((rank, "done", time.monotonic(), "exact" if right else "WRONG"))
     except Exception as e:
-        events.put((rank, "error", time.monotonic(), f"{type(e).__name__}: {e}"))
+        events.send((rank, "error", time.monotonic(), f"{type(e).__name__}: {e}"))
 
 
 class _Run:
-    """A run's worker processes and their events."""
+    """A run's worker processes and their events, each rank's on a pipe of its own: a rank
+    the scenario kills may die holding a shared queue's write lock, and then no other rank's
+    event would come through."""
 
     def __init__(self, ctx, url: str, world: int, holding=()):
-        self.events, self.session = ctx.Queue(), uuid.uuid4().hex
+        self.session = uuid.uuid4().hex
+        pipes = [ctx.Pipe(duplex=False) for _ in range(world)]
+        self.readers = [reader for reader, _ in pipes]
         self.procs = [ctx.Process(target=_rank, daemon=True,
-                                  args=(url, r, world, self.session, self.events,
-                                        r in holding)) for r in range(world)]
+                                  args=(url, r, world, self.session, writer, r in holding))
+                      for r, (_, writer) in enumerate(pipes)]
         self.seen: dict[tuple[int, str], tuple[float, str]] = {}
         for p in self.procs:
             p.start()
+        for _, writer in pipes:
+            writer.close()
 
     def expect(self, ranks, what: str) -> dict[int, tuple[float, str]]:
         """Wait until each of `ranks` has reported `what` (or an error): their events."""
         deadline = time.monotonic() + WAIT
         while not all((r, what) in self.seen or (r, "error") in self.seen for r in ranks):
-            try:
-                rank, event, at, text = self.events.get(timeout=max(0.0, deadline
-                                                                    - time.monotonic()))
-            except queue.Empty:
+            ready = connection.wait(self.readers, max(0.0, deadline - time.monotonic()))
+            if not ready:
                 raise TimeoutError(f"ranks {list(ranks)} did not report {what!r} within "
                                    f"{WAIT:.0f} s (they reported {sorted(self.seen)}; "
-                                   f"exit codes {[p.exitcode for p in self.procs]})") from None
-            self.seen[rank, event] = (at, text)
+                                   f"exit codes {[p.exitcode for p in self.procs]})")
+            for reader in ready:
+                try:
+                    rank, event, at, text = reader.recv()
+                except EOFError:            # (the rank's process is gone)
+                    self.readers.remove(reader)
+                    continue
+                self.seen[rank, event] = (at, text)
         return {r: self.seen.get((r, what)) or (self.seen[r, "error"][0],
                                                 "error " + self.seen[r, "error"][1])
                 for r in ranks}
