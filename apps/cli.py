@@ -143,6 +143,15 @@ def main(argv=None) -> int:
                        help="on an emulated cluster (needs root): a process per host, each "
                             "under its own torchrun agent, on shaped links")
     train.add_argument("--hosts", type=A.positive, default=4, help="cluster: hosts")
+    train.add_argument("--topology", default=None,
+                       help="cluster: LEAVESxSPINES, a leaf and spine fabric (--hosts-per-leaf "
+                            "hosts a leaf) instead of one rack")
+    train.add_argument("--hosts-per-leaf", type=A.positive, default=2,
+                       help="cluster --topology: hosts a leaf")
+    train.add_argument("--oversubscription", type=float, default=1.0,
+                       help="cluster --topology: a leaf's host links' rate over its uplinks'")
+    train.add_argument("--spray", action="store_true",
+                       help="cluster --topology: spray netagg's packets over the spines")
     train.add_argument("--rate", default="100mbit", help="cluster: each host link's rate")
     train.add_argument("--switch", choices=["fast", "golden"], default="fast",
                        help="cluster: netagg's switch on the rack")
@@ -290,6 +299,9 @@ def main(argv=None) -> int:
             report = train_cluster.train_cluster(
                 hosts=args.hosts, rate=args.rate, switch=args.switch, seed=args.seed,
                 loss_budget=args.loss_budget, runs=[runs[r] for r in chosen],
+                fabric=None if args.topology is None else dict(
+                    topology=args.topology, hosts_per_leaf=args.hosts_per_leaf,
+                    oversubscription=args.oversubscription, spray=args.spray),
                 quiet=args.json, **given)
             if args.plot:
                 train_cluster.plot(report, args.plot)

@@ -71,19 +71,19 @@ def _start_here(node: int, argv: list[str], **popen) -> subprocess.Popen:
 
 def torchrun(target: list[str], *, url: str, nodes: int, per_node: int, logs: Path,
              what: str, timeout: float, binds=(), master: str = "127.0.0.1",
-             ifname: str = "lo", start=_start_here):
+             ifname: str = "lo", start=_start_here, paths: int = 1):
     """`torchrun ... target` as `nodes` agents of `per_node` processes each, started at once
-    (static rendezvous at `master`, the switch at `url`, node i sending from `binds[i]`
-    when given, gloo on interface `ifname`, one OpenMP thread); `start(node, argv, **popen)`
-    starts node i's agent (by default here: another starts it in node i's network
-    namespace). Every agent must exit 0 within `timeout` seconds, or every process of the
-    job is killed and the error names `what`, the node, and shows what its processes printed
-    (logs in `logs`)."""
+    (static rendezvous at `master`, the switch at `url`, node i sending from `binds[i]` when
+    given, over `paths` source ports, gloo on interface `ifname`, one OpenMP thread);
+    `start(node, argv, **popen)` starts node i's agent (by default here: another starts it in
+    node i's network namespace). Every agent must exit 0 within `timeout` seconds, or every
+    process of the job is killed and the error names `what`, the node, and shows what its
+    processes printed (logs in `logs`)."""
     port = _free_port()
     procs, files = [], []
     for node in range(nodes):
         env = {**os.environ, "NETAGG_SWITCH": url, "GLOO_SOCKET_IFNAME": ifname,
-               "OMP_NUM_THREADS": "1"}
+               "OMP_NUM_THREADS": "1", "NETAGG_PATHS": str(paths)}
         if binds:
             env["NETAGG_BIND"] = binds[node % len(binds)]
         files.append(logs / (re.sub(r"[^\w.]+", "-", what) + f"-node{node}.log"))

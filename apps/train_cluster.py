@@ -3,6 +3,7 @@ drop, on an emulated rack whose links are the bottleneck.
 
     netagg train --cluster [--hosts 4 --rate 100mbit --switch fast --epochs 3]
                            [--channels 64 --hidden 2048] [--plot FILE] [--json]
+    netagg train --cluster --topology 2x2 [--hosts-per-leaf 2 --oversubscription 2 --spray]
 
 makes a cluster (`sim.cluster`: `hosts` hosts as network namespaces, each on a link shaped to
 `rate` both ways, a top-of-rack bridge, netagg's switch on the rack's own port) and runs
@@ -10,9 +11,11 @@ makes a cluster (`sim.cluster`: `hosts` hosts as network namespaces, each on a l
 netagg, netagg_drop), one process per host, each under its own torchrun agent started in the
 host's namespace (`torch_runs.torchrun`, static rendezvous at host 0's address, gloo on the
 host's NIC, netagg's workers at the rack's switch). torchrun's rendezvous, gloo's TCP and
-netagg's RoCEv2 all cross the same shaped links. The drop run's switch thresholds and the
-switch's counters are read and written from a thread that joined host 0's namespace, the
-switch's address being the rack's.
+netagg's RoCEv2 all cross the same shaped links. With `--topology` the hosts sit on a leaf and
+spine fabric instead (`sim.cluster_fabric`), the switch reached through the spines; with
+`--spray` netagg's packets are sprayed over them, its workers on two source ports. The drop
+run's switch thresholds and the switch's counters are read and written from a thread that
+joined host 0's namespace, which reaches the switch's address.
 
 The model is `torch_train.DigitsCNN` widened (64 channels, a hidden layer of 2048: 1,145,610
 parameters, 4.6 MB of float32 gradients a step, against 22,602 at the default width): its
@@ -47,6 +50,7 @@ import psutil
 from netagg.apps import torch_runs
 from netagg.sim import netns
 from netagg.sim.cluster import Cluster
+from netagg.sim.cluster_fabric import FabricCluster, Topology
 from netagg.sim.cluster_links import rate_text
 
 CHANNELS, HIDDEN = 64, 2048     # the widened DigitsCNN: the gradients, not compute, set a step
@@ -88,9 +92,11 @@ def train_cluster(hosts: int = 4, rate: str = "100mbit", switch: str = "fast",
                   epochs: int = EPOCHS, seed: int = 0, loss_budget: float = 0.05,
                   channels: int = CHANNELS, hidden: int = HIDDEN, runs=torch_runs.RUNS,
                   queue=None, name: str = "nagtrain", timeout: float = 600.0,
-                  quiet: bool = False) -> dict:
+                  quiet: bool = False, fabric: dict | None = None) -> dict:
     """Train every run of `runs` on a cluster of `hosts` hosts on links of `rate`, netagg's
-    `switch` on the rack; the report (`summary`, `plot`)."""
+    `switch` on the rack, or on a leaf and spine fabric: `fabric` holds its `topology`
+    (``2x2``), `hosts_per_leaf`, `oversubscription` and `spray` (`hosts` is then theirs);
+    the report (`summary`, `plot`)."""
     from netagg.apps.torch_train import digits
     from rich.console import Console
 
@@ -103,8 +109,15 @@ def train_cluster(hosts: int = 4, rate: str = "100mbit", switch: str = "fast",
                          f"{platform.release()}",
               "runs": {}}
     model = ["--channels", str(channels), "--hidden", str(hidden)]
-    with tempfile.TemporaryDirectory(prefix="netagg-train-") as tmp_name, \
-            Cluster(hosts, rate, queue, name) as cluster:
+    if fabric is not None:
+        shape = Topology.parse(fabric["topology"], fabric["hosts_per_leaf"])
+        made = FabricCluster(shape, rate, queue, name, fabric["oversubscription"],
+                             fabric["spray"])
+        hosts = report["hosts"] = report["workers"] = report["nodes"] = len(made.hosts)
+        report["fabric"] = fabric
+    else:
+        made = Cluster(hosts, rate, queue, name)
+    with tempfile.TemporaryDirectory(prefix="netagg-train-") as tmp_name, made as cluster:
         tmp = Path(tmp_name)
         report["rate"] = rate_text(cluster.shape.rate)
         report["rate_bits"] = cluster.shape.rate
@@ -113,7 +126,8 @@ def train_cluster(hosts: int = 4, rate: str = "100mbit", switch: str = "fast",
         with console.status(f"starting the {switch} switch on the rack"):
             url = cluster.serve(switch, max_workers=max(8, hosts))
         place = {"master": cluster.hosts[0].ip, "ifname": "eth0", "start": cluster.run,
-                 "at_switch": functools.partial(in_namespace, cluster.hosts[0].namespace)}
+                 "at_switch": functools.partial(in_namespace, cluster.hosts[0].namespace),
+                 "paths": 2 if fabric and fabric["spray"] else 1}
         switch_process = psutil.Process(cluster.switch.pid)
         for run in runs:
             before, switch_cpu = cluster.counters(), _cpu_seconds(switch_process)
@@ -147,9 +161,14 @@ def train_cluster(hosts: int = 4, rate: str = "100mbit", switch: str = "fast",
 
 def summary(report: dict) -> str:
     runs = report["runs"]
-    lines = [f"DDP on an emulated cluster: {report['hosts']} hosts, one process each, links "
-             f"{report['rate']} each way, {report['switch']} switch, {report['epochs']} epochs "
-             f"({report['date']}, {report['machine']})"]
+    fabric = report.get("fabric")
+    where = "" if not fabric else (
+        f" on a {fabric['topology']} leaf and spine fabric ({fabric['hosts_per_leaf']} a leaf, "
+        f"uplinks {fabric['oversubscription']:g}:1, "
+        + ("sprayed" if fabric["spray"] else "ECMP") + ")")
+    lines = [f"DDP on an emulated cluster: {report['hosts']} hosts{where}, one process each, "
+             f"links {report['rate']} each way, {report['switch']} switch, {report['epochs']} "
+             f"epochs ({report['date']}, {report['machine']})"]
     if runs:
         compute = max(r["compute_per_step"] for r in runs.values())
         lines.append(

@@ -70,8 +70,10 @@ class NetaggOptions:
     (`udp://host:port`; default NETAGG_SWITCH), the local address to send from (default
     NETAGG_BIND, else the kernel's route), the worker's timeout in seconds, its first switch
     job, whether LOCAL_WORLD_SIZE > 1 makes it hierarchical, the job's deadline in seconds
-    (`Worker`'s: 0, none), and a leaf and spine fabric's description (default NETAGG_FABRIC:
-    JSON, or a file's path; `switch` then names this rank's leaf, by default its node's)."""
+    (`Worker`'s: 0, none), a leaf and spine fabric's description (default NETAGG_FABRIC:
+    JSON, or a file's path; `switch` then names this rank's leaf, by default its node's), and
+    the source ports to spray over (`Worker`'s `paths`; default NETAGG_PATHS, else 1: more
+    than one where a network sprays packets, whose answers then come back out of order)."""
 
     switch: str | None = None
     bind: str | None = None
@@ -80,6 +82,7 @@ class NetaggOptions:
     hierarchical: bool = True
     deadline: float = 0.0
     fabric: str | None = None
+    paths: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +182,8 @@ class NetaggProcessGroup(dist.ProcessGroup):
             self.worker = Worker(rank, world_size, switch, options.job, session=session,
                                  local_size=self.placement.local_size, timeout=seconds,
                                  bind=options.bind or os.environ.get("NETAGG_BIND"),
-                                 deadline=options.deadline, fabric=fabric)
+                                 deadline=options.deadline, fabric=fabric,
+                                 paths=options.paths or int(os.environ.get("NETAGG_PATHS", "1")))
         except Exception as e:
             place = f"switch {switch}" if fabric is None else \
                 f"the fabric at {switch or 'its leaf'}"
