@@ -17,7 +17,9 @@ Per run: the time (the slowest rank's), whether every result is right, the bytes
 leaf sent up each uplink and received down it, the imbalance (over the leaves, the most any
 uplink of a leaf carried over its uplinks' mean, less one; up and down), netagg's
 retransmissions and the packets the uplinks' queues dropped. Per mode: the median and the
-worst time and imbalance; and spraying's median time over ECMP's.
+worst time and imbalance; and spraying's median time over ECMP's. `targets` says whether
+spraying kept every uplink within 5 % of its leaf's mean and was no slower than ECMP's
+median, and whether the cut run was exact.
 
 The cut: spraying on, `cut_rounds` allreduces on every host, and once the hosts have sent
 about a round and a half, the last spine's links go down at every leaf and the switch
@@ -73,6 +75,12 @@ def bench_fabric(topology: str = "2x2", hosts_per_leaf: int = 2, rate: str = "40
     report["spray_over_ecmp"] = round(modes["spray"]["seconds"] / modes["ecmp"]["seconds"], 3)
     report["verified"] = all(r["verified"] for rs in report["runs"].values() for r in rs) \
         and report["cut"]["verified"]
+    sprayed = modes["spray"]
+    report["targets"] = {       # what spraying and a cut must give
+        "uplinks_within_5_percent": max(sprayed["worst_imbalance_up"],
+                                             sprayed["worst_imbalance_down"]) <= 0.05,
+        "spraying_no_slower_than_ecmp_median": sprayed["seconds"] <= modes["ecmp"]["seconds"],
+        "spine_cut_exact": report["cut"]["cut"] and report["cut"]["verified"]}
     if not quiet:
         print(summary(report))
     return report
@@ -182,5 +190,8 @@ def summary(report: dict) -> str:
     lines.append(f"spine {c['spine']} cut in round {c['round']} of {len(c['seconds'])}: rounds "
                  + ", ".join(f"{t:.3f}" for t in c["seconds"]) + f" s{lost}; "
                  + ("every result exact" if c["verified"] else "RESULT WRONG"))
+    lines.append("targets: " + ", ".join(f"{name.replace('_', ' ')} "
+                                         + ("met" if met else "NOT MET")
+                                         for name, met in report["targets"].items()))
     return "\n".join(lines)
 
