@@ -14,18 +14,24 @@ spine is a router with a link to every leaf and one to netagg's switch, whose na
 link to every spine. Leaves and the switch route what goes up (or down) by ECMP, as fabrics
 do: a multipath route over every spine, a flow hashed onto one of them by its 5-tuple
 (`fib_multipath_hash_policy` 1), so each of a host's UDP source ports and each TCP connection
-keeps one path. `Fabric(spray=True)` adds what a fabric that sprays has: a leaf sends a
-datagram from a host's source port `SPRAY_PORT + k` (a netagg worker's path k, `paths=`)
-up spine k mod S (a rule per port, `ip rule ... sport`), so a worker's packets go over every
-spine in turn. What comes down to a host (its results, its TCP) is hashed at the switch and
-the spines by the same rule in both modes.
+keeps one path. Spraying (`spray=True`, or `spray(on)` at any time) is what a fabric that
+sprays has: netagg's contributions go up, and its results come down, by the spine their
+slot's low bits pick (`SPRAY_BUCKETS` dealt over the live spines), whatever spine the hash
+picked: a u32 filter at each spine link's egress (clsact) matches the ImmDt's slot and
+redirects the packet (mirred) to the link it belongs on; every spine's end of a leaf's (or
+the switch's) links has one MAC, so a frame is taken whichever link it crosses. A worker's
+consecutive packets go to consecutive slots, so they alternate over the spines. Hosts and
+the switch cut their UDP GSO runs into datagrams at the NIC (`WIRE_SEGMENTS`), as a NIC's
+offload does before the wire. Other traffic keeps ECMP's hash. This kernel has no bonding,
+no per-packet multipath route and no random tc action; u32 and mirred it has.
 
 Every link is two veth ends shaped by tbf at the link's rate (`sim.cluster_links.Shape`): a
 host's at `rate`; an uplink at `rate` times the leaf's hosts over the spines and the
 `oversubscription` (2: a leaf's uplinks carry half what its hosts can send); a spine's link
 to the switch at the spine's whole share of the uplinks, so that the uplinks, not the
 switch's links, are where the hosts' traffic meets. `cut_spine` takes a spine's links down
-at the leaves and the switch: their routes leave it out, as a fabric's do when a spine fails.
+at the leaves and the switch: their routes leave it out, as a fabric's do when a spine fails,
+and spraying is dealt over the spines left.
 
 `FabricCluster` is a `sim.cluster.Cluster` (the same making, guarding, running, serving and
 counting: its `rack` is the switch's namespace), with `uplinks()` (what crossed each leaf's
@@ -99,8 +105,8 @@ class Topology:
 
 class FabricCluster(C.Cluster):
     """Hosts on a leaf and spine fabric (`topology`), host links of `rate` with `queue`
-    bytes each way, uplinks oversubscribed `oversubscription` to one, named `name`; per-port
-    spraying over the spines with `spray`. Made on entering, removed on leaving."""
+    bytes each way, uplinks oversubscribed `oversubscription` to one, named `name`; netagg's
+    packets sprayed over the spines with `spray`. Made on entering, removed on leaving."""
 
     def __init__(self, topology: Topology, rate: str | int = "100mbit", queue=None,
                  name: str = "nagf", oversubscription: float = 1.0, spray: bool = False):
