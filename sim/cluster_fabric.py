@@ -14,16 +14,14 @@ spine is a router with a link to every leaf and one to netagg's switch, whose na
 link to every spine. Leaves and the switch route what goes up (or down) by ECMP, as fabrics
 do: a multipath route over every spine, a flow hashed onto one of them by its 5-tuple
 (`fib_multipath_hash_policy` 1), so each of a host's UDP source ports and each TCP connection
-keeps one path. Spraying (`spray=True`, or `spray(on)` at any time) is what a fabric that
-sprays has: netagg's contributions go up, and its results come down, by the spine their
-slot's low bits pick (`SPRAY_BUCKETS` dealt over the live spines), whatever spine the hash
-picked: a u32 filter at each spine link's egress (clsact) matches the ImmDt's slot and
-redirects the packet (mirred) to the link it belongs on; every spine's end of a leaf's (or
-the switch's) links has one MAC, so a frame is taken whichever link it crosses. A worker's
-consecutive packets go to consecutive slots, so they alternate over the spines. Hosts and
-the switch cut their UDP GSO runs into datagrams at the NIC (`WIRE_SEGMENTS`), as a NIC's
-offload does before the wire. Other traffic keeps ECMP's hash. This kernel has no bonding,
-no per-packet multipath route and no random tc action; u32 and mirred it has.
+keeps one path. Spraying (`spray=True`, or `spray(on)` at any time, `sim.cluster_spray`) is
+what a fabric that sprays has: netagg's contributions go up, and its results come down, by
+the spine their slot picks, whatever spine the hash picked; every spine's end of a leaf's
+(or the switch's) links has one MAC, so a frame redirected to another link is taken there. A
+worker's consecutive packets go to consecutive slots, so they alternate over the spines.
+Hosts and the switch cut their UDP GSO runs into datagrams at the NIC (`WIRE_SEGMENTS`), as
+a NIC's offload does before the wire. Other traffic keeps ECMP's hash. This kernel has no
+bonding, no per-packet multipath route and no random tc action; u32 and mirred it has.
 
 Every link is two veth ends shaped by tbf at the link's rate (`sim.cluster_links.Shape`): a
 host's at `rate`; an uplink at `rate` times the leaf's hosts over the spines and the
@@ -46,26 +44,16 @@ import subprocess
 import sys
 
 from netagg.sim import cluster as C
-from netagg.sim import netns
-from netagg.sim import wire as W
+from netagg.sim import cluster_spray, netns
 from netagg.sim.cluster_links import NIC_QUEUE, Counters, Shape
 
 SWITCH_IP = "10.76.0.1"         # netagg's switch, on its namespace's loopback
 HOST_NET = "10.78.{leaf}.0/24"
 FIRST_HOST = 10
-SPRAY_BUCKETS = 64              # a contribution or result goes by its slot's low 6 bits
-# The ImmDt of a contribution or a result: its offset from the IPv4 header, and where its slot
-# lies in each (`sim.wire`'s layouts).
-IMM_OFFSET = W.IP_LEN + W.UDP_LEN + W.BTH_LEN + W.RETH_LEN
-_SLOT_SHIFT = {layout: shift for layout, fields in (("request", W.REQUEST_IMM),
-                                                     ("result", W.RESULT_IMM))
-               for name, shift, _ in fields if name == "slot"}
-ETH_P_IP = 0x0800
 # A host's (and the switch's) UDP GSO runs are cut into datagrams as they leave its NIC, as a
 # NIC's segmentation offload cuts them before the wire: a veth would pass a run on whole, and
 # a leaf would route (and spray) it as one packet.
 WIRE_SEGMENTS = {"tx-udp-segmentation": False, "tx-gso-list": False}
-CLSACT_EGRESS = 0xFFFFFFF3
 
 
 def _uplink(leaf: int, spine: int) -> tuple[str, str]:
@@ -249,23 +237,18 @@ class FabricCluster(C.Cluster):
 
     def spray(self, on: bool = True):
         """Spray netagg's packets over the live spines (or stop): a contribution goes up,
-        and a result down, by the spine its slot's low bits pick (`SPRAY_BUCKETS` buckets
-        dealt over the spines), whichever the route's hash picked; other traffic keeps
-        ECMP's hash."""
+        and a result down, by the spine its slot picks (`sim.cluster_spray`), whichever the
+        route's hash picked; other traffic keeps ECMP's hash."""
         self.spraying = on
         self._steer()
 
     def _steer(self):
         """(Re)write the spraying filters for the spines that are up now."""
-        t, live = self.topology, [s for s in range(self.topology.spines) if s not in self.cut]
-        contribution = [f"0x{W.OP_CONTRIBUTION:02x}000000/0xff000000+{W.IP_LEN + W.UDP_LEN}",
-                        f"0x{W.ROCEV2_PORT:08x}/0x0000ffff+{W.IP_LEN}"]
+        t = self.topology
+        live = [s for s in range(t.spines) if s not in self.cut] if self.spraying else []
         for leaf in range(t.leaves):
-            _steer(self.leaf(leaf), live if self.spraying else [], t.spines,
-                   contribution, _SLOT_SHIFT["request"])
-        result = [f"0x{W.OP_RESULT:02x}000000/0xff000000+{W.IP_LEN + W.UDP_LEN}"]
-        _steer(self.rack, live if self.spraying else [], t.spines, result,
-               _SLOT_SHIFT["result"])
+            cluster_spray.steer(self.leaf(leaf), live, t.spines, cluster_spray.CONTRIBUTIONS)
+        cluster_spray.steer(self.rack, live, t.spines, cluster_spray.RESULTS)
 
     # --- using it -------------------------------------------------------------------------
 
@@ -284,35 +267,6 @@ class FabricCluster(C.Cluster):
         (self.cut.discard if up else self.cut.add)(spine)
         if self.spraying:
             self._steer()
-
-
-def _steer(namespace: str, live: list[int], spines: int, keys: list[str], slot_shift: int):
-    """On each of `namespace`'s spine links (sS), send the UDP packets that match `keys`
-    (u32 keys: 0xVALUE/0xMASK+OFFSET from the IPv4 header) by the spine their slot's
-    bucket picks among `live` (none: no filters). A filter at the link's egress redirects
-    what the route sent there to the link it belongs on: every spine's end of a leaf's (or
-    the switch's) links has one MAC, so a frame is taken whichever link it crosses."""
-    from pyroute2 import NetNS
-    udp = "0x00110000/0x00ff0000+8"     # the IPv4 protocol byte
-    mask = (SPRAY_BUCKETS - 1) << slot_shift
-    with NetNS(namespace) as ns:
-        links = [ns.link_lookup(ifname=f"s{s}")[0] for s in range(spines)]
-        for spine, index in enumerate(links):
-            if any(q.get_attr("TCA_KIND") == "clsact" for q in ns.get_qdiscs(index=index)):
-                ns.tc("del", "clsact", index=index)
-            if not live or spine not in live:
-                continue
-            ns.tc("add", "clsact", index=index)
-            for bucket in range(SPRAY_BUCKETS):
-                target = live[bucket % len(live)]
-                if target == spine:
-                    continue
-                slot = f"0x{bucket << slot_shift:08x}/0x{mask:08x}+{IMM_OFFSET}"
-                ns.tc("add-filter", "u32", index=index, parent=CLSACT_EGRESS,
-                      prio=10 + bucket, protocol=ETH_P_IP, target=0x10001,
-                      keys=[udp, *keys, slot],
-                      action={"kind": "mirred", "direction": "egress", "action": "redirect",
-                              "ifindex": links[target]})
 
 
 def _up(ns, device: str) -> int:

@@ -18,7 +18,8 @@ import pytest
 from netagg.apps.bench_fabric import _imbalance
 from netagg.sim import cluster as C
 from netagg.sim import wire as W
-from netagg.sim.cluster_fabric import _SLOT_SHIFT, FabricCluster, Topology
+from netagg.sim.cluster_fabric import FabricCluster, Topology
+from netagg.sim.cluster_spray import SLOT_SHIFT
 
 root = pytest.mark.skipif(os.geteuid() != 0, reason="the fabric needs root")
 pytestmark = pytest.mark.xdist_group("cluster")
@@ -75,9 +76,9 @@ def test_uplinks_are_oversubscribed_and_the_slot_is_where_the_wire_has_it():
     # the u32 keys find the slot in a contribution's and a result's ImmDt
     for slot in (0, 37, 4095):
         imm = W.pack_imm(W.REQUEST_IMM, job=3, rank=5, slot=slot, exponent=-2)
-        assert (imm >> _SLOT_SHIFT["request"]) & 0xFFF == slot
+        assert (imm >> SLOT_SHIFT["request"]) & 0xFFF == slot
         imm = W.pack_imm(W.RESULT_IMM, job=3, count=4, slot=slot, exponent=7)
-        assert (imm >> _SLOT_SHIFT["result"]) & 0xFFF == slot
+        assert (imm >> SLOT_SHIFT["result"]) & 0xFFF == slot
 
 
 @root
