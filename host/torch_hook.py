@@ -2,7 +2,7 @@
 parameter's gradient in its own priority class, with an optional loss budget.
 
     model = DistributedDataParallel(model)                     # in a "netagg" group
-    host.torch_hook.register(model, loss_budget=0.05)
+    netagg.host.torch_hook.register(model, loss_budget=0.05)
 
 Priorities follow DLCP: the switch drops the chunks that matter least first, so the classes
 rise with what a lost chunk would cost. `dlcp_priorities`: weight tensors (2 dimensions or

@@ -102,7 +102,8 @@ UDP_OFFSET = IPV4_OFFSET + IPV4.length            # 34
 BTH_OFFSET = UDP_OFFSET + UDP.length              # 42
 EXT_OFFSET = BTH_OFFSET + BTH.length              # 54
 ICRC_LENGTH = 4
-# Bytes of the ICRC's coverage that are replaced by 0xFF before computing it (PROTOCOL.md):
+# Bytes of the ICRC's coverage that are replaced by 0xFF before computing it (RoCEv2, IBTA
+# Annex A17, "ICRC"; docs/switch.md):
 # IPv4 TOS, TTL and header checksum, UDP checksum, BTH byte 4 (FECN, BECN, reserved).
 ICRC_MASKED_BYTES = (
     IPV4_OFFSET + 1, IPV4_OFFSET + 8, IPV4_OFFSET + 10, IPV4_OFFSET + 11,

@@ -27,7 +27,7 @@ no Python loop over frames or beats.
 
 Why not pyverilator (pyverilator-mm 0.7.6), the chosen way to drive a Verilator model from
 Python where it serves: its own interface is per-signal get/set functions plus ``eval``, the
-per-cycle crossing this module exists to avoid (TOOLCHAIN.md measured 36k-51k cycles/s). It can
+per-cycle crossing this module exists to avoid (36k-51k cycles/s, measured on 2 cores). It can
 host a C++ loop, but only from the side: a ``.cpp`` passed in ``build(args=[...])`` is compiled
 and linked into its library (tried: a loop over ``Vtop*`` called as ``sim.lib.f(sim.model, n)``
 with ctypes runs), so the loop is still reached through ctypes, and pyverilator adds only
