@@ -5,13 +5,14 @@ with the workers (in-process `host.Worker`s with `fabric=`, their ranks in block
 leaves, driven cooperatively): each allreduces `values` float32 (or int32) values in `steps`
 tensors, and every worker's result is checked against numpy (float64 sum: int32 exactly,
 floats within the fixed-point bound, `apps.demo.check_result`) and against the others' (bit
-for bit). `uplink_down_at` (0..1): once that share of the tensors is complete, the last spine
-fails while it holds a use: its links are cut the moment it sends down the result of a use
-in flight (partials it took whose result has not reached every leaf:
-`sim.topology_watch.SpineUses.cut_at_result`), that result lost with them, and every leaf
-marks its uplink down (`Topology.cut`); the uses it held complete through the workers'
-retransmissions (the leaves re-send their partials to the spine that remains, which pulls
-the leaves that are done: the report's `cut` and fabric counters).
+for bit). `uplink_down_at` (0..1): once that share of the tensors is complete (the rest are
+submitted then, so that uses are in flight), the last spine fails while it holds a use: its
+links are cut the moment it sends down the result of a use in flight (partials it took whose
+result has not reached every leaf: `sim.topology_watch.SpineUses.cut_at_result`), that
+result lost with them, and every leaf marks its uplink down (`Topology.cut`); the uses it
+held complete through the workers' retransmissions (the leaves re-send their partials to the
+spine that remains, which pulls the leaves that are done: the report's `cut` and fabric
+counters).
 
 `demo_described(fabric)`: worker processes over UDP against a fabric that runs elsewhere
 (`netagg sim serve --topology 2x2 --describe fabric.json`, or boards described by hand),
@@ -27,6 +28,7 @@ in flight.
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 import uuid
 
@@ -110,14 +112,18 @@ def demo_fabric(shape: str = "2x2", workers: int = 8, values: int = 200_000, ste
             ws.append(Worker(r, workers, None, session=session, fabric=topology,
                              timeout=timeout))
         t0 = time.perf_counter()
-        handles = [[w.allreduce_async(p) for p in ps] for w, ps in zip(ws, pieces)]
+        # with a cut, the tensors after it go in flight once the ones before are complete,
+        # so that the spine fails holding some of them
+        split = steps if uplink_down_at is None else max(1, math.ceil(uplink_down_at * steps))
+        handles = [[w.allreduce_async(p) for p in ps[:split]] for w, ps in zip(ws, pieces)]
         for step in range(steps):
+            if step == split:
+                for w, ps, hs in zip(ws, pieces, handles):
+                    hs += [w.allreduce_async(p) for p in ps[split:]]
+                cut = cut_spine(topology, spines - 1, watch, timeout)
+                cut_at = split
             for r in range(workers):
                 outs[r].append(handles[r][step].wait(timeout))
-            if uplink_down_at is not None and cut_at is None and \
-                    (step + 1) / steps >= uplink_down_at:
-                cut = cut_spine(topology, spines - 1, watch, timeout)
-                cut_at = step + 1
     except Exception as e:          # the report says what failed
         report["errors"].append(f"{type(e).__name__}: {e}")
     finally:
