@@ -61,9 +61,11 @@ def predicted_ratio(hosts: int) -> float:
 
 
 def run_hosts(cluster: Cluster, library: str, size: int, repeat: int, url: str | None,
-               timeout: float, options: tuple[str, ...] = ()) -> list[dict]:
-    """`apps.cluster_allreduce` on every host (with `options`); each rank's report. A rank
-    that fails ends the others and raises with what it said."""
+              timeout: float, options: tuple[str, ...] = (),
+              session: str | None = None) -> list[dict]:
+    """`apps.cluster_allreduce` on every host (with `options`; netagg's in `session`,
+    by default one named by the hosts and the size); each rank's report. A rank that fails
+    ends the others and raises with what it said."""
     hosts = len(cluster.hosts)
     procs = []
     for h in cluster.hosts:
@@ -71,7 +73,7 @@ def run_hosts(cluster: Cluster, library: str, size: int, repeat: int, url: str |
                 str(hosts), "--sizes", str(size), "--repeat", str(repeat),
                 "--master", f"{cluster.hosts[0].ip}:{GLOO_PORT}", "--timeout", str(timeout)]
         if url:
-            argv += ["--switch", url, "--session", f"bench-{hosts}-{size}"]
+            argv += ["--switch", url, "--session", session or f"bench-{hosts}-{size}"]
         argv += options
         procs.append(cluster.run(h.index, argv, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True))

@@ -92,7 +92,7 @@ def _run(fabric: FabricCluster, mode: str, url: str, size: int, timeout: float,
     before = fabric.uplinks()
     library = "gloo" if mode == "ring" else "netagg"
     reports = run_hosts(fabric, library, size, 1, url if library == "netagg" else None,
-                         timeout, _OPTIONS[mode] + ("--session", f"fab-{mode}-{i}"))
+                         timeout, _OPTIONS[mode], session=f"fab-{mode}-{i}")
     moved = [[a - b for a, b in zip(after, first)]
              for after, first in zip(fabric.uplinks(), before)]
     up = [[m.tx_bytes for m in leaf] for leaf in moved]
@@ -147,7 +147,7 @@ def _cut(fabric: FabricCluster, url: str, size: int, rounds: int, timeout: float
     watcher.start()
     try:
         reports = run_hosts(fabric, "netagg", size, rounds, url, timeout,
-                             ("--paths", "2", "--session", "fab-cut"))
+                             _OPTIONS["spray"], session="fab-cut")
     finally:
         cut["stop"] = True
         watcher.join()

@@ -454,10 +454,12 @@ class Engine(Taking):
                         self._send([m])
                     else:
                         self._resend(m)
-                elif m.packet is not None and (probe or m.timer.last_at < horizon):
-                    if m.timer.last_at < horizon:
+                elif m.packet is not None:
+                    lost = m.timer.last_at < horizon    # (a later sending's answer shows it)
+                    if lost:
                         recent.found(now)
-                    self._resend(m, lost=True)
+                    if lost or probe:
+                        self._resend(m, lost=True)
                 self.earliest = min(self.earliest, m.timer.deadline)
             if sent:
                 self.earliest = min(self.earliest,

@@ -99,15 +99,13 @@ class FabricCluster(C.Cluster):
     def __init__(self, topology: Topology, rate: str | int = "100mbit", queue=None,
                  name: str = "nagf", oversubscription: float = 1.0, spray: bool = False):
         t = topology
-        super().__init__(max(2, t.leaves * t.hosts_per_leaf), rate, queue, name)
-        if t.leaves * t.hosts_per_leaf < 2:
-            raise ValueError("a fabric has at least 2 hosts")
+        super().__init__(t.leaves * t.hosts_per_leaf, rate, queue, name)
         if oversubscription < 1:
             raise ValueError(f"oversubscription is at least 1, not {oversubscription}")
         self.topology = t
         self.spraying, self.cut = spray, set()
         self.oversubscription = oversubscription
-        self.hosts = [C.Host(i, f"{name}-h{i}", self._host_ip(i)) for i in range(len(self.hosts))]
+        self.hosts = [C.Host(h.index, h.namespace, self._host_ip(h.index)) for h in self.hosts]
         self.switch_ip = SWITCH_IP
         uplink = self.shape.rate * t.hosts_per_leaf / (t.spines * oversubscription)
         self.uplink_shape = Shape.of(int(uplink), max(self.shape.queue, int(uplink) // 8 // 100))
