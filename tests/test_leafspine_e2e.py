@@ -409,7 +409,8 @@ def test_sim_serve_topology_in_its_own_process_with_8_udp_workers_and_processes(
         proc.wait(10)
 
 
-@pytest.mark.parametrize("down", [None, 0.5], ids=["all-up", "spine1-down-halfway"])
+@pytest.mark.parametrize("down", [pytest.param(None, marks=pytest.mark.slow), 0.5],
+                         ids=["all-up", "spine1-down-halfway"])
 def test_8_workers_through_rtl_leaves_and_spines(capsys, down):
     """`netagg demo --topology 2x2 --backend rtl`: two RTL leaves and two RTL spines (one
     Verilator build per role), 8 workers, verified against numpy; with the last spine's
