@@ -76,6 +76,7 @@ from netagg.host.job_setup import JoinCheck
 from netagg.host.liveness import Liveness, SwitchWatch
 from netagg.host.messages import (
     DEFAULT_PRIORITY,
+    GIVE_UP_CLASS,
     Dealer,
     Message,
     MessageKind,
@@ -473,7 +474,11 @@ class Engine(Taking):
             self.earliest = -float("inf")
 
     def _resend(self, m: Message, lost: bool = False):
-        """The message's packet in flight again (rebuilt if it leaves by another path)."""
+        """The message's packet in flight again (rebuilt if it leaves by another path); a
+        droppable contribution's in the give-up class (`host.messages`)."""
+        if m.sends_droppable and m.pclass != GIVE_UP_CLASS:
+            m.pclass = GIVE_UP_CLASS
+            self.stats["given_up"] += 1
         last = m.path or 0
         path = self._pick(m)
         if path != last:

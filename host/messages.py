@@ -29,7 +29,11 @@
   drop thresholds rising with the class drop the smallest first; non-droppable data chunks
   and redone messages have class p, exponent messages class 7 (every chunk of their block
   waits for them). A switch may turn a droppable contribution into a null (it counts,
-  without data).
+  without data). A droppable contribution sent again (its first sending lost, or late: a
+  queue that drops or holds its class) goes in class 7 (`GIVE_UP_CLASS`): a switch whose
+  class 7 drop threshold is 0 takes it as a null at once, so its use completes without this
+  worker's data, as the budget allows, rather than waiting for the data to get through; any
+  other switch takes its data.
 
 - **Non-finite blocks** (`host.nonfinite`): a chunk of a block whose shared exponent is
   `EXP_NONFINITE` goes in two rounds (`Message.phase`): the kinds of its elements, then
@@ -55,6 +59,7 @@ from netagg.sim import wire as W
 
 DEFAULT_PRIORITY = 4
 EXPONENT_CLASS = W.PRIORITY_CLASSES - 1
+GIVE_UP_CLASS = W.PRIORITY_CLASSES - 1     # a droppable contribution sent again
 
 
 class MessageKind(enum.Enum):

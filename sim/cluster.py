@@ -314,7 +314,7 @@ def link_counters(near: tuple[str, str], far: tuple[str, str]) -> Counters:
             index = ns.link_lookup(ifname=device)[0]
             stats.append(ns.link("get", index=index)[0].get("IFLA_STATS64"))
             queues = [q.get("TCA_STATS2") for q in ns.get_qdiscs(index=index)
-                      if q.get("TCA_KIND") == "tbf"]
+                      if q.get("TCA_KIND") in ("tbf", "htb")]
             queue = queues[0].get("TCA_STATS_QUEUE") if queues and queues[0] else None
             drops += queue["drops"] if queue else 0
     own = stats[0]

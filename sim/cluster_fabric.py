@@ -23,7 +23,8 @@ Hosts and the switch cut their UDP GSO runs into datagrams at the NIC (`WIRE_SEG
 a NIC's offload does before the wire. Other traffic keeps ECMP's hash. This kernel has no
 bonding, no per-packet multipath route and no random tc action; u32 and mirred it has.
 
-Every link is two veth ends shaped by tbf at the link's rate (`sim.cluster_links.Shape`): a
+Every link is two veth ends shaped at the link's rate (`sim.cluster_links.Shape`), one tbf
+or (`classes`) two DSCP classes (`sim.cluster_classes`) at each end: a
 host's at `rate`; an uplink at `rate` times the leaf's hosts over the spines and the
 `oversubscription` (2: a leaf's uplinks carry half what its hosts can send); a spine's link
 to the switch at the spine's whole share of the uplinks, so that the uplinks, not the
@@ -45,6 +46,7 @@ import sys
 
 from netagg.sim import cluster as C
 from netagg.sim import cluster_spray, netns
+from netagg.sim.cluster_classes import shape_port
 from netagg.sim.cluster_links import NIC_QUEUE, Counters, Shape
 
 SWITCH_IP = "10.76.0.1"         # netagg's switch, on its namespace's loopback
@@ -94,16 +96,19 @@ class Topology:
 class FabricCluster(C.Cluster):
     """Hosts on a leaf and spine fabric (`topology`), host links of `rate` with `queue`
     bytes each way, uplinks oversubscribed `oversubscription` to one, named `name`; netagg's
-    packets sprayed over the spines with `spray`. Made on entering, removed on leaving."""
+    packets sprayed over the spines with `spray`, every port's queue split into priority
+    classes by DSCP with `classes` (`sim.cluster_classes`). Made on entering, removed on
+    leaving."""
 
     def __init__(self, topology: Topology, rate: str | int = "100mbit", queue=None,
-                 name: str = "nagf", oversubscription: float = 1.0, spray: bool = False):
+                 name: str = "nagf", oversubscription: float = 1.0, spray: bool = False,
+                 classes: bool = False):
         t = topology
         super().__init__(t.leaves * t.hosts_per_leaf, rate, queue, name)
         if oversubscription < 1:
             raise ValueError(f"oversubscription is at least 1, not {oversubscription}")
         self.topology = t
-        self.spraying, self.cut = spray, set()
+        self.spraying, self.cut, self.classes = spray, set(), classes
         self.oversubscription = oversubscription
         self.hosts = [C.Host(h.index, h.namespace, self._host_ip(h.index)) for h in self.hosts]
         self.switch_ip = SWITCH_IP
@@ -169,14 +174,14 @@ class FabricCluster(C.Cluster):
                         peer={"ifname": "eth0", "net_ns_fd": h.namespace})
                 port = ns.link_lookup(ifname=f"h{h.index}")[0]
                 ns.link("set", index=port, master=bridge)
-                ns.tc("add", "tbf", index=port, handle="1:", **self.shape.tc())
+                self._shape(ns, port, self.shape)
                 ns.link("set", index=port, state="up")
                 with NetNS(h.namespace) as host:
                     _up(host, "lo")
                     nic = host.link_lookup(ifname="eth0")[0]
                     host.addr("add", index=nic, address=h.ip, prefixlen=net.prefixlen)
-                    host.tc("add", "tbf", index=nic, handle="1:",
-                            **self.shape.with_queue(max(NIC_QUEUE, self.shape.queue)).tc())
+                    self._shape(host, nic, self.shape.with_queue(max(NIC_QUEUE,
+                                                                     self.shape.queue)))
                     host.link("set", index=nic, state="up")
                     host.route("add", dst="0.0.0.0/0", gateway=str(net[1]))
             for spine in range(t.spines):
@@ -185,7 +190,7 @@ class FabricCluster(C.Cluster):
                         peer={"ifname": f"l{leaf}", "net_ns_fd": self.spine(spine)})
                 up = ns.link_lookup(ifname=f"s{spine}")[0]
                 ns.addr("add", index=up, address=mine, prefixlen=30)
-                ns.tc("add", "tbf", index=up, handle="1:", **self.uplink_shape.tc())
+                self._shape(ns, up, self.uplink_shape)
                 ns.link("set", index=up, state="up")
             hops = [{"gateway": _uplink(leaf, s)[1], "oif": ns.link_lookup(ifname=f"s{s}")[0]}
                     for s in range(t.spines)]
@@ -202,7 +207,7 @@ class FabricCluster(C.Cluster):
                 down = ns.link_lookup(ifname=f"l{leaf}")[0]
                 ns.link("set", index=down, address=f"02:4e:46:{leaf:02x}:00:01")   # (`_steer`)
                 ns.addr("add", index=down, address=_uplink(leaf, spine)[1], prefixlen=30)
-                ns.tc("add", "tbf", index=down, handle="1:", **self.uplink_shape.tc())
+                self._shape(ns, down, self.uplink_shape)
                 ns.link("set", index=down, state="up")
                 ns.route("add", dst=HOST_NET.format(leaf=leaf), gateway=_uplink(leaf, spine)[0])
             ns.link("add", ifname="sw", kind="veth",
@@ -210,7 +215,7 @@ class FabricCluster(C.Cluster):
             link = ns.link_lookup(ifname="sw")[0]
             ns.link("set", index=link, address="02:4e:46:ff:00:01")
             ns.addr("add", index=link, address=_switch_link(spine)[1], prefixlen=30)
-            ns.tc("add", "tbf", index=link, handle="1:", **self.switch_shape.tc())
+            self._shape(ns, link, self.switch_shape)
             ns.link("set", index=link, state="up")
             ns.route("add", dst=f"{SWITCH_IP}/32", gateway=_switch_link(spine)[0])
 
@@ -223,13 +228,16 @@ class FabricCluster(C.Cluster):
             for spine in range(t.spines):
                 link = ns.link_lookup(ifname=f"s{spine}")[0]
                 ns.addr("add", index=link, address=_switch_link(spine)[0], prefixlen=30)
-                ns.tc("add", "tbf", index=link, handle="1:", **self.switch_shape.tc())
+                self._shape(ns, link, self.switch_shape)
                 ns.link("set", index=link, state="up")
             hops = [{"gateway": _switch_link(s)[1], "oif": ns.link_lookup(ifname=f"s{s}")[0]}
                     for s in range(t.spines)]
             for leaf in range(t.leaves):
                 ns.route("add", dst=HOST_NET.format(leaf=leaf), multipath=hops,
                          prefsrc=SWITCH_IP)
+
+    def _shape(self, ns, index: int, shape: Shape):
+        shape_port(ns, index, shape, self.classes, trusted=SWITCH_IP)
 
     # --- spraying ---------------------------------------------------------------------------
 

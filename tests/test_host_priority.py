@@ -222,3 +222,56 @@ def test_quorum_goes_on_without_a_dead_worker_only_within_the_budget():
                                             ".*a peer of this job stopped contributing"):
         handles[0].wait()
     assert time.monotonic() - t0 < 8
+
+
+class LowClassLost(RecordingSwitch):
+    """A network queue in front of the golden model that loses every droppable contribution
+    below class 7 (a low class a fabric drops under congestion), and passes the rest."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.lost = 0
+
+    def send(self, port, frame, *args):
+        pkt = W.parse_frame(frame)
+        if pkt.opcode == W.OP_CONTRIBUTION and pkt.dscp >> 3 < 7 \
+                and W.unpack_imm(W.REQUEST_IMM, pkt.imm)["droppable"]:
+            self.lost += 1
+            return
+        super().send(port, frame, *args)
+
+
+@pytest.mark.parametrize("gives_up", [True, False], ids=["class7-null", "class7-data"])
+def test_a_lost_droppable_contribution_is_sent_again_in_class_7(gives_up):
+    """Every first sending of a droppable contribution is lost on the way (classes 0..3);
+    each worker sends it again in class 7. A switch whose class 7 threshold is 0 takes it as
+    a null: the chunk's sum is the other workers' scaled up, within the budget, and chunk 0,
+    which every worker gave up, is filled in. Any other switch takes its data: every sum is
+    the whole sum."""
+    rng = np.random.default_rng(23)
+    switch = LowClassLost()
+    if gives_up:
+        ctl = SwitchControl(switch)
+        ctl.write([(W.drop_threshold(7), 0)])
+        ctl.close()
+    ws = workers(4, switch)
+    for w in ws:        # retransmissions are found by later answers, not by the clock
+        w.engine.rto_min = w.engine.rto = 5.0
+    big = priority_inputs(rng, 4, 40)
+    results = allreduce_all(ws, [[b] for b in big], loss_budget=0.08, priority=4)
+    assert all(np.array_equal(r[0], results[0][0]) for r in results)
+    assert switch.lost == 12                        # 3 droppable chunks a worker
+    resent = [p for p in switch.contributions if W.unpack_imm(W.REQUEST_IMM, p.imm)["droppable"]]
+    assert len(resent) == 12 and {p.dscp >> 3 for p in resent} == {7}
+    assert [w.counters()["given_up"] for w in ws] == [3] * 4
+    sw = switch_counters(switch)
+    assert sw["drop_priority"] == (12 if gives_up else 0)
+    if gives_up:
+        got, exps = results[0][0].astype(np.float64), N.shared_exponents(big, N.FLOAT32)
+        lo, hi = 5 * N.LANES, 6 * N.LANES           # worker 0's chunk 5: the others' x 4/3
+        want = 4 / 3 * np.sum([big[r][lo:hi].astype(np.float64) for r in (1, 2, 3)], axis=0)
+        bound = 4 / 3 * N.error_bound(got[lo:hi], exps[lo:hi], 4, N.FLOAT32)
+        assert np.all(np.abs(got[lo:hi] - want) <= bound)
+        assert not np.allclose(got[lo:hi], np.sum([b[lo:hi] for b in big], axis=0))
+    else:
+        assert_within_bound(results[0][0], big, N.FLOAT32)
