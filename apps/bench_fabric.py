@@ -1,5 +1,6 @@
 """`netagg bench fabric`: netagg on an emulated leaf and spine fabric, its packets sprayed over
-the spines against flows hashed onto one by ECMP, the ring beside both, and a spine cut.
+the spines against flows hashed onto one by ECMP, the ring beside both, a spine cut, and
+priority drop under another job's traffic (`apps.bench_fabric_priority`).
 
 One fabric (`sim.cluster_fabric`: `topology` leaves and spines, `hosts_per_leaf` hosts on
 each leaf, host links of `rate`, uplinks oversubscribed `oversubscription` to one, the fast
@@ -26,6 +27,11 @@ about a round and a half, the last spine's links go down at every leaf and the s
 (`FabricCluster.cut_spine`); every result is checked, and the time lost is the cut round's
 time less the mean of the rounds before and after it (which run on every spine and on one
 fewer).
+
+Priority drop: on a second fabric whose ports honour DSCP, `steps` allreduces of `step_size`
+bytes a mode (plain, priority, priority_drop with `loss_budget`), in `rounds` rounds, under
+the same cross traffic (`apps.bench_fabric_priority`). `targets` says whether the p99 step
+with priority drop is at most 0.7x the plain one's.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ import threading
 import time
 
 from netagg.apps.bench_cluster import run_hosts
+from netagg.apps.bench_fabric_priority import bench_priority
+from netagg.apps.bench_fabric_priority import summary as priority_summary
 from netagg.sim.cluster_fabric import FabricCluster, Topology
 from netagg.sim.cluster_links import rate_text
 
@@ -48,7 +56,8 @@ _OPTIONS = {"ecmp": (), "spray": ("--paths", "2"), "ring": ()}
 def bench_fabric(topology: str = "2x2", hosts_per_leaf: int = 2, rate: str = "40mbit",
                  oversubscription: float = 2.0, size: int = 8 << 20, repeat: int = 5,
                  cut_rounds: int = 4, name: str = "naggfab", quiet: bool = False,
-                 timeout: float = 120.0) -> dict:
+                 timeout: float = 120.0, steps: int = 40, rounds: int = 2,
+                 step_size: int = 1 << 20, loss_budget: float = 0.1) -> dict:
     from rich.progress import Progress
     shape = Topology.parse(topology, hosts_per_leaf)
     report = {"date": datetime.date.today().isoformat(),
@@ -70,17 +79,23 @@ def bench_fabric(topology: str = "2x2", hosts_per_leaf: int = 2, rate: str = "40
         progress.update(task, description="a spine cut")
         report["cut"] = _cut(fabric, url, size, cut_rounds, timeout)
         progress.advance(task)
+    with Progress(disable=quiet, transient=True) as progress:
+        report["priority_drop"] = bench_priority(
+            shape, rate, oversubscription, step_size, max(1, steps // rounds), rounds,
+            loss_budget, name, timeout, progress)
     report["modes"] = {m: _summary(rs) for m, rs in report["runs"].items()}
     modes = report["modes"]
     report["spray_over_ecmp"] = round(modes["spray"]["seconds"] / modes["ecmp"]["seconds"], 3)
+    priority = report["priority_drop"]
     report["verified"] = all(r["verified"] for rs in report["runs"].values() for r in rs) \
-        and report["cut"]["verified"]
+        and report["cut"]["verified"] and all(m["verified"] for m in priority["modes"].values())
     sprayed = modes["spray"]
     report["targets"] = {       # what spraying and a cut must give
         "uplinks_within_5_percent": max(sprayed["worst_imbalance_up"],
                                              sprayed["worst_imbalance_down"]) <= 0.05,
         "spraying_no_slower_than_ecmp_median": sprayed["seconds"] <= modes["ecmp"]["seconds"],
-        "spine_cut_exact": report["cut"]["cut"] and report["cut"]["verified"]}
+        "spine_cut_exact": report["cut"]["cut"] and report["cut"]["verified"],
+        "p99_with_priority_drop_at_most_0.7x_plain": priority["p99_drop_over_plain"] <= 0.7}
     if not quiet:
         print(summary(report))
     return report
@@ -190,6 +205,7 @@ def summary(report: dict) -> str:
     lines.append(f"spine {c['spine']} cut in round {c['round']} of {len(c['seconds'])}: rounds "
                  + ", ".join(f"{t:.3f}" for t in c["seconds"]) + f" s{lost}; "
                  + ("every result exact" if c["verified"] else "RESULT WRONG"))
+    lines += priority_summary(report["priority_drop"])
     lines.append("targets: " + ", ".join(f"{name.replace('_', ' ')} "
                                          + ("met" if met else "NOT MET")
                                          for name, met in report["targets"].items()))

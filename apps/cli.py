@@ -62,9 +62,9 @@ def main(argv=None) -> int:
     bench.add_argument("--experiments", default="priority_drop,spraying",
                        help="congestion: priority_drop, spraying (comma-separated)")
     bench.add_argument("--loss-budget", type=float, default=0.1,
-                       help="congestion: share of each tensor's chunks sent droppable")
+                       help="congestion, fabric: share of each tensor's chunks sent droppable")
     bench.add_argument("--steps", type=A.positive, default=40,
-                       help="congestion: allreduces per priority-drop mode")
+                       help="congestion, fabric: allreduces per priority-drop mode")
     bench.add_argument("--board", default="versa_ecp5_5g", choices=BOARDS,
                        help="board: the board whose RTL runs behind TAP devices")
     bench.add_argument("--values", type=A.positive, default=None,
@@ -152,6 +152,9 @@ def main(argv=None) -> int:
                        help="cluster --topology: a leaf's host links' rate over its uplinks'")
     train.add_argument("--spray", action="store_true",
                        help="cluster --topology: spray netagg's packets over the spines")
+    train.add_argument("--cross-traffic", action="store_true",
+                       help="cluster --topology: another job's TCP flows and incast through "
+                            "every run, the fabric honouring DSCP")
     train.add_argument("--rate", default="100mbit", help="cluster: each host link's rate")
     train.add_argument("--switch", choices=["fast", "golden"], default="fast",
                        help="cluster: netagg's switch on the rack")
@@ -240,7 +243,8 @@ def main(argv=None) -> int:
         from netagg.apps.bench_fabric import bench_fabric
         report = bench_fabric(args.topology, args.hosts_per_leaf, args.rate or "40mbit",
                               args.oversubscription, args.size or 8 << 20,
-                              args.repeat or 5, quiet=args.json)
+                              args.repeat or 5, quiet=args.json, steps=args.steps,
+                              loss_budget=args.loss_budget)
         if args.json:
             print(json.dumps(report))
         return 0 if report["verified"] else 1
@@ -302,7 +306,7 @@ def main(argv=None) -> int:
                 fabric=None if args.topology is None else dict(
                     topology=args.topology, hosts_per_leaf=args.hosts_per_leaf,
                     oversubscription=args.oversubscription, spray=args.spray),
-                quiet=args.json, **given)
+                cross_traffic=args.cross_traffic, quiet=args.json, **given)
             if args.plot:
                 train_cluster.plot(report, args.plot)
             print(json.dumps(report) if args.json else train_cluster.summary(report))

@@ -34,10 +34,11 @@ def demo_data(rank: int, values: int, seed: int, dtype: str = "float32") -> np.n
     return (rng.standard_normal(values) * layer_scale[:values]).astype(dtype)
 
 
-def check_result(result: np.ndarray, inputs: list, sizes: list[int]) -> dict:
+def check_result(result: np.ndarray, inputs: list, sizes: list[int], lost: float = 0.0) -> dict:
     """`result` (the allreduce of `inputs`, sent in tensors of `sizes` values) against
     numpy's float64 sum: int32 exactly, floats within the fixed-point bound of each tensor
-    (`host.numerics.error_bound`; blocks restart at every tensor). `ok`, `max_error`."""
+    (`host.numerics.error_bound`; blocks restart at every tensor), all but the fraction
+    `lost` of the values (those whose sums a loss budget let go). `ok`, `max_error`."""
     exact = np.sum([x.astype(np.float64) for x in inputs], axis=0)
     err = np.abs(result.astype(np.float64) - exact)
     if result.dtype == np.int32:
@@ -50,7 +51,7 @@ def check_result(result: np.ndarray, inputs: list, sizes: list[int]) -> dict:
     bound = N.error_bound(result.astype(np.float64), exps, len(inputs), fmt)
     return {"max_error": float(err.max(initial=0)),
             "max_relative_error": float((err / np.maximum(np.abs(exact), 1e-30)).max()),
-            "ok": bool(np.all(err <= bound))}
+            "ok": bool(np.mean(err > bound) <= lost)}
 
 
 def worker_main(rank: int, world: int, url: str, local_size: int, session: str, values: int,

@@ -113,20 +113,24 @@ def torchrun(target: list[str], *, url: str, nodes: int, per_node: int, logs: Pa
 
 def _tail(log: Path, lines: int = 40) -> str:
     """The end of a torchrun log without the agent's own log records ("W1124 05:25:14..."):
-    what the processes printed, their errors first of all."""
-    text = log.read_text(errors="replace").splitlines()
-    return "\n".join([t for t in text if not re.match(r"[DIWE]\d{4} ", t)][-lines:])
+    what the processes printed, the first of their errors' messages before it."""
+    text = [t for t in log.read_text(errors="replace").splitlines()
+            if not re.match(r"[DIWE]\d{4} ", t)]
+    errors = [t for t in text if re.match(r"(\[rank\d+\]:\s*)?[\w.]*(Error|Exception|Timeout|"
+                                         r"Gone|Unreachable|TakenOver)\w*: ", t)]
+    return "\n".join(errors[:3] + text[-lines:])
 
 
-def _drop_everything(url: str, on: bool, saved: list[int] | None = None) -> list[int]:
-    """Every class's drop threshold to 0 (on), or back to `saved`; returns the old ones."""
+def _drop_classes(url: str, classes, saved: list[int] | None = None) -> list[int]:
+    """The drop threshold of each of `classes` to 0, or (`saved`) back to those values;
+    returns the old ones."""
     from netagg.host.control import SwitchControl
 
     ctl = SwitchControl(url)
     try:
-        regs = [W.drop_threshold(c) for c in range(W.PRIORITY_CLASSES)]
+        regs = [W.drop_threshold(c) for c in classes]
         old = ctl.read(*regs)
-        ctl.write(list(zip(regs, [0] * len(regs) if on else saved)))
+        ctl.write(list(zip(regs, [0] * len(regs) if saved is None else saved)))
         return old
     finally:
         ctl.close()
@@ -138,19 +142,22 @@ def _here(call):
 
 def train_run(run: Run, *, url: str, tmp: Path, nodes: int, per_node: int, epochs: int,
               seed: int, loss_budget: float, timeout: float, console, model=(),
-              at_switch=_here, **launch) -> dict:
+              at_switch=_here, drop_classes=range(W.PRIORITY_CLASSES), **launch) -> dict:
     """One run of `apps.torch_train` under torchrun (`torchrun`, `launch` its placement:
     binds, master, ifname, start) on the digits in `tmp`; `model` more arguments of it
-    (``--channels 64``). For the drop run every drop threshold of the switch is 0 while it
-    trains. `at_switch(call)` calls `call` where the switch at `url` is reached (here, by
-    default). Its report, with the contributions the switch dropped by priority."""
+    (``--channels 64``). For the drop run the drop threshold of each of `drop_classes` (every
+    class by default; class 7 alone where a congested network drops, and the switch nulls
+    what workers give up) is 0 while it trains. `at_switch(call)` calls `call` where the
+    switch at `url` is reached (here, by default). Its report, with the contributions the
+    switch dropped by priority."""
     from netagg.apps.train import switch_counters
 
     budget = loss_budget if run.drop else 0.0
     args = ["--data", str(tmp / "digits.npz"), "--out", str(tmp / f"{run.name}.json"),
             "--epochs", str(epochs), "--seed", str(seed), "--loss-budget", str(budget),
             *model]
-    saved = at_switch(lambda: _drop_everything(url, True)) if run.drop else None
+    classes = list(drop_classes)
+    saved = at_switch(lambda: _drop_classes(url, classes)) if run.drop else None
     before = at_switch(lambda: switch_counters(url))
     try:
         with console.status(f"run {run.name}: {nodes * per_node} processes in {nodes} "
@@ -160,7 +167,7 @@ def train_run(run: Run, *, url: str, tmp: Path, nodes: int, per_node: int, epoch
                      what=f"netagg train: run {run.name}", timeout=timeout, **launch)
     finally:
         if saved is not None:
-            at_switch(lambda: _drop_everything(url, False, saved))
+            at_switch(lambda: _drop_classes(url, classes, saved))
     result = json.loads((tmp / f"{run.name}.json").read_text())
     after = at_switch(lambda: switch_counters(url))
     dropped = after["drop_priority"] - before["drop_priority"]

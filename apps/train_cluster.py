@@ -13,9 +13,13 @@ host's namespace (`torch_runs.torchrun`, static rendezvous at host 0's address, 
 host's NIC, netagg's workers at the rack's switch). torchrun's rendezvous, gloo's TCP and
 netagg's RoCEv2 all cross the same shaped links. With `--topology` the hosts sit on a leaf and
 spine fabric instead (`sim.cluster_fabric`), the switch reached through the spines; with
-`--spray` netagg's packets are sprayed over them, its workers on two source ports. The drop
-run's switch thresholds and the switch's counters are read and written from a thread that
-joined host 0's namespace, which reaches the switch's address.
+`--spray` netagg's packets are sprayed over them, its workers on two source ports. With
+`--cross-traffic` the fabric's ports honour DSCP (`sim.cluster_classes`) and another job's
+long TCP flows and incast (`sim.cross_traffic`) run through every run; the drop run then
+sets only the switch's class 7 threshold to 0 (the network drops or holds the low classes,
+and the switch nulls what the workers give up), and each run reports the other job's
+goodput. The drop run's switch thresholds and the switch's counters are read and written
+from a thread that joined host 0's namespace, which reaches the switch's address.
 
 The model is `torch_train.DigitsCNN` widened (64 channels, a hidden layer of 2048: 1,145,610
 parameters, 4.6 MB of float32 gradients a step, against 22,602 at the default width): its
@@ -37,6 +41,7 @@ cluster) and `pip install -e .[torch]`.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import os
@@ -48,10 +53,13 @@ from pathlib import Path
 import numpy as np
 import psutil
 from netagg.apps import torch_runs
+from netagg.host.messages import GIVE_UP_CLASS
 from netagg.sim import netns
+from netagg.sim import wire as W
 from netagg.sim.cluster import Cluster
 from netagg.sim.cluster_fabric import FabricCluster, Topology
 from netagg.sim.cluster_links import rate_text
+from netagg.sim.cross_traffic import CrossTraffic
 
 CHANNELS, HIDDEN = 64, 2048     # the widened DigitsCNN: the gradients, not compute, set a step
 EPOCHS = 3
@@ -92,11 +100,13 @@ def train_cluster(hosts: int = 4, rate: str = "100mbit", switch: str = "fast",
                   epochs: int = EPOCHS, seed: int = 0, loss_budget: float = 0.05,
                   channels: int = CHANNELS, hidden: int = HIDDEN, runs=torch_runs.RUNS,
                   queue=None, name: str = "nagtrain", timeout: float = 600.0,
-                  quiet: bool = False, fabric: dict | None = None) -> dict:
+                  quiet: bool = False, fabric: dict | None = None,
+                  cross_traffic: bool = False) -> dict:
     """Train every run of `runs` on a cluster of `hosts` hosts on links of `rate`, netagg's
     `switch` on the rack, or on a leaf and spine fabric: `fabric` holds its `topology`
     (``2x2``), `hosts_per_leaf`, `oversubscription` and `spray` (`hosts` is then theirs);
-    the report (`summary`, `plot`)."""
+    with `cross_traffic` (a fabric only) its ports honour DSCP and another job's traffic
+    runs through every run; the report (`summary`, `plot`)."""
     from netagg.apps.torch_train import digits
     from rich.console import Console
 
@@ -112,7 +122,10 @@ def train_cluster(hosts: int = 4, rate: str = "100mbit", switch: str = "fast",
     if fabric is not None:
         shape = Topology.parse(fabric["topology"], fabric["hosts_per_leaf"])
         made = FabricCluster(shape, rate, queue, name, fabric["oversubscription"],
-                             fabric["spray"])
+                             fabric["spray"], classes=cross_traffic)
+        report["cross_traffic"] = cross_traffic
+    elif cross_traffic:
+        raise ValueError("cross traffic runs on a leaf and spine fabric (--topology)")
         hosts = report["hosts"] = report["workers"] = report["nodes"] = len(made.hosts)
         report["fabric"] = fabric
     else:
@@ -131,10 +144,16 @@ def train_cluster(hosts: int = 4, rate: str = "100mbit", switch: str = "fast",
         switch_process = psutil.Process(cluster.switch.pid)
         for run in runs:
             before, switch_cpu = cluster.counters(), _cpu_seconds(switch_process)
-            result = torch_runs.train_run(
-                run, url=url, tmp=tmp, nodes=hosts, per_node=1, epochs=epochs, seed=seed,
-                loss_budget=loss_budget, timeout=timeout, console=console, model=model,
-                **place)
+            other = CrossTraffic.across(cluster, fabric["hosts_per_leaf"]) \
+                if cross_traffic else contextlib.nullcontext()
+            with other:
+                result = torch_runs.train_run(
+                    run, url=url, tmp=tmp, nodes=hosts, per_node=1, epochs=epochs, seed=seed,
+                    loss_budget=loss_budget, timeout=timeout, console=console, model=model,
+                    drop_classes=[GIVE_UP_CLASS] if cross_traffic
+                    else range(W.PRIORITY_CLASSES), **place)
+                if cross_traffic:
+                    result["cross_goodput_bps"] = other.stop()["goodput_bps"]
             moved = [a - b for a, b in zip(cluster.counters(), before)]
             steps = result["steps"]
             result["switch_cpu_per_step"] = (_cpu_seconds(switch_process) - switch_cpu) / steps
@@ -194,6 +213,10 @@ def summary(report: dict) -> str:
                      f"{np.mean(b['sent']) / 1e6:>17.2f} {np.mean(b['received']) / 1e6:>11.2f} "
                      f"{r['queue_drops']:>11} {r['cpu_per_step'] * 1e3:>17.0f} "
                      f"{r['switch_cpu_per_step'] * 1e3:>6.0f}")
+    if report.get("cross_traffic"):
+        lines.append("under another job's traffic (long TCP flows and an incast; DSCP honoured): "
+                     + ", ".join(f"{n} {r['cross_goodput_bps'] / 1e6:.1f} Mb/s"
+                                 for n, r in runs.items()) + " of it got through")
     drop = runs.get("netagg_drop")
     if drop:
         lines.append(f"netagg_drop: {drop['drop_fraction']:.2%} of the contributions dropped "

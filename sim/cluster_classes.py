@@ -17,12 +17,13 @@ waits behind the low class's, and what arrives at a full queue is dropped there.
 filters match the IPv4 TOS byte's top bit (classes 4 to 7) and the source address. A port
 without classes is one token bucket (tbf) with one queue, as `sim.cluster_links` describes.
 
-Counters: `class_drops` gives each class's drops at a port (the htb root counts their sum,
-which `sim.cluster.link_counters` reads).
+Counters: `class_counters` gives each class's packets sent and dropped at a port (the htb
+root counts the drops' sum, which `sim.cluster.link_counters` reads).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 
 from netagg.sim.cluster_links import Shape
@@ -62,16 +63,24 @@ def shape_port(ns, index: int, shape: Shape, classes: bool = False, trusted: str
               target=_ROOT | HIGH, keys=key)
 
 
-def class_drops(ns, index: int) -> dict[str, int]:
-    """The packets each class's queue dropped at device `index` of `ns` (empty without
-    classes)."""
-    drops = {}
+@dataclasses.dataclass(frozen=True)
+class ClassCounters:
+    """What one class's queue at a port sent and dropped."""
+
+    packets: int = 0
+    drops: int = 0
+
+
+def class_counters(ns, index: int) -> dict[str, ClassCounters]:
+    """Each class's counters at device `index` of `ns` (empty without classes)."""
+    out = {}
     for q in ns.get_qdiscs(index=index):
-        if q.get_attr("TCA_KIND") != "pfifo":
-            continue
         name = {HIGH: "high", LOW: "low"}.get(q["parent"] & 0xFFFF)
+        if q.get_attr("TCA_KIND") != "pfifo" or name is None:
+            continue
         stats = q.get_attr("TCA_STATS2")
+        basic = stats.get_attr("TCA_STATS_BASIC") if stats else None
         queue = stats.get_attr("TCA_STATS_QUEUE") if stats else None
-        if name and queue:
-            drops[name] = queue["drops"]
-    return drops
+        out[name] = ClassCounters(basic["packets"] if basic else 0,
+                                  queue["drops"] if queue else 0)
+    return out

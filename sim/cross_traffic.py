@@ -148,7 +148,16 @@ def _send(host: str, port: int, burst: int, period: float):
     """Send to `host` until SIGTERM: continuously, or `burst` bytes every `period`."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     data = bytes(CHUNK)
-    with socket.create_connection((host, port), timeout=30) as conn:
+    deadline = time.monotonic() + 10
+    while True:                 # the sink may still be starting
+        try:
+            conn = socket.create_connection((host, port), timeout=30)
+            break
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    with conn:
         if not burst:
             while True:
                 conn.sendall(data)

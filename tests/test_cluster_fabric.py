@@ -138,3 +138,59 @@ def test_a_spine_cut_mid_run_leaves_every_sum_exact():
     assert all(links[1] == 0 and links[0] > 0 for links in since)
     assert sum(r["sizes"][0]["retransmissions"] for r in reports) > 0
     assert C.namespaces(name) == []
+
+
+_SEND = """
+import socket, sys
+for tos in (0x80, 0x00):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+    for _ in range(30):
+        s.sendto(bytes(200), (sys.argv[1], 9))
+"""
+
+
+@root
+def test_dscp_picks_a_ports_class_the_switch_is_trusted_and_another_job_runs_and_goes():
+    """On a fabric whose ports honour DSCP: of 30 datagrams with TOS 0x80 (class 4) and 30
+    with TOS 0 a host sends, its NIC's high class sends exactly the first 30; netagg's
+    results (DSCP 0, from the switch's address) reach a host through its leaf port's high
+    class; another job's long flows and incast carry bytes between the hosts they name and
+    leave no process behind."""
+    from netagg.sim.cluster_classes import class_counters
+    from netagg.sim.cross_traffic import CrossTraffic
+    from pyroute2 import NetNS
+
+    def counts(namespace, device):
+        with NetNS(namespace) as ns:
+            return class_counters(ns, ns.link_lookup(ifname=device)[0])
+
+    with FabricCluster(Topology(2, 1, 2), "200mbit", name=_name(), spray=False,
+                       classes=True) as fabric:
+        h0 = fabric.hosts[0]
+        before = counts(h0.namespace, "eth0")
+        sender = fabric.run(0, [sys.executable, "-c", _SEND, fabric.hosts[2].ip])
+        assert sender.wait(30) == 0
+        after = counts(h0.namespace, "eth0")
+        assert after["high"].packets - before["high"].packets == 30
+        assert after["low"].packets - before["low"].packets >= 30
+
+        url = fabric.serve("fast")
+        port = fabric.port(h0)
+        before = counts(*port)
+        _verified(_allreduce(fabric, url, 64 << 10, 1, 1, "classes"))
+        after = counts(*port)
+        results = after["high"].packets - before["high"].packets
+        assert results >= 2 * (64 << 10) // W.MAX_PAYLOAD        # two allreduces' results
+
+        other = CrossTraffic.across(fabric, hosts_per_leaf=2)
+        with other:
+            time.sleep(1.5)
+            processes = other.senders + list(other.sinks.values())
+            moved = other.stop()
+        assert moved["goodput_bps"] > 0
+        for a, b in other.flows:
+            assert moved["bytes"][fabric.hosts[b].ip].get(fabric.hosts[a].ip, 0) > 0
+        into = fabric.hosts[other.incast.into].ip
+        assert len(moved["bytes"][into]) == len(fabric.hosts) - 1     # every other host
+        assert all(p.poll() is not None for p in processes)
