@@ -351,3 +351,25 @@ def test_gpu_check_refuses_without_cuda(capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["command"] == "gpu-check" and not report["verified"]
     assert "no CUDA device" in report["error"]
+
+
+def test_gpu_check_verdicts_fail_a_failed_or_disagreeing_rank():
+    """The check's verdicts from its ranks' reports: a section that failed with an error (a
+    dict of strings), a sum not bit for bit, or replicas whose weights differ fail it."""
+    from netagg.apps.gpu_check import verdicts
+    good = {"all_reduce": {"float32_SUM": {"bit_for_bit": True, "packets": 9}},
+            "ordering": {"late_producer": True, "consumer_after_future": True,
+                         "future_value_is_tensor": True},
+            "fallbacks": {k: {"right": True, "packets": 0}
+                          for k in ("float64_SUM", "int64_SUM", "float32_MAX")}
+            | {"float64_AVG_refused": "netagg rank 0: all_reduce AVG of float64 tensors"},
+            "ddp": {"plain_vs_gloo": 1e-7, "hook_vs_gloo": 2e-7, "loss_plain_vs_gloo": 0.0,
+                    "loss_hook_vs_gloo": 1e-8, "digest_plain": "a", "digest_hook": "b"},
+            "staging": {"cuda_allreduce_s": 0.5}, "shut_down": True}
+    assert all(verdicts([good, good]).values())
+    failed = good | {"ordering": {"error": "RuntimeError: x", "traceback": "..."}}
+    assert verdicts([good, failed]) == {**verdicts([good, good]), "ordering": False}
+    stale = good | {"all_reduce": {"float32_SUM": {"bit_for_bit": False, "packets": 9}}}
+    assert not verdicts([stale, good])["all_reduce"]
+    apart = good | {"ddp": good["ddp"] | {"digest_hook": "c"}}
+    assert not verdicts([good, apart])["ddp"] and not verdicts([good, {}])["shut_down"]
