@@ -160,7 +160,7 @@ def ddp(gloo, dev) -> dict:
             loss = nn.functional.cross_entropy(m(x), y)
             loss.backward()
             o.step()
-            losses[i].append(float(loss))
+            losses[i].append(loss.item())
 
     def diff(a, b):
         return max(float((p - q).abs().max()) for p, q in zip(a.parameters(), b.parameters()))

@@ -62,6 +62,7 @@ import warnings
 
 import torch
 import torch.distributed as dist
+from netagg.host import numerics as N
 from netagg.host import torch_staging
 from netagg.host.errors import NetaggError
 from netagg.host.torch_tensors import as_array, in_place_outs, refusal, store_result, switch_op
@@ -276,8 +277,11 @@ class NetaggProcessGroup(dist.ProcessGroup):
             staged = self.staging_device(device)
             if staged is None:
                 return None
+            # cut at blocks of the packet's full lanes: every local worker of a node (a
+            # hierarchical step's leaders, which read the switch's lanes, and the others
+            # alike) plans the same chunks
             self.staging[key] = torch_staging.Staging(
-                staged, self.worker.lanes * self.worker.block, self.staging_bytes)
+                staged, N.LANES * self.worker.block, self.staging_bytes)
         return self.staging[key]
 
     def _staged_allreduce(self, staging: torch_staging.Staging, tensors, op: str, dtype: str,
