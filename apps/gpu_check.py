@@ -12,7 +12,8 @@ The report, one JSON object with `--json`, has each layout's ranks' figures and
   and each sent through the switch;
 - `ordering`: a late producer's stream and a consumer after the future see the right sums;
 - `fallbacks`: float64, int64 and MAX on CUDA right through gloo, nothing sent to the
-  switch; float64 AVG refused with an error naming float64;
+  switch; float64 AVG refused with an error naming float64, send of a CUDA tensor refused
+  naming its device;
 - `ddp`: a small model on CUDA through netagg (DDP's allreduce, and the hook) within
   `DDP_TOLERANCE` of gloo's weights and losses, and every rank's weights the same bits;
 - `staging`: all_reduce of `--values` float32 values on CUDA and on the CPU, the copies'
@@ -71,7 +72,8 @@ def verdicts(ranks: list[dict]) -> dict:
         "fallbacks": every("fallbacks", lambda f: all(
             f[k] == {"right": True, "packets": 0}
             for k in ("float64_SUM", "int64_SUM", "float32_MAX"))
-            and "float64" in f["float64_AVG_refused"] and "AVG" in f["float64_AVG_refused"]),
+            and "float64" in f["float64_AVG_refused"] and "AVG" in f["float64_AVG_refused"]
+            and "send of tensors on cuda" in f["send_refused"]),
         "ddp": ddp_ok and len({(r["ddp"]["digest_plain"], r["ddp"]["digest_hook"])
                                for r in ranks}) == 1,
         "staging": every("staging", lambda s: s["cuda_allreduce_s"] > 0),

@@ -8,7 +8,8 @@ rank shares it): `init_process_group("netagg")` against `netagg sim serve`, then
   all_reduced with that stream current, its sums then read on that stream; and an async
   all_reduce whose future's value is read on another stream;
 - `fallbacks`: float64, int64 and MAX on CUDA tensors through gloo (right, no packet sent),
-  and AVG of float64 on CUDA refused with an error naming it;
+  AVG of float64 on CUDA refused with an error naming it, and send of a CUDA tensor refused
+  naming its device;
 - `ddp`: 3 SGD steps of a small model on CUDA through netagg (DDP's own allreduce, and the
   netagg hook) and through a gloo group: the largest weight and loss differences, and a
   digest of the weights (the replicas must agree);
@@ -129,6 +130,11 @@ def fallbacks(pg, dev, world: int) -> dict:
         out["float64_AVG_refused"] = "not refused"
     except Exception as e:          # the refusal, as the caller sees it
         out["float64_AVG_refused"] = str(e)
+    try:                            # refused before anything is sent: no peer waits
+        dist.send(torch.ones(3, device=dev), dst=(rank + 1) % world)
+        out["send_refused"] = "not refused"
+    except Exception as e:
+        out["send_refused"] = str(e)
     return out
 
 

@@ -31,8 +31,12 @@ memory, chunk by chunk (`host.torch_staging`, one ring and pair of side streams 
 device). Every other all_reduce, and every other collective (broadcast, barrier,
 all_gather, reduce, scatter, send/recv...), is gloo's, CPU and CUDA tensors alike: the group
 hands them to its gloo backend (registered for both devices), which copies CUDA tensors
-through host memory itself where it implements the collective for CUDA and refuses them with
-its own error where not. An all_reduce neither takes (AVG of other dtypes, PREMUL_SUM) is an
+through host memory itself where it implements the collective for CUDA (broadcast,
+all_reduce, reduce, all_gather, gather, scatter, all_to_all) and refuses them with its own
+error where it does not. send, recv and all_reduce_coalesced of CUDA tensors are refused
+here, naming the device: gloo would hand their device addresses to its transport as host
+memory (a recv from any source, which torch does not hand to Python, is not caught: copy
+to the CPU first). An all_reduce neither takes (AVG of other dtypes, PREMUL_SUM) is an
 error naming the rank, dtype, op and device (`host.torch_tensors.refusal`). Only the default
 group uses the switch (its jobs from `NetaggOptions.job`); a group made later with
 `new_group(backend="netagg")` is gloo alone.
@@ -153,12 +157,20 @@ def _fabric(store, rank: int, described: str | None) -> dict | None:
     return json.loads(theirs) if theirs else None
 
 
-def _by_gloo(name: str):
+def _by_gloo(name: str, host_only: bool = False):
     """A collective of torch's Python trampoline (`PyProcessGroup`) that goes to gloo. Left
     to the base class, the trampoline would call gloo holding the GIL, and gloo's own thread,
     freeing an earlier Work's Python tensors, waits for the GIL while holding the lock gloo's
-    `enqueue` needs: a deadlock. Called from here, gloo's binding releases the GIL first."""
+    `enqueue` needs: a deadlock. Called from here, gloo's binding releases the GIL first.
+    `host_only`: gloo hands the tensors' addresses to its transport as host memory (send,
+    recv, allreduce_coalesced), so a tensor elsewhere (CUDA) is refused, naming it."""
     def collective(self, *args, **kwargs):
+        if host_only:
+            elsewhere = sorted({str(t.device) for t in args[0] if t.device.type != "cpu"})
+            if elsewhere:
+                raise NetaggError(f"netagg rank {self.rank()}: {name} of tensors on "
+                                  f"{', '.join(elsewhere)}: gloo's {name} reads and writes "
+                                  f"host memory only; copy them to the CPU first")
         return getattr(self.gloo, name)(*args, **kwargs)
     collective.__name__ = collective.__qualname__ = name
     return collective
@@ -214,13 +226,13 @@ class NetaggProcessGroup(dist.ProcessGroup):
     # every collective the trampoline dispatches to Python but the switch's all_reduce
     # (the others, reduce, gather, scatter, all_to_all..., torch sends to gloo itself)
     allgather = _by_gloo("allgather")
-    allreduce_coalesced = _by_gloo("allreduce_coalesced")
+    allreduce_coalesced = _by_gloo("allreduce_coalesced", host_only=True)
     alltoall_base = _by_gloo("alltoall_base")
     barrier = _by_gloo("barrier")
     broadcast = _by_gloo("broadcast")
     reduce_scatter = _by_gloo("reduce_scatter")
-    send = _by_gloo("send")
-    recv = _by_gloo("recv")
+    send = _by_gloo("send", host_only=True)
+    recv = _by_gloo("recv", host_only=True)
 
     # --- all_reduce ---------------------------------------------------------------------
 

@@ -287,8 +287,9 @@ def test_the_backend_stages_device_tensors_and_refuses_what_nothing_takes(switch
     """A group of one whose staging device is the stand-in for CPU tensors (as CUDA's is
     for CUDA tensors): all_reduce of each dtype through the staging (sent to the switch,
     the sums the values, a non-contiguous tensor too, an async Work's future the tensor),
-    the DDP hook's buckets through it, float64 still gloo's, and AVG of int32 or float64
-    an error naming the dtype, the op and the device, nothing sent."""
+    the DDP hook's buckets through it, float64 still gloo's, AVG of int32 or float64 an
+    error naming the dtype, the op and the device, nothing sent; send, recv and
+    all_reduce_coalesced of a tensor off the CPU refused, naming its device."""
     from netagg.host.torch_backend import NetaggOptions
     from netagg.host.torch_hook import register
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -337,6 +338,17 @@ def test_the_backend_stages_device_tensors_and_refuses_what_nothing_takes(switch
                                                   rf"gloo, which takes the rest, has no AVG"):
                 dist.all_reduce(torch.ones(3, dtype=dtype), op=dist.ReduceOp.AVG)
         assert pg.counters()["packets_sent"] == before
+        # gloo would send a device tensor's addresses as host memory: refused, named
+        elsewhere = torch.empty(4, device="meta")
+        for name, call in (("send", lambda: pg.send([elsewhere], 0, 0)),
+                           ("recv", lambda: pg.recv([elsewhere], 0, 0)),
+                           ("allreduce_coalesced",
+                            lambda: pg.allreduce_coalesced([elsewhere],
+                                                           dist.AllreduceCoalescedOptions()))):
+            with pytest.raises(NetaggError, match=rf"netagg rank 0: {name} of tensors on "
+                                                  rf"meta: gloo's {name} reads and writes "
+                                                  rf"host memory only"):
+                call()
     finally:
         dist.destroy_process_group()
         device.close()
@@ -362,7 +374,8 @@ def test_gpu_check_verdicts_fail_a_failed_or_disagreeing_rank():
                          "future_value_is_tensor": True},
             "fallbacks": {k: {"right": True, "packets": 0}
                           for k in ("float64_SUM", "int64_SUM", "float32_MAX")}
-            | {"float64_AVG_refused": "netagg rank 0: all_reduce AVG of float64 tensors"},
+            | {"float64_AVG_refused": "netagg rank 0: all_reduce AVG of float64 tensors",
+               "send_refused": "netagg rank 0: send of tensors on cuda:0: gloo's send..."},
             "ddp": {"plain_vs_gloo": 1e-7, "hook_vs_gloo": 2e-7, "loss_plain_vs_gloo": 0.0,
                     "loss_hook_vs_gloo": 1e-8, "digest_plain": "a", "digest_hook": "b"},
             "staging": {"cuda_allreduce_s": 0.5}, "shut_down": True}
