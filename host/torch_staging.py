@@ -13,9 +13,10 @@ group's completer thread):
   first), both side streams (`to_host`, `to_device`) wait for it, and the tensors are marked
   as used by them (`record_stream`: the caching allocator keeps their memory until the side
   streams are past it, even if the caller drops them meanwhile);
-- the tensors are cut into chunks (`plan`): each tensor in pieces at whole exponent blocks of
-  the worker (`lanes x block` values), small tensors packed into one chunk, so each piece is
-  summed with the exponents, and to the bits, of the tensor sent whole from host memory;
+- the tensors are cut into chunks (`plan`): each tensor in pieces at whole exponent blocks
+  (`block` values: a packet's lanes x the worker's block), small tensors packed into one
+  chunk, so each piece is summed with the exponents, and to the bits, of the tensor sent
+  whole from host memory;
 - chunk k: its pieces are copied into buffer k mod DEPTH on `to_host`, an event marks the
   copy; the thread waits for that event alone (`Event.synchronize`, never the whole device)
   and starts the chunk's allreduce in the buffer (in place); then it waits for chunk k-1's
@@ -38,7 +39,7 @@ the tensors hold, in part, sums: never a completed future over stale data.
 on a stream, pinned host memory, its futures); `CudaDevice` is CUDA's. Tests run the same
 pipeline on CPU tensors with a stand-in whose streams are threads (tests/test_torch_staging.py).
 
-Cost: per allreduce, 2 events per chunk and 3 in all, one thread wake per chunk, and the
+Cost: per allreduce, 2 events per chunk and 2 more, one thread wake per chunk, and the
 copies (at PCIe speed, overlapped with the sums but for the first chunk in and the last
 back); `stats` counts the seconds the thread waited on copies that the sums did not hide.
 """
