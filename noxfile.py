@@ -4,11 +4,13 @@ import nox
 
 nox.options.sessions = ["tests", "lint"]
 nox.options.default_venv_backend = "venv"
+# the torch the tests and benchmarks run on (the extras accept 2.11 and later)
+TORCH = "torch==2.13.0"
 
 
 @nox.session
 def tests(session):
-    session.install("-e", ".[test,torch,scale]")     # torch: test_torch; scale: ns-3
+    session.install("-e", ".[test,torch,scale]", TORCH)     # torch: test_torch; scale: ns-3
     session.run("pytest", "-n", "2", "--dist", "loadgroup", *session.posargs)
 
 
@@ -25,7 +27,7 @@ def bench(session):
     simulator's Python-driven against C++ cycles per second), allreduce under congestion
     (priority drop off and on, spraying), and the host software alone beside torch's gloo.
     Arguments go to the datapath's."""
-    session.install("-e", ".[bench]")
+    session.install("-e", ".[bench]", TORCH)
     session.run("netagg", "bench", "datapath", *session.posargs)
     session.run("netagg", "bench", "switch")
     session.run("netagg", "bench", "allreduce", "--backend", "rtl", "--sizes", "64K,1M")

@@ -163,6 +163,17 @@ def main(argv=None) -> int:
     train.add_argument("--hidden", type=A.positive, default=None,
                        help="the CNN's hidden layer's width (default 128; --cluster 2048)")
 
+    gpu = sub.add_parser("gpu-check", help="the torch backend's CUDA path on this machine's "
+                                           "GPU: 2 processes on cuda:0 through a simulated "
+                                           "switch, against the CPU path and gloo")
+    gpu.add_argument("--values", type=A.positive, default=4 << 20,
+                     help="float32 values of the staging's timed all_reduce")
+    gpu.add_argument("--layouts", default="hierarchical,flat",
+                     help="hierarchical (one torchrun agent of 2), flat (2 agents of 1)")
+    gpu.add_argument("--timeout", type=float, default=420.0,
+                     help="seconds for every layout together")
+    gpu.add_argument("--json", action="store_true", help="print one JSON object")
+
     probe = sub.add_parser("probe", help="read a switch's parameters, addresses and counters")
     probe.add_argument("url", type=A.switch_url, help="udp://HOST:PORT")
     probe.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for it")
@@ -319,6 +330,17 @@ def main(argv=None) -> int:
             torch_runs.plot(report, args.plot)
         print(json.dumps(report) if args.json else torch_runs.summary(report))
         return 0
+    if args.command == "gpu-check":
+        from netagg.apps import gpu_check
+        layouts = args.layouts.split(",")
+        unknown = [x for x in layouts if x not in gpu_check.LAYOUTS]
+        if unknown:
+            parser.error(f"unknown layouts {', '.join(unknown)}: choose from "
+                         f"{', '.join(gpu_check.LAYOUTS)}")
+        report = gpu_check.gpu_check(values=args.values, layouts=layouts,
+                                     timeout=args.timeout, quiet=args.json)
+        print(json.dumps(report) if args.json else gpu_check.summary(report))
+        return 0 if report["verified"] else 2 if "error" in report else 1
     if args.command == "fuzz":
         from netagg.sim.fuzz import main as fuzz_main
         if args.against == "fast" and (args.spine or args.leaf):

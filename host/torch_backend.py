@@ -24,12 +24,22 @@ a file's path, `host.fabric`): rank 0's description goes to every rank through t
 hierarchical alike (`host.fabric_setup`).
 
 Collectives: `all_reduce` of what `host.torch_tensors.switch_op` accepts (SUM of int32, SUM
-and AVG of float32, float16 and bfloat16 CPU tensors) goes through the switch, with the
-worker's default priority and no loss budget (`host.torch_hook` sets them per gradient for
-DDP); every other all_reduce, and every other collective (broadcast, barrier, all_gather,
-reduce, scatter, send/recv...), is gloo's: the group hands them to its gloo backend. Only
-the default group uses the switch (its jobs from `NetaggOptions.job`); a group made later
-with `new_group(backend="netagg")` is gloo alone.
+and AVG of float32, float16 and bfloat16 tensors, on the CPU or on one CUDA device) goes
+through the switch, with the worker's default priority and no loss budget
+(`host.torch_hook` sets them per gradient for DDP); CUDA tensors through pinned host
+memory, chunk by chunk (`host.torch_staging`, one ring and pair of side streams per
+device). Every other all_reduce, and every other collective (broadcast, barrier,
+all_gather, reduce, scatter, send/recv...), is gloo's, CPU and CUDA tensors alike: the group
+hands them to its gloo backend (registered for both devices), which copies CUDA tensors
+through host memory itself where it implements the collective for CUDA (broadcast,
+all_reduce, reduce, all_gather, gather, scatter, all_to_all) and refuses them with its own
+error where it does not. send, recv and all_reduce_coalesced of CUDA tensors are refused
+here, naming the device: gloo would hand their device addresses to its transport as host
+memory (a recv from any source, which torch does not hand to Python, is not caught: copy
+to the CPU first). An all_reduce neither takes (AVG of other dtypes, PREMUL_SUM) is an
+error naming the rank, dtype, op and device (`host.torch_tensors.refusal`). Only the default
+group uses the switch (its jobs from `NetaggOptions.job`); a group made later with
+`new_group(backend="netagg")` is gloo alone.
 
 What differs from gloo: floats are summed in fixed point (within `host.numerics`'s bound,
 not bit for bit gloo's), NaN and infinities as IEEE sums them (`host.nonfinite`: an inf on
@@ -39,8 +49,10 @@ the rank and the job, within the worker's timeout (`NetaggOptions.timeout`, defa
 smaller of the group's timeout and 60 s).
 
 Cost: per process, the worker (a UDP socket and its progress thread), a completion thread
-(`host.torch_work`) and the gloo group's connections; a contiguous tensor is read and
-written in place (its result is the worker's `out`), a non-contiguous one copied each way.
+(`host.torch_work`) and the gloo group's connections; a contiguous CPU tensor is read and
+written in place (its result is the worker's `out`), a non-contiguous one copied each way;
+with CUDA tensors, per device, two streams and `NetaggOptions.staging_bytes` x 3 of pinned
+host memory (`host.torch_staging`).
 """
 
 from __future__ import annotations
@@ -54,9 +66,11 @@ import warnings
 
 import torch
 import torch.distributed as dist
+from netagg.host import numerics as N
+from netagg.host import torch_staging
 from netagg.host.errors import NetaggError
-from netagg.host.torch_tensors import as_array, in_place_outs, store_result, switch_op
-from netagg.host.torch_work import Completer, NetaggWork, Pending
+from netagg.host.torch_tensors import as_array, in_place_outs, refusal, store_result, switch_op
+from netagg.host.torch_work import Completer, Done, NetaggWork, Pending
 from netagg.host.worker import Worker, deadline_ticks
 
 BACKEND = "netagg"
@@ -73,7 +87,8 @@ class NetaggOptions:
     (`Worker`'s: 0, none), a leaf and spine fabric's description (default NETAGG_FABRIC:
     JSON, or a file's path; `switch` then names this rank's leaf, by default its node's), and
     the source ports to spray over (`Worker`'s `paths`; default NETAGG_PATHS, else 1: more
-    than one where a network sprays packets, whose answers then come back out of order)."""
+    than one where a network sprays packets, whose answers then come back out of order),
+    and the bytes of each of the 3 pinned host buffers CUDA tensors are staged through."""
 
     switch: str | None = None
     bind: str | None = None
@@ -83,6 +98,7 @@ class NetaggOptions:
     deadline: float = 0.0
     fabric: str | None = None
     paths: int | None = None
+    staging_bytes: int = torch_staging.CHUNK_BYTES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,12 +157,20 @@ def _fabric(store, rank: int, described: str | None) -> dict | None:
     return json.loads(theirs) if theirs else None
 
 
-def _by_gloo(name: str):
+def _by_gloo(name: str, host_only: bool = False):
     """A collective of torch's Python trampoline (`PyProcessGroup`) that goes to gloo. Left
     to the base class, the trampoline would call gloo holding the GIL, and gloo's own thread,
     freeing an earlier Work's Python tensors, waits for the GIL while holding the lock gloo's
-    `enqueue` needs: a deadlock. Called from here, gloo's binding releases the GIL first."""
+    `enqueue` needs: a deadlock. Called from here, gloo's binding releases the GIL first.
+    `host_only`: gloo hands the tensors' addresses to its transport as host memory (send,
+    recv, allreduce_coalesced), so a tensor elsewhere (CUDA) is refused, naming it."""
     def collective(self, *args, **kwargs):
+        if host_only:
+            elsewhere = sorted({str(t.device) for t in args[0] if t.device.type != "cpu"})
+            if elsewhere:
+                raise NetaggError(f"netagg rank {self.rank()}: {name} of tensors on "
+                                  f"{', '.join(elsewhere)}: gloo's {name} reads and writes "
+                                  f"host memory only; copy them to the CPU first")
         return getattr(self.gloo, name)(*args, **kwargs)
     collective.__name__ = collective.__qualname__ = name
     return collective
@@ -161,10 +185,15 @@ class NetaggProcessGroup(dist.ProcessGroup):
         options = options or NetaggOptions()
         self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, world_size,
                                           timeout)
-        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
-                               self.gloo)
+        for device in ("cpu", "cuda"):      # what the trampoline leaves to torch: gloo's
+            self._register_backend(torch.device(device), dist.ProcessGroup.BackendType.GLOO,
+                                   self.gloo)
         self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
         self.worker = self.completer = None
+        self.staging_bytes = options.staging_bytes
+        # the device CUDA tensors are staged through (tests put a CPU stand-in here)
+        self.staging_device = torch_staging.device_for
+        self.staging: dict[str, torch_staging.Staging] = {}
         if not uses_switch:
             return
         seconds = min(timeout.total_seconds(), MAX_WORKER_TIMEOUT) if options.timeout is None \
@@ -197,13 +226,13 @@ class NetaggProcessGroup(dist.ProcessGroup):
     # every collective the trampoline dispatches to Python but the switch's all_reduce
     # (the others, reduce, gather, scatter, all_to_all..., torch sends to gloo itself)
     allgather = _by_gloo("allgather")
-    allreduce_coalesced = _by_gloo("allreduce_coalesced")
+    allreduce_coalesced = _by_gloo("allreduce_coalesced", host_only=True)
     alltoall_base = _by_gloo("alltoall_base")
     barrier = _by_gloo("barrier")
     broadcast = _by_gloo("broadcast")
     reduce_scatter = _by_gloo("reduce_scatter")
-    send = _by_gloo("send")
-    recv = _by_gloo("recv")
+    send = _by_gloo("send", host_only=True)
+    recv = _by_gloo("recv", host_only=True)
 
     # --- all_reduce ---------------------------------------------------------------------
 
@@ -211,6 +240,9 @@ class NetaggProcessGroup(dist.ProcessGroup):
         opts = dist.AllreduceOptions() if opts is None else opts
         op = switch_op(tensors, opts.reduceOp) if self.worker is not None else None
         if op is None:
+            refused = refusal(tensors, opts.reduceOp)
+            if refused:
+                raise NetaggError(f"netagg rank {self.rank()}: {refused}")
             return self.gloo.allreduce(tensors, opts)
         return NetaggWork(self.switch_allreduce(tensors, op.op))
 
@@ -221,7 +253,18 @@ class NetaggProcessGroup(dist.ProcessGroup):
         The future's value is the list of tensors; its error names this rank and job."""
         if self.worker is None:
             raise NetaggError(f"netagg rank {self.rank()}: this group does not use the switch")
-        dtype = switch_op(tensors, dist.ReduceOp.SUM).dtype
+        accepted = switch_op(tensors, dist.ReduceOp.SUM)
+        if accepted is None:
+            raise NetaggError(f"{self.where}: the switch does not take all_reduce of "
+                              f"{[str(t.dtype) for t in tensors]} on "
+                              f"{sorted({str(t.device) for t in tensors})}")
+        staging = self._staging(tensors[0].device)
+        if staging is not None:
+            return self._staged_allreduce(staging, tensors, op, accepted.dtype, loss_budget,
+                                          priority)
+        if tensors[0].device.type != "cpu":
+            raise NetaggError(f"{self.where}: no staging for {tensors[0].device}")
+        dtype = accepted.dtype
         arrays = [as_array(t) for t in tensors]
         outs = in_place_outs(tensors, arrays)
 
@@ -233,11 +276,46 @@ class NetaggProcessGroup(dist.ProcessGroup):
             return [t if o is not None else store_result(t, r)
                     for t, r, o in zip(tensors, results, outs)]
 
-        pending = Pending(torch.futures.Future(), finish)
-        if self.placement.local_size == 1:
-            pending.handle = start()        # sent now; the completer only waits
-        else:
-            pending.start = start           # one hierarchical step at a time, on its thread
+        # flat: sent now, the completer only waits; hierarchical: one step at a time, on
+        # the completer's thread
+        return self.completer.submit(Pending(torch.futures.Future(), finish, start=start),
+                                     now=self.placement.local_size == 1)
+
+    def _staging(self, device: torch.device) -> torch_staging.Staging | None:
+        """This group's staging for tensors on `device` (made on first use), None when
+        they need none (CPU tensors)."""
+        key = str(device)
+        if key not in self.staging:
+            staged = self.staging_device(device)
+            if staged is None:
+                return None
+            # cut at blocks of the packet's full lanes: every local worker of a node (a
+            # hierarchical step's leaders, which read the switch's lanes, and the others
+            # alike) plans the same chunks
+            self.staging[key] = torch_staging.Staging(
+                staged, N.LANES * self.worker.block, self.staging_bytes)
+        return self.staging[key]
+
+    def _staged_allreduce(self, staging: torch_staging.Staging, tensors, op: str, dtype: str,
+                          loss_budget, priority) -> torch.futures.Future:
+        """Allreduce device `tensors` through `staging`, chunk by chunk on the completer's
+        thread; each piece of a tensor has the tensor's loss budget and priority."""
+        n = len(tensors)
+        budgets = _per_tensor(loss_budget, n, "loss_budget")
+        priorities = None if priority is None else _per_tensor(priority, n, "priority")
+        staged = staging.prepare(tensors)       # after the caller's stream, on its thread
+
+        def chunk(arrays, pieces):
+            return self.worker.allreduce_async(
+                arrays, op, dtype, loss_budget=[budgets[p.tensor] for p in pieces],
+                priority=None if priorities is None else [priorities[p.tensor] for p in pieces],
+                out=arrays)
+
+        def start():
+            return Done(staging.run(staged, chunk, self.completer.timeout))
+
+        pending = Pending(staging.device.future(), lambda tensors: tensors, start=start,
+                          complete=staging.complete)
         return self.completer.submit(pending)
 
     def counters(self) -> dict:
@@ -257,6 +335,15 @@ class NetaggProcessGroup(dist.ProcessGroup):
         self.shutdown()
 
 
+def _per_tensor(value, n: int, name: str) -> list:
+    """One value per tensor: `value` itself when it is a list or tuple of n."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(f"{name} has {len(value)} values for {n} tensors")
+        return list(value)
+    return [value] * n
+
+
 def _create(backend_opts, options) -> NetaggProcessGroup:
     if options is not None and not isinstance(options, NetaggOptions):
         raise TypeError(f"netagg takes pg_options=NetaggOptions(...), not {type(options)}")
@@ -265,4 +352,4 @@ def _create(backend_opts, options) -> NetaggProcessGroup:
                               uses_switch=not dist.is_initialized())   # the default group
 
 
-dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])

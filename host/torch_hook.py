@@ -17,10 +17,13 @@ order) and allreduced as one step, op "mean", each with its class and `loss_budg
 worker may have the floor(loss_budget x chunks) smallest chunks of each gradient dropped by
 a congested switch, sent in classes below the gradient's (`host.worker`); a gradient of
 fewer than 1 / loss_budget chunks of 255 values has none to lose. The future returns the
-averaged buffer in place, as DDP expects. A bucket the switch cannot carry (float64, a
-group that does not use the switch) falls back to torch's own allreduce hook, through gloo.
+averaged buffer in place, as DDP expects. A CUDA bucket goes the same way, staged through
+pinned host memory (`host.torch_staging`: a gradient longer than a staging chunk is sent in
+pieces of whole exponent blocks, each with the gradient's class and loss budget, so its
+droppable chunks are counted per piece). A bucket the switch cannot carry (float64, a group
+that does not use the switch) falls back to torch's own allreduce hook, through gloo.
 
-Cost: none beyond the allreduce; the bucket is neither copied nor divided on the host.
+Cost: none beyond the allreduce; a CPU bucket is neither copied nor divided on the host.
 
 (No `from __future__ import annotations` here: DDP checks the hook's annotations as objects.)
 """

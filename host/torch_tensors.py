@@ -2,9 +2,13 @@
 
 The switch adds int32 lanes: it carries SUM of int32 tensors exactly, and SUM and AVG (the
 worker's "mean") of float32, float16 and bfloat16 tensors in fixed point (`host.numerics`),
-for dense CPU tensors. `switch_op` says so for one call, or returns None: every other op
-(MAX, MIN, PRODUCT, BAND..., PREMUL_SUM), dtype (float64, int64, uint8, bool, complex...),
-int32 AVG (not an int32), and sparse, non-CPU or mixed-dtype tensor lists go to gloo.
+for dense tensors all on the CPU or all on one CUDA device (those through pinned host memory,
+`host.torch_staging`). `switch_op` says so for one call, or returns None: every other op
+(MAX, MIN, PRODUCT, BAND...), dtype (float64, int64, uint8, bool, complex...), and sparse,
+mixed-dtype or mixed-device tensor lists go to gloo, on the CPU or CUDA alike. What neither
+takes (AVG but of the switch's float dtypes: int32's is not an int32, and gloo has no AVG;
+PREMUL_SUM, which gloo has not either) is an error that `refusal` words, naming the dtype, op
+and device, before anything is sent.
 
 Tensors become numpy arrays without a copy when they are contiguous (`Tensor.numpy()`
 shares memory): float32, float16 and int32 as they are, bfloat16 (no numpy dtype) as its
@@ -36,12 +40,18 @@ class SwitchOp:
     dtype: str
 
 
+REDUCE_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
+STAGED_DEVICES = ("cpu", "cuda")     # CUDA tensors through pinned host memory
+
+
 def switch_op(tensors, reduce_op) -> SwitchOp | None:
     """The switch's op for all_reduce of `tensors` with `reduce_op`, None for gloo's."""
     if not tensors:
         return None
     dtypes = {t.dtype for t in tensors}
-    if len(dtypes) != 1 or any(t.is_sparse or t.device.type != "cpu" for t in tensors):
+    devices = {t.device for t in tensors}
+    if (len(dtypes) != 1 or len(devices) != 1 or any(t.is_sparse for t in tensors)
+            or devices.pop().type not in STAGED_DEVICES):
         return None
     dtype = FORMATS.get(dtypes.pop())
     if dtype is None:
@@ -51,6 +61,27 @@ def switch_op(tensors, reduce_op) -> SwitchOp | None:
     if reduce_op == dist.ReduceOp.AVG and dtype in FLOATS:
         return SwitchOp("mean", dtype)
     return None
+
+
+def op_name(reduce_op) -> str:
+    """"SUM", "AVG"... for a `dist.ReduceOp` or its `RedOpType`."""
+    return next((n for n in REDUCE_OPS if reduce_op == getattr(dist.ReduceOp, n)),
+                str(reduce_op))
+
+
+def refusal(tensors, reduce_op) -> str | None:
+    """Why neither the switch nor gloo takes all_reduce of `tensors` with `reduce_op`
+    (AVG but of float32, float16 and bfloat16; PREMUL_SUM), None when one of them does."""
+    if not tensors or switch_op(tensors, reduce_op) is not None:
+        return None
+    name = op_name(reduce_op)
+    if name not in ("AVG", "PREMUL_SUM"):
+        return None
+    dtypes = ", ".join(sorted({str(t.dtype).removeprefix("torch.") for t in tensors}))
+    devices = ", ".join(sorted({str(t.device) for t in tensors}))
+    return (f"all_reduce {name} of {dtypes} tensors on {devices}: the switch takes SUM of "
+            f"int32 and SUM and AVG of float32, float16 and bfloat16 (dense, on one device), "
+            f"and gloo, which takes the rest, has no {name}")
 
 
 def as_array(tensor: torch.Tensor) -> np.ndarray:

@@ -10,14 +10,19 @@ the job (`where`), so that `Work.wait()`, `Future.wait()` and DDP raise it in th
 `NetaggError` keeps its class (`NetaggRankGone`, `NetaggSwitchGone`...) and its fields,
 any other error becomes a `NetaggError`.
 
-A flat worker's allreduce is started by the caller (`allreduce_async` sends at once and the
-worker's progress thread completes it while the caller computes; later ones are sent
-meanwhile). A hierarchical worker's steps share the node's memory one at a time, so the
-thread starts those itself (`start`), after the previous one: every call on such a worker
-happens on this one thread.
+A flat worker's allreduce of host tensors is started by the caller (`allreduce_async` sends
+at once and the worker's progress thread completes it while the caller computes; later ones
+are sent meanwhile). A hierarchical worker's steps share the node's memory one at a time, so
+the thread starts those itself (`start`), after the previous one: every call on such a
+worker happens on this one thread. The thread also runs the staging of CUDA tensors
+(`host.torch_staging`: each chunk's allreduce starts once its copy is on the host). Every
+rank must start the group's allreduces in the same order, so the caller starts one only
+when none submitted before it is still waiting for the thread to start it; else the
+thread starts it, after those.
 
 Cost: one thread per process group, idle on its queue when nothing is pending. Callbacks
-chained on the futures (DDP's, `Future.then`) run on this thread.
+chained on the futures (DDP's, `Future.then`) run on this thread; a host allreduce submitted
+behind a staged one waits for the thread to start it.
 """
 
 from __future__ import annotations
@@ -44,6 +49,18 @@ class Pending:
     finish: Callable[[object], object]
     handle: object = None
     start: Callable[[], object] | None = None
+    # sets the future's value (a CUDA future: on the stream its tensors were written on)
+    complete: Callable[[torch.futures.Future, object], None] | None = None
+
+
+class Done:
+    """A handle whose result is there already (a staged allreduce's, `host.torch_staging`)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def wait(self, timeout: float | None = None):
+        return self.value
 
 
 class Completer:
@@ -51,31 +68,48 @@ class Completer:
         self.where, self.timeout = where, timeout
         self._queue: queue.Queue[Pending | None] = queue.Queue()
         self._closed = False
+        self._lock = threading.Lock()
+        self._unstarted = 0         # submitted, for the thread to start
         self._thread = threading.Thread(target=self._run, name="netagg-completer", daemon=True)
         self._thread.start()
 
-    def submit(self, pending: Pending) -> torch.futures.Future:
-        if self._closed:
-            raise NetaggError(f"{self.where}: the process group is shut down")
-        self._queue.put(pending)
+    def submit(self, pending: Pending, now: bool = False) -> torch.futures.Future:
+        """Queue `pending`; with `now`, the caller starts it here unless an allreduce
+        submitted before it is still to be started by the thread."""
+        with self._lock:
+            if self._closed:
+                raise NetaggError(f"{self.where}: the process group is shut down")
+            if now and self._unstarted == 0:
+                pending.handle, pending.start = pending.start(), None
+            elif pending.start is not None:
+                self._unstarted += 1
+            self._queue.put(pending)
         return pending.future
 
     def _run(self):
         while (p := self._queue.get()) is not None:
             try:
-                handle = p.handle if p.start is None else p.start()
+                if p.start is None:
+                    handle = p.handle
+                else:
+                    try:
+                        handle = p.start()
+                    finally:
+                        with self._lock:
+                            self._unstarted -= 1
                 value = p.finish(handle.wait(self.timeout))
             except BaseException as e:      # the caller's wait raises it
                 p.future.set_exception(located(e, self.where))
             else:
-                p.future.set_result(value)
+                (p.complete or type(p.future).set_result)(p.future, value)
 
     def close(self):
         """Finish what is queued (each wait is bounded), then stop."""
         if self._closed:
             return
-        self._closed = True
-        self._queue.put(None)
+        with self._lock:
+            self._closed = True
+            self._queue.put(None)
         self._thread.join(CLOSE_WAIT + self.timeout)
 
 
