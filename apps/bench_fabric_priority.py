@@ -6,8 +6,7 @@ The fabric (`sim.cluster_fabric`, `classes=True`): every port's queue is two cla
 (`sim.cluster_classes`: priority classes 4 to 7 and the switch's own packets high, the rest
 low, each with the port's queue depth). netagg's contributions are sprayed over the spines.
 Another job (`sim.cross_traffic`): each host's long TCP flow to the host in its place on the
-next leaf, and an incast into the last host, DSCP 0. The switch's class 7 drop threshold is 0,
-so a droppable contribution sent again is a null (`host.messages`).
+next leaf, and an incast into the last host, DSCP 0.
 
 Each mode runs `steps` allreduces of `size` bytes of float32 on every host, each after a
 barrier, while the other job runs (started afresh for each mode, a second before):
@@ -16,7 +15,8 @@ barrier, while the other job runs (started afresh for each mode, a second before
   job's traffic, as a job that marks nothing does;
 - **priority**: netagg in class 4, no loss budget: every packet of the job in the high class;
 - **priority_drop**: netagg in class 4 with `loss_budget`: each worker's smallest chunks (by
-  norm) go in classes 0 to 3, the low class, and one sent again goes as a null.
+  norm) go in classes 0 to 3, the low class; one whose answer does not come in time is given
+  up, zeros in class 7 in its place (`host.messages`).
 
 Per mode: each step's time (the slowest rank's), the p50 and p99, whether each result is right
 (within the loss budget: `apps.cluster_allreduce`), its relative error, the contributions
@@ -31,7 +31,6 @@ import time
 
 import numpy as np
 from netagg.apps.bench_cluster import run_hosts
-from netagg.sim import wire as W
 from netagg.sim.cluster_classes import class_counters
 from netagg.sim.cluster_fabric import FabricCluster, Topology
 from netagg.sim.cross_traffic import CrossTraffic
@@ -56,7 +55,6 @@ def bench_priority(topology: Topology, rate: str, oversubscription: float, size:
     with FabricCluster(topology, rate, name=name, oversubscription=oversubscription,
                        spray=True, classes=True) as fabric:
         url = fabric.serve("fast", max_workers=max(8, len(fabric.hosts)))
-        fabric.configure(url, [(W.drop_threshold(7), 0)])
         task = progress.add_task("priority drop", total=rounds * len(MODES)) \
             if progress else None
         for i in range(rounds):

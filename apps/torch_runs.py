@@ -146,10 +146,9 @@ def train_run(run: Run, *, url: str, tmp: Path, nodes: int, per_node: int, epoch
     """One run of `apps.torch_train` under torchrun (`torchrun`, `launch` its placement:
     binds, master, ifname, start) on the digits in `tmp`; `model` more arguments of it
     (``--channels 64``). For the drop run the drop threshold of each of `drop_classes` (every
-    class by default; class 7 alone where a congested network drops, and the switch nulls
-    what workers give up) is 0 while it trains. `at_switch(call)` calls `call` where the
-    switch at `url` is reached (here, by default). Its report, with the contributions the
-    switch dropped by priority."""
+    class by default; none where a congested network drops instead) is 0 while it trains.
+    `at_switch(call)` calls `call` where the switch at `url` is reached (here, by default).
+    Its report, with the contributions the switch dropped by priority."""
     from netagg.apps.train import switch_counters
 
     budget = loss_budget if run.drop else 0.0
@@ -157,7 +156,7 @@ def train_run(run: Run, *, url: str, tmp: Path, nodes: int, per_node: int, epoch
             "--epochs", str(epochs), "--seed", str(seed), "--loss-budget", str(budget),
             *model]
     classes = list(drop_classes)
-    saved = at_switch(lambda: _drop_classes(url, classes)) if run.drop else None
+    saved = at_switch(lambda: _drop_classes(url, classes)) if run.drop and classes else None
     before = at_switch(lambda: switch_counters(url))
     try:
         with console.status(f"run {run.name}: {nodes * per_node} processes in {nodes} "

@@ -16,9 +16,9 @@ spine fabric instead (`sim.cluster_fabric`), the switch reached through the spin
 `--spray` netagg's packets are sprayed over them, its workers on two source ports. With
 `--cross-traffic` the fabric's ports honour DSCP (`sim.cluster_classes`) and another job's
 long TCP flows and incast (`sim.cross_traffic`) run through every run; the drop run then
-sets only the switch's class 7 threshold to 0 (the network drops or holds the low classes,
-and the switch nulls what the workers give up), and each run reports the other job's
-goodput. The drop run's switch thresholds and the switch's counters are read and written
+leaves the switch's thresholds alone (the network drops or holds the low classes, and the
+workers give up what does not get through, `host.messages`), and each run reports the
+other job's goodput. The drop run's switch thresholds and the switch's counters are read and written
 from a thread that joined host 0's namespace, which reaches the switch's address.
 
 The model is `torch_train.DigitsCNN` widened (64 channels, a hidden layer of 2048: 1,145,610
@@ -53,7 +53,6 @@ from pathlib import Path
 import numpy as np
 import psutil
 from netagg.apps import torch_runs
-from netagg.host.messages import GIVE_UP_CLASS
 from netagg.sim import netns
 from netagg.sim import wire as W
 from netagg.sim.cluster import Cluster
@@ -150,8 +149,8 @@ def train_cluster(hosts: int = 4, rate: str = "100mbit", switch: str = "fast",
                 result = torch_runs.train_run(
                     run, url=url, tmp=tmp, nodes=hosts, per_node=1, epochs=epochs, seed=seed,
                     loss_budget=loss_budget, timeout=timeout, console=console, model=model,
-                    drop_classes=[GIVE_UP_CLASS] if cross_traffic
-                    else range(W.PRIORITY_CLASSES), **place)
+                    drop_classes=() if cross_traffic else range(W.PRIORITY_CLASSES),
+                    **place)
                 if cross_traffic:
                     result["cross_goodput_bps"] = other.stop()["goodput_bps"]
             moved = [a - b for a, b in zip(cluster.counters(), before)]

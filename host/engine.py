@@ -475,10 +475,13 @@ class Engine(Taking):
 
     def _resend(self, m: Message, lost: bool = False):
         """The message's packet in flight again (rebuilt if it leaves by another path); a
-        droppable contribution's in the give-up class (`host.messages`)."""
-        if m.sends_droppable and m.pclass != GIVE_UP_CLASS:
-            m.pclass = GIVE_UP_CLASS
+        droppable contribution's data given up: zeros in the give-up class
+        (`host.messages`)."""
+        if m.sends_droppable:
+            m.send, m.droppable, m.pclass = Send.GIVEN_UP, False, GIVE_UP_CLASS
             self.stats["given_up"] += 1
+            self._send([m])
+            return
         last = m.path or 0
         path = self._pick(m)
         if path != last:
@@ -530,8 +533,11 @@ class Engine(Taking):
         if self.window is not None:
             self.window.leave()             # its slots, to name what is stuck
         stuck = [s.inflight for s in self.slots if s.inflight]
-        return (f"slot {stuck[0].slot} (use {stuck[0].use}) sent {stuck[0].timer.attempts} "
-                f"times{self.lacking(stuck[0])}" if stuck else "no slot in flight")
+        if not stuck:
+            return "no slot in flight"
+        m = stuck[0]
+        return (f"slot {m.slot} (use {m.use}, {m.kind.value}, {m.send.value}) sent "
+                f"{m.timer.attempts} times{self.lacking(m)}")
 
     def _diagnose(self) -> str:
         """Whether the switch still answers a control read (then a peer is missing, and

@@ -29,11 +29,13 @@
   drop thresholds rising with the class drop the smallest first; non-droppable data chunks
   and redone messages have class p, exponent messages class 7 (every chunk of their block
   waits for them). A switch may turn a droppable contribution into a null (it counts,
-  without data). A droppable contribution sent again (its first sending lost, or late: a
-  queue that drops or holds its class) goes in class 7 (`GIVE_UP_CLASS`): a switch whose
-  class 7 drop threshold is 0 takes it as a null at once, so its use completes without this
-  worker's data, as the budget allows, rather than waiting for the data to get through; any
-  other switch takes its data.
+  without data). A droppable contribution is never sent again: its data is given up, and
+  zeros go in its place (`Send.GIVEN_UP`: its check lane sealed and its exponent proposal
+  carried as the data's), in class 7 (`GIVE_UP_CLASS`), not droppable. So a use whose
+  droppable data a congested queue dropped or holds completes at once, every worker counted,
+  the chunk's sum without this worker's values (taken as zero, as a dropped gradient is),
+  rather than waiting for the data to get through. If the data arrives first the zeros are
+  a duplicate and the sum is whole.
 
 - **Non-finite blocks** (`host.nonfinite`): a chunk of a block whose shared exponent is
   `EXP_NONFINITE` goes in two rounds (`Message.phase`): the kinds of its elements, then
@@ -72,6 +74,7 @@ class Send(enum.Enum):
 
     DATA = "data"           # its values
     ZEROS = "zeros"         # zeros: counts towards the quorum, or asks for the result
+    GIVEN_UP = "given_up"   # zeros in place of its droppable data, with its exponent proposal
     NOTHING = "none"        # nothing: it waits for the result
 
 
@@ -273,7 +276,7 @@ class Message:
         exponent = N.EXP_NONE
         if self.send is Send.DATA and self.phase is Phase.KINDS:
             exponent = NF.chunk_proposal(w, self.index)
-        elif self.send is Send.DATA and self.carries >= 0:
+        elif self.send in (Send.DATA, Send.GIVEN_UP) and self.carries >= 0:
             exponent = int(w.proposals[self.carries])
         return exponent, w.lanes * 4 * self.index
 

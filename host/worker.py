@@ -394,15 +394,22 @@ class Worker:
     def _wait_works(self, works, timeout):
         if self.progress is not None:
             if not self.progress.wait_for(lambda: all(w.done for w in works), timeout):
-                raise NetaggTimeout(f"allreduce not finished after {timeout} s")
+                raise NetaggTimeout(self._unfinished(timeout))
             if self.engine.failed and not all(w.done for w in works):
                 raise self.engine.failed
             return
         deadline = None if timeout is None else time.monotonic() + timeout
         while not all(w.done for w in works):
             if deadline is not None and time.monotonic() > deadline:
-                raise NetaggTimeout(f"allreduce not finished after {timeout} s")
+                raise NetaggTimeout(self._unfinished(timeout))
             self._progress(0.05)
+
+    def _unfinished(self, timeout) -> str:
+        """Why a wait for works ended: the time, and what the engine still waits for."""
+        if self.engine is None:
+            return f"allreduce not finished after {timeout} s: not joined"
+        with self._engine_lock():
+            return f"allreduce not finished after {timeout} s: {self.engine.stuck()}"
 
     # --- hierarchical -------------------------------------------------------------------
 

@@ -36,7 +36,6 @@ import contextlib
 import dataclasses
 import fcntl
 import ipaddress
-import json
 import os
 import re
 import select
@@ -284,19 +283,6 @@ class Cluster:
         self.switch = proc
         os.setpriority(os.PRIO_PROCESS, proc.pid, SWITCH_NICE)
         return line
-
-    def configure(self, url: str, records: list[tuple[int, int]]):
-        """Write the switch's registers (address, value), as its operator does: from the
-        rack's namespace, over the switch's control channel."""
-        code = ("import json, sys\nfrom netagg.host.control import SwitchControl\n"
-                "ctl = SwitchControl(sys.argv[1])\nctl.write(json.loads(sys.argv[2]))\n"
-                "ctl.close()")
-        proc = self.run("rack", [sys.executable, "-c", code, url, json.dumps(records)],
-                        stderr=subprocess.PIPE, text=True)
-        _, err = proc.communicate(timeout=30)
-        if proc.returncode != 0:
-            raise ClusterError(f"writing the switch's registers failed: "
-                               f"{(err.strip().splitlines() or ['?'])[-1]}")
 
     @property
     def switch_pid(self) -> int | None:

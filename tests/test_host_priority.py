@@ -241,37 +241,37 @@ class LowClassLost(RecordingSwitch):
         super().send(port, frame, *args)
 
 
-@pytest.mark.parametrize("gives_up", [True, False], ids=["class7-null", "class7-data"])
-def test_a_lost_droppable_contribution_is_sent_again_in_class_7(gives_up):
+def test_a_lost_droppable_contribution_is_given_up_as_zeros_in_class_7():
     """Every first sending of a droppable contribution is lost on the way (classes 0..3);
-    each worker sends it again in class 7. A switch whose class 7 threshold is 0 takes it as
-    a null: the chunk's sum is the other workers' scaled up, within the budget, and chunk 0,
-    which every worker gave up, is filled in. Any other switch takes its data: every sum is
-    the whole sum."""
+    each worker gives up its data and sends zeros in class 7, not droppable, instead. Every
+    use completes with every worker counted: a chunk's sum is the sum of the workers whose
+    data arrived (the others' taken as zero), not scaled, not filled in, and every other
+    chunk is the whole sum; no switch drops anything by priority."""
     rng = np.random.default_rng(23)
     switch = LowClassLost()
-    if gives_up:
-        ctl = SwitchControl(switch)
-        ctl.write([(W.drop_threshold(7), 0)])
-        ctl.close()
     ws = workers(4, switch)
     for w in ws:        # retransmissions are found by later answers, not by the clock
         w.engine.rto_min = w.engine.rto = 5.0
     big = priority_inputs(rng, 4, 40)
-    results = allreduce_all(ws, [[b] for b in big], loss_budget=0.08, priority=4)
+    handles = [w.allreduce_async([b], loss_budget=0.08, priority=4) for w, b in zip(ws, big)]
+    results = [h.wait() for h in handles]
     assert all(np.array_equal(r[0], results[0][0]) for r in results)
     assert switch.lost == 12                        # 3 droppable chunks a worker
-    resent = [p for p in switch.contributions if W.unpack_imm(W.REQUEST_IMM, p.imm)["droppable"]]
-    assert len(resent) == 12 and {p.dscp >> 3 for p in resent} == {7}
+    dropped = [set(h.works[0].droppable) for h in handles]
+    assert dropped == [{0, 5 + 2 * r, 6 + 2 * r} for r in range(4)]
+    given = [p for p in switch.contributions if p.dscp >> 3 == 7]
+    assert len(given) == 12 + 4                     # the zeros, and one exponent message each
+    assert not any(W.unpack_imm(W.REQUEST_IMM, p.imm)["droppable"] for p in given)
     assert [w.counters()["given_up"] for w in ws] == [3] * 4
+    got, exps = results[0][0].astype(np.float64), N.shared_exponents(big, N.FLOAT32)
+    for c in range(40):
+        lo, hi = c * N.LANES, min((c + 1) * N.LANES, len(got))
+        arrived = [r for r in range(4) if c not in dropped[r]]
+        want = np.sum([big[r][lo:hi].astype(np.float64) for r in arrived], axis=0) \
+            if arrived else np.zeros(hi - lo)
+        bound = N.error_bound(got[lo:hi], exps[lo:hi], 4, N.FLOAT32)
+        assert np.all(np.abs(got[lo:hi] - want) <= bound), c
+    for h in handles:
+        assert h.stats()[0]["filled_chunks"] == h.stats()[0]["rescaled_chunks"] == 0
     sw = switch_counters(switch)
-    assert sw["drop_priority"] == (12 if gives_up else 0)
-    if gives_up:
-        got, exps = results[0][0].astype(np.float64), N.shared_exponents(big, N.FLOAT32)
-        lo, hi = 5 * N.LANES, 6 * N.LANES           # worker 0's chunk 5: the others' x 4/3
-        want = 4 / 3 * np.sum([big[r][lo:hi].astype(np.float64) for r in (1, 2, 3)], axis=0)
-        bound = 4 / 3 * N.error_bound(got[lo:hi], exps[lo:hi], 4, N.FLOAT32)
-        assert np.all(np.abs(got[lo:hi] - want) <= bound)
-        assert not np.allclose(got[lo:hi], np.sum([b[lo:hi] for b in big], axis=0))
-    else:
-        assert_within_bound(results[0][0], big, N.FLOAT32)
+    assert sw["drop_priority"] == 0 and sw["drop_credit"] == 0
