@@ -29,7 +29,7 @@ from pathlib import Path
 
 from amaranth.back import rtlil
 from netagg.hw.formal.aggregate import AggregateHarness, Bug, Property
-from netagg.hw.formal.control import ControlHarness, ControlProperty
+from netagg.hw.formal.control import ControlBug, ControlHarness, ControlProperty
 
 ENGINE = "smtbmc yices"
 BUILD = Path("build") / "formal"
@@ -95,11 +95,25 @@ def checks() -> list[Check]:
 DEPTHS = {p: 3 for p in Property}
 
 
-def bug_check(bug: Bug, prop: Property) -> Check:
-    """The proof of `prop` on the harness with `bug` planted, and without the invariants
-    that make it inductive: what fails is the property itself, in the base case."""
-    return Check(f"{prop.name.lower()} with {bug.name.lower()}",
-                 lambda: AggregateHarness(properties={prop}, invariants=False, bug=bug),
+# The property each planted bug breaks.
+CAUGHT_BY = {
+    Bug.BITMAP_IGNORED: Property.EXACTLY_ONCE,
+    Bug.KEY_UNCHECKED: Property.ISOLATION,
+    Bug.STALE_MSN_TAKEN: Property.NOT_STALE,
+    ControlBug.OWNER_UNCHECKED: ControlProperty.OWNER_OR_MANAGER,
+}
+
+
+def bug_check(bug: Bug | ControlBug) -> Check:
+    """The proof of the property `bug` breaks, on its harness with `bug` planted (and, for
+    the aggregation's, without the invariants that make it inductive): what fails is the
+    property itself, in the base case, within 12 cycles of the reset (the aggregation) or
+    40 (the control path, whose tables are written one word a cycle after its reset)."""
+    prop = CAUGHT_BY[bug]
+    name = f"{prop.name.lower()} with {bug.name.lower()}"
+    if isinstance(bug, ControlBug):
+        return Check(name, lambda: ControlHarness(properties={prop}, bug=bug), Mode.PROVE, 40)
+    return Check(name, lambda: AggregateHarness(properties={prop}, invariants=False, bug=bug),
                  Mode.PROVE, 12)
 
 

@@ -7,9 +7,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from netagg.apps.prove import Mode, Verdict, bug_check, checks, run, tools_path
-from netagg.hw.formal import aggregate
-from netagg.hw.formal.aggregate import CAUGHT_BY, Bug
+from netagg.apps.prove import CAUGHT_BY, Mode, Verdict, bug_check, checks, run, tools_path
+from netagg.hw.formal import aggregate, control
+from netagg.hw.formal.control import ControlProperty
 
 pytestmark = pytest.mark.skipif(
     shutil.which("yowasp-sby", path=tools_path()) is None
@@ -36,10 +36,10 @@ def test_check_passes(check, tmp_path):
         assert result.trace is not None
 
 
-@pytest.mark.parametrize("bug", list(Bug), ids=lambda b: b.name.lower())
+@pytest.mark.parametrize("bug", list(CAUGHT_BY), ids=lambda b: b.name.lower())
 def test_planted_bug_fails_its_proof_with_a_trace(bug, tmp_path):
     prop = CAUGHT_BY[bug]
-    result = run(bug_check(bug, prop), tmp_path)
+    result = run(bug_check(bug), tmp_path)
     log = result.log.read_text()
     assert result.verdict is Verdict.FAILED, log[-3000:]
     # the counterexample is a waveform a viewer reads, from the harness's reset
@@ -49,7 +49,8 @@ def test_planted_bug_fails_its_proof_with_a_trace(bug, tmp_path):
     # what failed is one of the property's own assertions (the harness has no others)
     failed = _failed_lines(log)
     assert failed
-    source = Path(aggregate.__file__)
+    source = Path((control if isinstance(prop, ControlProperty) else aggregate).__file__)
     for path, line in failed:
         assert Path(path).resolve() == source.resolve()
-        assert f"Property.{prop.name}" in "".join(source.read_text().splitlines()[line - 3:line])
+        text = "".join(source.read_text().splitlines()[line - 4:line])
+        assert f"{type(prop).__name__}.{prop.name}" in text

@@ -81,13 +81,6 @@ class Bug(enum.Enum):
     STALE_MSN_TAKEN = "the decide stage reads each slot copy's msn as the packet's"
 
 
-# The property each planted bug breaks.
-CAUGHT_BY = {
-    Bug.BITMAP_IGNORED: Property.EXACTLY_ONCE,
-    Bug.KEY_UNCHECKED: Property.ISOLATION,
-    Bug.STALE_MSN_TAKEN: Property.NOT_STALE,
-}
-
 # A job's configuration as the harness gives it: the job table's entry less COMPLETED and
 # EPOCH, which the stages do not read.
 CONFIG = data.StructLayout({

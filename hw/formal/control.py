@@ -18,6 +18,9 @@ The properties:
 - `DISJOINT`: two enabled jobs never share a slot, and an enabled job's slots are the
   switch's.
 
+A planted bug (`ControlBug`) changes what `Control` reads in this harness's wiring, as in
+`hw.formal.aggregate`.
+
 The owners and the manager are the registers `Control` keeps (`job{j}_owner`, `manager`),
 found by name among the signals its module drives: the properties speak of them as the
 register map does, and the proof needs them to be inductive. Covers show an enabled job
@@ -43,6 +46,11 @@ class ControlProperty(enum.Enum):
     DISJOINT = "disjoint slots"
 
 
+class ControlBug(enum.Enum):
+    """A fault planted in the harness's wiring of `Control`."""
+    OWNER_UNCHECKED = "Control reads every request's source as job 0's owner"
+
+
 class _OpenControl(Control):
     """`Control`, elaborated once, so that the harness can read the registers its module
     drives before adding it."""
@@ -56,9 +64,10 @@ class _OpenControl(Control):
 
 
 class ControlHarness(wiring.Component):
-    def __init__(self, *, properties=frozenset(ControlProperty), ports: int = 2,
-                 jobs: int = 2, max_workers: int = 2, slots: int = 4):
-        self.properties = frozenset(properties)
+    def __init__(self, *, properties=frozenset(ControlProperty),
+                 bug: ControlBug | None = None, ports: int = 2, jobs: int = 2,
+                 max_workers: int = 2, slots: int = 4):
+        self.properties, self.bug = frozenset(properties), bug
         self.ports, self.jobs, self.max_workers, self.slots = ports, jobs, max_workers, slots
         super().__init__({
             "record": In(RECORD),
@@ -82,6 +91,8 @@ class ControlHarness(wiring.Component):
                      control.records.request_port.eq(self.request_port)]
         for p in range(self.ports):
             m.d.comb += control.request_sources[p].eq(self.request_sources[p])
+            if self.bug is ControlBug.OWNER_UNCHECKED:
+                m.d.comb += control.request_sources[p].eq(owners[0])
         for j in range(J):
             m.d.comb += control.job_events[j][JOB_EVENTS.index("completed")].eq(
                 self.completions[j])
