@@ -8,11 +8,13 @@ at the check's depth, a failure when the base case finds a counterexample, whose
 VCD) is kept. A cover (`Mode.COVER`) searches up to its depth for a trace that reaches each
 `Cover` of the harness, and passes when every one is reached.
 
-`netagg prove` (and `nox -s formal`) runs every check and prints a table: check, mode,
-engine, depth ("proven" for a closed induction, the depth searched for a cover), seconds;
-two checks at a time by default (`--jobs`). It fails unless every proof closes and every
-cover is reached. The first call of the YoWASP tools compiles their WebAssembly (a minute,
-cached).
+`netagg prove` (and `nox -s formal`) runs every check, then each planted bug's (`bug_check`:
+the proof of the property the bug breaks, on the harness with the bug), and prints a table:
+check, mode, engine, depth ("proven, k=N" for an induction closed at N steps, "reached in
+N" for covers, "fails at step N" for a bug's counterexample), seconds; two checks at a time
+by default (`--jobs`). It fails unless every proof closes, every cover is reached, and every
+planted bug's proof fails with a trace, whose path it prints. The first call of the YoWASP
+tools compiles their WebAssembly (a minute, cached).
 """
 
 import dataclasses
@@ -50,11 +52,13 @@ class Verdict(enum.Enum):
 @dataclasses.dataclass(frozen=True)
 class Check:
     """One run of SymbiYosys: its name, the harness it builds, its mode and depth (the
-    induction's length for a proof, the search's for a cover)."""
+    induction's length for a proof, the search's for a cover), and the verdict it must
+    give (FAILED for a planted bug's)."""
     name: str
     harness: Callable[[], object]
     mode: Mode
     depth: int
+    expect: Verdict = Verdict.PASSED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,12 +70,21 @@ class Result:
     log: Path
 
     @property
+    def ok(self) -> bool:
+        return self.verdict is self.check.expect
+
+    @property
     def shown(self) -> str:
-        """The depth column: "proven" for a closed induction, "reached in N" for covers
-        all reached within N steps, else the verdict at the depth tried."""
+        """The depth column: "proven, k=N" for an induction closed at N steps, "reached in
+        N" for covers all reached within N steps, "fails at step N" for a counterexample,
+        else the verdict at the depth tried."""
+        depth = self.check.depth
         if self.verdict is Verdict.PASSED:
-            return "proven" if self.check.mode is Mode.PROVE else f"reached in {self.check.depth}"
-        return f"{self.verdict.value} at {self.check.depth}"
+            return f"proven, k={depth}" if self.check.mode is Mode.PROVE else f"reached in {depth}"
+        step = re.search(r"failed assertion .* step (\d+)", self.log.read_text())
+        if self.verdict is Verdict.FAILED and step:
+            return f"fails at step {step[1]}"
+        return f"{self.verdict.value} at {depth}"
 
 
 def checks() -> list[Check]:
@@ -112,9 +125,10 @@ def bug_check(bug: Bug | ControlBug) -> Check:
     prop = CAUGHT_BY[bug]
     name = f"{prop.name.lower()} with {bug.name.lower()}"
     if isinstance(bug, ControlBug):
-        return Check(name, lambda: ControlHarness(properties={prop}, bug=bug), Mode.PROVE, 40)
+        return Check(name, lambda: ControlHarness(properties={prop}, bug=bug), Mode.PROVE, 40,
+                     Verdict.FAILED)
     return Check(name, lambda: AggregateHarness(properties={prop}, invariants=False, bug=bug),
-                 Mode.PROVE, 12)
+                 Mode.PROVE, 12, Verdict.FAILED)
 
 
 def tools_path() -> str:
@@ -190,13 +204,16 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
-    chosen = [c for c in checks() if args.only in c.name]
+    chosen = [c for c in checks() + [bug_check(b) for b in CAUGHT_BY] if args.only in c.name]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         results = list(pool.map(lambda c: run(c, args.build), chosen))
     print(table(results))
-    bad = [r for r in results if r.verdict is not Verdict.PASSED]
+    for r in results:
+        if r.check.expect is Verdict.FAILED and r.trace:
+            print(f"{r.check.name}: counterexample {r.trace}")
+    bad = [r for r in results if not r.ok]
     for r in bad:
-        print(f"{r.check.name}: {r.verdict.value}, see {r.log}"
+        print(f"{r.check.name}: {r.verdict.value}, not {r.check.expect.value}; see {r.log}"
               + (f" and {r.trace}" if r.trace else ""))
     return 1 if bad else 0
 
