@@ -98,12 +98,14 @@ USE = data.StructLayout({
     "complete": 1,      # its result went to every worker
 })
 
+# The events that count a packet dropped.
 DROPS = ("drop_unhandled", "drop_bad_job", "drop_bad_payload", "drop_bad_worker",
          "drop_bad_key", "drop_bad_slot", "drop_credit", "drop_stale", "drop_bad_length",
          "duplicates")
 
 
 def popcount(value):
+    """The number of bits set in `value`."""
     return sum((value[i] for i in range(len(value))), Const(0, 4))
 
 

@@ -22,9 +22,10 @@ A planted bug (`ControlBug`) changes what `Control` reads in this harness's wiri
 `hw.formal.aggregate`.
 
 The owners and the manager are the registers `Control` keeps (`job{j}_owner`, `manager`),
-found by name among the signals its module drives: the properties speak of them as the
-register map does, and the proof needs them to be inductive. Covers show an enabled job
-rewritten by its owner, one refused to another address, and two jobs enabled at once.
+found by name among the signals its module drives (`Module._driving`): the properties
+speak of them as the register map does, and the proof needs them to be inductive. Covers
+show an enabled job rewritten by its owner, one refused to another address, two jobs
+enabled at once, and the manager set.
 """
 
 import enum
