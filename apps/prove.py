@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from amaranth.back import rtlil
+from netagg.apps import arguments as A
 from netagg.hw.formal.aggregate import AggregateHarness, Bug, Property
 from netagg.hw.formal.control import ControlBug, ControlHarness, ControlProperty
 
@@ -198,7 +199,7 @@ def table(results: list[Result]) -> str:
 def add_parser(sub) -> None:
     p = sub.add_parser("prove", help="prove the switch's invariants (SymbiYosys, Yices 2)")
     p.add_argument("--only", default="", help="run the checks whose name contains this")
-    p.add_argument("--jobs", type=int, default=2, help="checks run at once (2)")
+    p.add_argument("--jobs", type=A.positive, default=2, help="checks run at once (2)")
     p.add_argument("--build", type=Path, default=BUILD,
                    help="the build folder (default build/formal)")
 
