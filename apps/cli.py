@@ -229,7 +229,13 @@ def main(argv=None) -> int:
     add_scale(sub)
     from netagg.apps.cluster import add_parser as add_cluster
     add_cluster(sub)
+    from netagg.apps.prove import add_parser as add_prove
+    add_prove(sub)
     args = parser.parse_args(argv)
+
+    if args.command == "prove":
+        from netagg.apps.prove import main as prove_main
+        return prove_main(args)
 
     if args.command == "scale":
         from netagg.apps.scale.cli import main as scale_main

@@ -21,6 +21,7 @@ from netagg.apps.cli import main
     (["bench", "host", "--sizes", "1Q"], "--sizes", "K, M or G"),
     (["bench", "cluster", "--hosts", "4,x"], "--hosts", "a whole number"),
     (["probe", "udp://127.0.0.1:99999"], "url", "Port out of range"),
+    (["prove", "--jobs", "0"], "--jobs", "at least 1"),
 ])
 def test_a_bad_argument_is_one_line_naming_it(argv, option, says, capsys, monkeypatch):
     resolve = socket.getaddrinfo
