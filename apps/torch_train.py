@@ -155,8 +155,8 @@ def train(args) -> dict | None:
                "tcp_bytes": tcp1 - tcp0,
                "packets_sent": after.get("packets_sent", 0) - before.get("packets_sent", 0),
                **{k: after.get(k, 0) - before.get(k, 0)
-                  for k in ("droppable_sent", "lost_contributions", "rescaled_chunks",
-                            "filled_chunks", "retransmissions")},
+                  for k in ("droppable_sent", "given_up", "lost_contributions",
+                            "rescaled_chunks", "filled_chunks", "retransmissions")},
                "weights": [float(p.detach().double().sum()) for p in model.parameters()]}
     gathered = [None] * world
     dist.all_gather_object(gathered, figures)

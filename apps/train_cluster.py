@@ -217,7 +217,12 @@ def summary(report: dict) -> str:
                      + ", ".join(f"{n} {r['cross_goodput_bps'] / 1e6:.1f} Mb/s"
                                  for n, r in runs.items()) + " of it got through")
     drop = runs.get("netagg_drop")
-    if drop:
+    if drop and report.get("cross_traffic"):
+        sent = sum(r.get("droppable_sent", 0) for r in drop["ranks"])
+        given = sum(r.get("given_up", 0) for r in drop["ranks"])
+        lines.append(f"netagg_drop: {given:,} of {sent:,} droppable contributions given up "
+                     f"(zeros in their place)")
+    elif drop:
         lines.append(f"netagg_drop: {drop['drop_fraction']:.2%} of the contributions dropped "
                      f"by priority")
     return "\n".join(lines)
