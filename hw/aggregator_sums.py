@@ -59,7 +59,8 @@ class Sums(wiring.Component):
         source, source_valid, take_source = self._source(m, c, row)
 
         # Second stage: the row read, the sums written, the result beat sent.
-        d_valid, d_emit = Signal(), Signal()
+        d_valid = Signal()
+        d_emit = Signal()
         d_action = Signal(Action)
         d_beat = Signal(BeatLayout(self.width), reset_less=True)
         d_ports = Signal(P, reset_less=True)
