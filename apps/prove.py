@@ -33,6 +33,7 @@ from amaranth.back import rtlil
 from netagg.apps import arguments as A
 from netagg.hw.formal.aggregate import AggregateHarness, Bug, Property
 from netagg.hw.formal.control import ControlBug, ControlHarness, ControlProperty
+from netagg.hw.formal.sums import SumsBug, SumsHarness
 
 ENGINE = "smtbmc yices"
 BUILD = Path("build") / "formal"
@@ -53,13 +54,15 @@ class Verdict(enum.Enum):
 @dataclasses.dataclass(frozen=True)
 class Check:
     """One run of SymbiYosys: its name, the harness it builds, its mode and depth (the
-    induction's length for a proof, the search's for a cover), and the verdict it must
-    give (FAILED for a planted bug's)."""
+    induction's length for a proof, the search's for a cover), the verdict it must give
+    (FAILED for a planted bug's), and Yosys commands run after `prep` (`memory_map` makes a
+    small memory registers, which the solver proves things of faster than of an array)."""
     name: str
     harness: Callable[[], object]
     mode: Mode
     depth: int
     expect: Verdict = Verdict.PASSED
+    yosys: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,11 +98,13 @@ def checks() -> list[Check]:
              Property.ISOLATION: "4 isolation"}
     out = [Check(names[p], lambda p=p: AggregateHarness(properties={p}), Mode.PROVE,
                  DEPTHS[p]) for p in Property]
+    out += [Check("2 sums", SumsHarness, Mode.PROVE, SUMS_DEPTH, yosys=SUMS_YOSYS)]
     out += [Check(f"5 control: {p.value}", lambda p=p: ControlHarness(properties={p}),
                   Mode.PROVE, 3) for p in ControlProperty]
     # Covers: the aggregation's within 12 cycles; the control path's after its reset, which
     # writes its tables' words one a cycle (26 cycles at these parameters), then records.
     out += [Check("covers 1-4", lambda: AggregateHarness(properties=()), Mode.COVER, 12),
+            Check("covers 2 sums", SumsHarness, Mode.COVER, SUMS_COVER_DEPTH, yosys=SUMS_YOSYS),
             Check("covers 5", lambda: ControlHarness(properties=()), Mode.COVER, 40)]
     return out
 
@@ -107,6 +112,11 @@ def checks() -> list[Check]:
 # The induction's length per aggregation property: the lookup stage's second register and
 # a decided packet, with the harness's invariants, close in 3 steps.
 DEPTHS = {p: 3 for p in Property}
+# The sums stage's: its second stage and its memory (made registers), with the harness's
+# invariants, close in 2 steps; its covers are reached within 8 cycles of the reset.
+SUMS_DEPTH = 2
+SUMS_COVER_DEPTH = 8
+SUMS_YOSYS = ("memory_map", "opt_clean")
 
 
 # The property each planted bug breaks.
@@ -115,19 +125,24 @@ CAUGHT_BY = {
     Bug.KEY_UNCHECKED: Property.ISOLATION,
     Bug.STALE_MSN_TAKEN: Property.NOT_STALE,
     ControlBug.OWNER_UNCHECKED: ControlProperty.OWNER_OR_MANAGER,
+    SumsBug.OVERWRITE_ADDS: Property.COMPLETE,
 }
 
 
-def bug_check(bug: Bug | ControlBug) -> Check:
+def bug_check(bug: Bug | ControlBug | SumsBug) -> Check:
     """The proof of the property `bug` breaks, on its harness with `bug` planted (and, for
-    the aggregation's, without the invariants that make it inductive): what fails is the
-    property itself, in the base case, within 12 cycles of the reset (the aggregation) or
-    40 (the control path, whose tables are written one word a cycle after its reset)."""
+    the aggregation's and the sums', without the invariants that make it inductive): what
+    fails is the property itself, in the base case, within 12 cycles of the reset (the
+    aggregation, the sums) or 40 (the control path, whose tables are written one word a cycle
+    after its reset)."""
     prop = CAUGHT_BY[bug]
     name = f"{prop.name.lower()} with {bug.name.lower()}"
     if isinstance(bug, ControlBug):
         return Check(name, lambda: ControlHarness(properties={prop}, bug=bug), Mode.PROVE, 40,
                      Verdict.FAILED)
+    if isinstance(bug, SumsBug):
+        return Check(name, lambda: SumsHarness(invariants=False, bug=bug), Mode.PROVE, 12,
+                     Verdict.FAILED, SUMS_YOSYS)
     return Check(name, lambda: AggregateHarness(properties={prop}, invariants=False, bug=bug),
                  Mode.PROVE, 12, Verdict.FAILED)
 
@@ -142,7 +157,7 @@ def sby_script(check: Check) -> str:
     return "\n".join([
         "[options]", f"mode {mode}", f"depth {check.depth}", "",
         "[engines]", ENGINE, "",
-        "[script]", "read_rtlil top.il", "prep -top top", "",
+        "[script]", "read_rtlil top.il", "prep -top top", *check.yosys, "",
         "[files]", "top.il", "",
     ])
 

@@ -28,7 +28,8 @@ it), and asserts the properties against it when a packet is decided:
    quorum (every worker when it has none), or on CLOSE at least DEADLINE ticks after the use
    began, and carries the use's count of data contributions; a replay answers only a
    complete use's message, to its one worker, with the same count; a drained packet sends
-   nothing;
+   nothing (what the sums stage sends for these commands, the result's rows, is proven on
+   it by `hw.formal.sums`);
 3. `NOT_STALE`: an ADD carries the use's message number; an OVERWRITE a later one than the
    copy's last use; a contribution that changes a sum is within the job's credits of its
    COMPLETED;
