@@ -71,7 +71,7 @@ from netagg.host import torch_staging
 from netagg.host.errors import NetaggError
 from netagg.host.torch_tensors import as_array, in_place_outs, refusal, store_result, switch_op
 from netagg.host.torch_work import Completer, Done, NetaggWork, Pending
-from netagg.host.worker import Worker, deadline_ticks
+from netagg.host.worker import Worker, deadline_ticks, per_tensor
 
 BACKEND = "netagg"
 MAX_WORKER_TIMEOUT = 60.0       # seconds without progress before an allreduce fails
@@ -301,8 +301,8 @@ class NetaggProcessGroup(dist.ProcessGroup):
         """Allreduce device `tensors` through `staging`, chunk by chunk on the completer's
         thread; each piece of a tensor has the tensor's loss budget and priority."""
         n = len(tensors)
-        budgets = _per_tensor(loss_budget, n, "loss_budget")
-        priorities = None if priority is None else _per_tensor(priority, n, "priority")
+        budgets = per_tensor(loss_budget, n, "loss_budget")
+        priorities = None if priority is None else per_tensor(priority, n, "priority")
         staged = staging.prepare(tensors)       # after the caller's stream, on its thread
 
         def chunk(arrays, pieces):
@@ -334,14 +334,6 @@ class NetaggProcessGroup(dist.ProcessGroup):
     def abort(self):
         self.shutdown()
 
-
-def _per_tensor(value, n: int, name: str) -> list:
-    """One value per tensor: `value` itself when it is a list or tuple of n."""
-    if isinstance(value, (list, tuple)):
-        if len(value) != n:
-            raise ValueError(f"{name} has {len(value)} values for {n} tensors")
-        return list(value)
-    return [value] * n
 
 
 def _create(backend_opts, options) -> NetaggProcessGroup:

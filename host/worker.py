@@ -121,7 +121,8 @@ def _queue_pair() -> int:
     return random.SystemRandom().randrange(0x100, 1 << 24)
 
 
-def _per_tensor(value, n: int, name: str) -> list:
+def per_tensor(value, n: int, name: str) -> list:
+    """One value per tensor: `value` itself when it is a list or tuple of n."""
     if isinstance(value, (list, tuple)):
         if len(value) != n:
             raise ValueError(f"{name} has {len(value)} values for {n} tensors")
@@ -306,8 +307,8 @@ class Worker:
         for f in fmts:
             if op == "mean" and f.kind == "int":
                 raise TypeError("the mean of int32 tensors is not an int32: use op='sum'")
-        budgets = _per_tensor(loss_budget, len(arrays), "loss_budget")
-        priorities = _per_tensor(DEFAULT_PRIORITY if priority is None else priority,
+        budgets = per_tensor(loss_budget, len(arrays), "loss_budget")
+        priorities = per_tensor(DEFAULT_PRIORITY if priority is None else priority,
                                  len(arrays), "priority")
         for b, p, f in zip(budgets, priorities, fmts):
             if not 0.0 <= float(b) < 1.0:
