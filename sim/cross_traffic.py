@@ -9,9 +9,11 @@ hosts' links and the fabric's uplinks with netagg.
   or a storage client's fan-in), so they meet at its link.
 
 `CrossTraffic(cluster, flows, incast=...)` starts a receiver (`sink`) on each host that
-receives, then the senders (`send`); `stop()` ends them and returns the bytes each receiver
-took from each sender, and the goodput. Every process runs inside the cluster's own
-namespaces (`Cluster.run`), to the hosts' 10.x addresses; its TCP is Linux's (cubic), DSCP 0.
+receives, then the senders (`send`), and returns once every sink listens and every sender is
+connected (each says so in a line), so traffic flows from then on; `stop()` ends them and
+returns the bytes each receiver took from each sender, and the goodput. Every process runs
+inside the cluster's own namespaces (`Cluster.run`), to the hosts' 10.x addresses; its TCP is
+Linux's (cubic), DSCP 0.
 
 Run by hand: ``python -m netagg.sim.cross_traffic sink PORT`` prints, when it is ended
 (SIGTERM), one JSON object of bytes received per sender address; ``python -m
@@ -25,6 +27,7 @@ import argparse
 import collections
 import dataclasses
 import json
+import select
 import selectors
 import signal
 import socket
@@ -34,6 +37,8 @@ import time
 
 PORT = 5301
 CHUNK = 64 << 10
+LISTENING, CONNECTED = "listening", "connected"     # each process's line once it is ready
+READY_TIMEOUT = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,17 +86,19 @@ class CrossTraffic:
         for h in sorted(receivers):
             self.sinks[h] = c.run(h, [sys.executable, "-m", __name__, "sink", str(PORT)],
                                   stdout=subprocess.PIPE, text=True)
-        time.sleep(0.3)                 # the sinks listen
-        for a, b in self.flows:
-            self.senders.append(c.run(a, [sys.executable, "-m", __name__, "send",
-                                          c.hosts[b].ip, str(PORT)]))
+        for h, p in self.sinks.items():
+            _await(p, LISTENING, f"the sink on host {h}")
+        sends = [(a, [c.hosts[b].ip, str(PORT)]) for a, b in self.flows]
         if self.incast:
             i = self.incast
-            for a in range(len(c.hosts)):
-                if a != i.into:
-                    self.senders.append(c.run(a, [
-                        sys.executable, "-m", __name__, "send", c.hosts[i.into].ip, str(PORT),
-                        "--burst", str(i.burst), "--period", str(i.period)]))
+            sends += [(a, [c.hosts[i.into].ip, str(PORT), "--burst", str(i.burst),
+                           "--period", str(i.period)])
+                      for a in range(len(c.hosts)) if a != i.into]
+        for a, args in sends:
+            self.senders.append(c.run(a, [sys.executable, "-m", __name__, "send", *args],
+                                      stdout=subprocess.PIPE, text=True))
+        for (a, args), p in zip(sends, self.senders):
+            _await(p, CONNECTED, f"the sender on host {a} to {args[0]}")
         self.started = time.monotonic()
 
     def stop(self) -> dict:
@@ -113,6 +120,15 @@ class CrossTraffic:
                 "goodput_bps": round(total * 8 / seconds)}
 
 
+def _await(proc: subprocess.Popen, word: str, what: str):
+    """Wait for `proc`'s line `word` (it is ready), at most READY_TIMEOUT seconds."""
+    ready, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT)
+    line = proc.stdout.readline().strip() if ready else ""
+    if line != word:
+        raise RuntimeError(f"cross traffic: {what} did not start in {READY_TIMEOUT:.0f} s "
+                           f"(exit status {proc.poll()}, said {line!r})")
+
+
 # --- the processes -------------------------------------------------------------------------
 
 def _sink(port: int):
@@ -124,6 +140,7 @@ def _sink(port: int):
     sel.register(server, selectors.EVENT_READ)
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    print(LISTENING, flush=True)
     while not stop:
         for key, _ in sel.select(timeout=0.2):
             if key.fileobj is server:
@@ -148,15 +165,8 @@ def _send(host: str, port: int, burst: int, period: float):
     """Send to `host` until SIGTERM: continuously, or `burst` bytes every `period`."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     data = bytes(CHUNK)
-    deadline = time.monotonic() + 10
-    while True:                 # the sink may still be starting
-        try:
-            conn = socket.create_connection((host, port), timeout=30)
-            break
-        except ConnectionRefusedError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    conn = socket.create_connection((host, port), timeout=30)     # its sink listens
+    print(CONNECTED, flush=True)
     with conn:
         if not burst:
             while True:
