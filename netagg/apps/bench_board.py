@@ -66,8 +66,9 @@ def _board_demo(board: str, workers: int, nodes: int, values: int, steps: int,
 def bench_board(board: str = "versa_ecp5_5g", values: int = 200_000, steps: int = 4,
                 workers: int | None = None, nodes: int | None = None, timeout: float = 300.0,
                 quiet: bool = False) -> dict:
-    from netagg.bitstreams import target
     from rich.console import Console
+
+    from netagg.bitstreams import target
 
     if os.geteuid() != 0:
         raise SystemExit("netagg bench board: TAP devices and a network namespace need root")

@@ -30,6 +30,7 @@ import statistics
 import time
 
 import numpy as np
+
 from netagg.apps.bench_cluster import run_hosts
 from netagg.sim.cluster_classes import class_counters
 from netagg.sim.cluster_fabric import FabricCluster, Topology

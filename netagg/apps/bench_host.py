@@ -56,6 +56,7 @@ import uuid
 
 import numpy as np
 import psutil
+
 from netagg.apps.demo import demo_data
 
 MB = 1e6
@@ -416,8 +417,9 @@ def bench_host(sizes=None, workers: int = 4, quiet: bool = False, timeout: float
                rate_seconds: float = 2.0) -> dict:
     """The figures of the module's docstring, as one dict; a summary on stderr unless
     `quiet`. `timeout`: seconds any one step (a set-up, an allreduce) may take."""
-    from netagg.sim.bench import contributions_per_second
     from rich.console import Console
+
+    from netagg.sim.bench import contributions_per_second
 
     console = Console(stderr=True, quiet=quiet, soft_wrap=True)
     sizes = sorted(sizes or DEFAULT_SIZES)

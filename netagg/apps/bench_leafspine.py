@@ -32,6 +32,7 @@ import time
 import uuid
 
 import numpy as np
+
 from netagg.apps.bench_line_rate import cocotb_run
 from netagg.apps.demo import demo_data
 

@@ -35,8 +35,9 @@ MAX_DELAY = 0.003           # seconds
 def bench_loss(losses=LOSSES, workers: int = 4, values: int = 1_000_000, tensors: int = 6,
                repeat: int = 1, backend: str = "fast", quiet: bool = False,
                timeout: float = 900.0) -> dict:
-    from netagg.sim.serve import SimServer, make_backend
     from rich.progress import Progress
+
+    from netagg.sim.serve import SimServer, make_backend
     report = {"date": datetime.date.today().isoformat(),
               "machine": f"{os.cpu_count()} cores, {platform.machine()}, Linux "
                          f"{platform.release()}",

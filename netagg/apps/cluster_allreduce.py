@@ -27,6 +27,7 @@ import json
 import time
 
 import numpy as np
+
 from netagg.apps.demo import check_result, demo_data
 
 

@@ -29,6 +29,7 @@ import queue as queue_mod
 import time
 
 import numpy as np
+
 from netagg.apps.demo import run_workers
 
 
@@ -92,8 +93,9 @@ def bench_congestion(backend: str = "golden", paths_list=(1, 2, 4), workers: int
                      size: int = 1 << 20, spray: str = "round_robin", repeat: int = 3,
                      quiet: bool = False, experiments=("priority_drop", "spraying"),
                      priority: dict | None = None) -> dict:
-    from netagg.sim.serve import SimServer, make_backend
     from rich.console import Console
+
+    from netagg.sim.serve import SimServer, make_backend
 
     console = Console(stderr=True, quiet=quiet)
     report = {"bench": "congestion", "backend": backend}

@@ -21,6 +21,7 @@ import time
 import uuid
 
 import numpy as np
+
 from netagg.host import numerics as N
 
 
@@ -191,11 +192,12 @@ def demo(workers: int = 4, nodes: int = 2, values: int = 2_000_000, backend: str
          steps: int = 8, as_json: bool = False, pcap: str | None = None,
          timeout: float = 60.0, paths: int = 1, spray: str = "round_robin",
          switch: str | None = None, binds=None, switch_params: dict | None = None) -> dict:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     from netagg.apps.probe import sources
     from netagg.host.control import SwitchControl
     from netagg.sim.serve import SimServer, make_backend
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = Console(stderr=True, quiet=as_json)
     server = None
@@ -277,9 +279,10 @@ def bench_allreduce(sizes, workers: int = 4, backend: str = "golden", transports
     worker against `SimServer`); and, with `simulator`, the switch RTL's cycles per second
     driven from Python (frames in and out through sim.model) beside a pure C++ loop over the
     same model and the same aggregation traffic."""
+    from rich.console import Console
+
     from netagg.host import Worker
     from netagg.sim.serve import SimServer, make_backend
-    from rich.console import Console
 
     console = Console(stderr=True, quiet=quiet)
     out = {"bench": "allreduce", "backend": backend, "workers": workers, "dtype": "float32",

@@ -33,6 +33,7 @@ import time
 import uuid
 
 import numpy as np
+
 from netagg.apps.demo import check_result, demo_data
 
 
@@ -72,11 +73,12 @@ def demo_fabric(shape: str = "2x2", workers: int = 8, values: int = 200_000, ste
                 backend: str = "golden", uplink_down_at: float | None = None,
                 quiet: bool = False, seed: int = 0, dtype: str = "float32", make=None,
                 faults=None, timeout: float = 60.0) -> dict:
+    from rich.console import Console
+
     from netagg.host import Worker
     from netagg.sim.topology import Topology
     from netagg.sim.topology_serve import parse_shape
     from netagg.sim.topology_watch import SpineUses
-    from rich.console import Console
 
     console = Console(stderr=True, quiet=quiet)
     leaves, spines = parse_shape(shape)
@@ -166,9 +168,10 @@ def demo_described(fabric, workers: int = 8, values: int = 200_000, steps: int =
                    quiet: bool = False, timeout: float = 60.0) -> dict:
     """Worker processes over UDP against the fabric `fabric` describes (`host.fabric`: its
     JSON, its file or a dict), each naming its leaf; the report of `apps.demo.run_workers`."""
+    from rich.console import Console
+
     from netagg.apps.demo import run_workers
     from netagg.host.fabric import Fabric
-    from rich.console import Console
     described = Fabric.load(fabric)
     console = Console(stderr=True, quiet=quiet)
     console.print(f"netagg demo: {workers} worker processes over "

@@ -83,9 +83,10 @@ def verdicts(ranks: list[dict]) -> dict:
 
 def gpu_check(values: int = 4 << 20, layouts=("hierarchical", "flat"), timeout: float = 420.0,
               quiet: bool = False) -> dict:
+    from rich.console import Console
+
     from netagg.apps import torch_runs
     from netagg.sim.bench import start_server
-    from rich.console import Console
 
     report = {"command": "gpu-check", "values": values, "layouts": {}, "verified": False}
     missing = cuda_missing()

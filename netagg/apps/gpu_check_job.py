@@ -33,11 +33,12 @@ import traceback
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
 from netagg.apps.torch_train import exit_now
 from netagg.host import torch_backend as tb
 from netagg.host.torch_hook import register
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 VALUES = 2_500_000          # float32: 3 chunks of 4 MiB; 16-bit: 2
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,

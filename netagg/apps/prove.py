@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from amaranth.back import rtlil
+
 from netagg.apps import arguments as A
 from netagg.hw.formal.aggregate import AggregateHarness, Bug, Property
 from netagg.hw.formal.control import ControlBug, ControlHarness, ControlProperty

@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from netagg.sim import wire as W
 
 
@@ -189,10 +190,11 @@ def train_runs(workers: int = 4, nodes: int = 2, epochs: int = 15, seed: int = 0
                loss_budget: float = 0.05, backend: str = "golden", runs=RUNS,
                timeout: float = 600.0, quiet: bool = False, channels: int = 16,
                hidden: int = 128) -> dict:
+    from rich.console import Console
+
     from netagg.apps.probe import sources
     from netagg.apps.torch_train import digits
     from netagg.sim.bench import start_server
-    from rich.console import Console
 
     if workers % nodes:
         raise ValueError(f"{workers} workers do not split into {nodes} nodes")

@@ -28,6 +28,7 @@ import time
 import uuid
 
 import numpy as np
+
 from netagg.host.control import SwitchControl
 from netagg.host.worker import Worker
 from netagg.sim import wire as W

@@ -52,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+
 from netagg.apps import torch_runs
 from netagg.sim import netns
 from netagg.sim import wire as W
@@ -106,8 +107,9 @@ def train_cluster(hosts: int = 4, rate: str = "100mbit", switch: str = "fast",
     (``2x2``), `hosts_per_leaf`, `oversubscription` and `spray` (`hosts` is then theirs);
     with `cross_traffic` (a fabric only) its ports honour DSCP and another job's traffic
     runs through every run; the report (`summary`, `plot`)."""
-    from netagg.apps.torch_train import digits
     from rich.console import Console
+
+    from netagg.apps.torch_train import digits
 
     console = Console(stderr=True, quiet=quiet)
     report = {"command": "train", "cluster": True, "hosts": hosts, "workers": hosts,

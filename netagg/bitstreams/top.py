@@ -24,6 +24,7 @@ from amaranth import ClockDomain, ClockSignal, Const, Elaboratable, Instance, Mo
 from amaranth.lib import wiring
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.lib.wiring import In, Out
+
 from netagg.hw import regmap as R
 from netagg.hw.mac import COUNTER_WIDTH, Mac
 from netagg.hw.mac_arp import ArpResponder, FrameMux

@@ -52,6 +52,7 @@ import enum
 import math
 
 import numpy as np
+
 from netagg.host.messages import MessageKind, Result, Send, SlotState
 from netagg.host.retransmit import RttEstimator
 

@@ -37,6 +37,7 @@ import ipaddress
 import time
 
 import numpy as np
+
 from netagg.host import numerics as N
 from netagg.host.compiled_build import RX_RUNS, Fmt, Run, Status, library
 from netagg.host.progress import wanted

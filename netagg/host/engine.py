@@ -67,6 +67,7 @@ import collections
 import time
 
 import numpy as np
+
 from netagg.host import numerics as N
 from netagg.host import transport as T
 from netagg.host.checklane import MEMBERSHIP_MAX_WORKERS, CheckLane, poke_delay

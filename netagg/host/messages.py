@@ -53,6 +53,7 @@ import enum
 import math
 
 import numpy as np
+
 from netagg.host import nonfinite as NF
 from netagg.host import numerics as N
 from netagg.host.nonfinite import Phase

@@ -26,6 +26,7 @@ import zlib
 from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
+
 from netagg.host.errors import NetaggError, NetaggTimeout
 
 # The creator owns a segment: an attaching worker must not register it with the resource

@@ -54,6 +54,7 @@ import enum
 from typing import TYPE_CHECKING
 
 import numpy as np
+
 from netagg.host import numerics as N
 from netagg.sim import wire as W
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from netagg.sim import wire as W
 
 LANES = W.MAX_PAYLOAD // 4 - 1      # data lanes per packet; the last lane is the check lane

@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+
 from netagg.host import numerics as N
 from netagg.host.checklane import Match, Outcome
 from netagg.host.messages import Message, MessageKind, Result, Send, SlotState, Work, deliver

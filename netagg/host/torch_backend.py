@@ -66,6 +66,7 @@ import warnings
 
 import torch
 import torch.distributed as dist
+
 from netagg.host import numerics as N
 from netagg.host import torch_staging
 from netagg.host.errors import NetaggError

@@ -32,9 +32,10 @@ import dataclasses
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
 from netagg.host.torch_backend import NetaggProcessGroup
 from netagg.host.torch_tensors import switch_op
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 WEIGHT_CLASSES = (3, 4, 5)      # weights, first layers lowest
 BIAS_CLASS = 6                  # biases and norms

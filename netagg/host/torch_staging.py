@@ -52,6 +52,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 import torch
+
 from netagg.host.torch_tensors import as_array
 
 CHUNK_BYTES = 4 << 20       # one pinned buffer: 1 Mi float32 values

@@ -35,6 +35,7 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+
 from netagg.host.errors import NetaggError
 
 CLOSE_WAIT = 10.0       # seconds `close` waits for the thread to finish what is queued

@@ -35,6 +35,7 @@ import dataclasses
 import time
 
 import numpy as np
+
 from netagg.host import numerics as N
 from netagg.host.compiled import CompiledStep, carries
 from netagg.host.messages import (

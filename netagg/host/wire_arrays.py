@@ -27,6 +27,7 @@ import dataclasses
 import functools
 
 import numpy as np
+
 from netagg.host import numerics as N
 from netagg.host.messages import Result
 from netagg.sim import wire as W

@@ -86,6 +86,7 @@ import random
 import time
 
 import numpy as np
+
 from netagg.host import compiled, netif
 from netagg.host import numerics as N
 from netagg.host import transport as T

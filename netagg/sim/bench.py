@@ -29,6 +29,7 @@ import sys
 import time
 
 import psutil
+
 from netagg.sim import udp_offload
 from netagg.sim import wire as W
 from netagg.sim.model import BENCH_KEY

@@ -20,6 +20,7 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge, with_timeout
 from cocotbext.axi import AxiStreamBus, AxiStreamSink
+
 from netagg.sim.scapy_frames import roce_frame
 
 WIDTH = int(os.environ.get("NETAGG_WIDTH", "64"))

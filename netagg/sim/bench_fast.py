@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+
 from netagg.sim import wire as W
 from netagg.sim.model import BENCH_KEY
 
@@ -113,8 +114,9 @@ def bench_fast(workers: int = 8, seconds: float = 2.0, slots: int = 64,
                quiet: bool = False) -> dict:
     """`in_memory` and `sim.bench.contributions_per_second("fast")`, `workers` workers and
     `slots` slots each."""
-    from netagg.sim.bench import contributions_per_second
     from rich.console import Console
+
+    from netagg.sim.bench import contributions_per_second
     console = Console(stderr=True, quiet=quiet)
     with console.status("the fast switch in memory ..."):
         memory = in_memory(workers=workers, slots=slots, seconds=seconds)

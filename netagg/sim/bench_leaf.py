@@ -38,6 +38,7 @@ import os
 
 import cocotb
 import numpy as np
+
 from netagg.sim import wire as W
 from netagg.sim.bench_switch import HOST, NB, PARAMS, PORTS, SWITCH, SwitchTB
 from netagg.sim.golden_spine import GoldenSpine

@@ -23,6 +23,7 @@ import cocotb
 import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
+
 from netagg.sim import wire as W
 from netagg.sim.model import BENCH_KEY
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+
 from netagg.sim import echo_run
 from netagg.sim import wire as W
 from netagg.sim.codec import (

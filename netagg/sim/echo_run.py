@@ -36,6 +36,7 @@ import functools
 import itertools
 
 import numpy as np
+
 from netagg.hw import headers as H
 from netagg.sim import wire as W
 from netagg.sim.codec import CHECKED, OK, checks

@@ -40,6 +40,7 @@ import ctypes
 import dataclasses
 
 import numpy as np
+
 from netagg.sim import cpp_build, fast_build
 from netagg.sim import wire as W
 from netagg.sim.fast_build import JOB_WORDS, TEMPLATE_BYTES, WORKER_WORDS, State, Stop

@@ -27,6 +27,7 @@ import os
 import socket
 
 import numpy as np
+
 from netagg.sim import fast_build, udp
 from netagg.sim import wire as W
 from netagg.sim.fast import FastSwitch

@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterable, Iterator
 
 import numpy as np
+
 from netagg.sim import wire as W
 from netagg.sim.codec import OK, contribution, decode
 from netagg.sim.fuzz_mutations import Mutator

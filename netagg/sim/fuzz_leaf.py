@@ -30,6 +30,7 @@ import random
 from collections.abc import Iterator
 
 import numpy as np
+
 from netagg.sim import wire as W
 from netagg.sim.codec import ResultTemplate, result_imm
 from netagg.sim.fuzz_mutations import Mutator

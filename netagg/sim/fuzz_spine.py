@@ -22,6 +22,7 @@ import random
 from collections.abc import Iterator
 
 import numpy as np
+
 from netagg.hw import headers as H
 from netagg.sim import wire as W
 from netagg.sim.fuzz_mutations import Field, Mutator, get_field, repair_icrc, set_field

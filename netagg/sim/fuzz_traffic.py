@@ -28,6 +28,7 @@ import random
 from collections.abc import Iterator
 
 import numpy as np
+
 from netagg.sim import wire as W
 
 SWITCH = W.Endpoint("10.0.0.1", W.ROCEV2_PORT, 0x02AA00000001)

@@ -84,6 +84,7 @@ import dataclasses
 import struct
 
 import numpy as np
+
 from netagg.hw.headers import Verdict
 from netagg.sim import wire as W
 from netagg.sim.codec import (

@@ -12,6 +12,7 @@ def switch_traffic(ports: int = 4, slots: int = 16, lanes: int = 256) -> list[tu
     one worker per port (and clears its slots), then one contribution of `lanes` int32 lanes
     from every worker for each of `slots` slots. Replayed, it aggregates afresh each time."""
     import numpy as np
+
     from netagg.sim import wire as W
 
     host = W.Endpoint("10.0.9.9", 0xD000, 0x02BB00000009)

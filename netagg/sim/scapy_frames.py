@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import random
 
-from netagg.hw import headers as H
 from scapy.contrib.roce import AETH, BTH
 from scapy.fields import IntField, LongField, XIntField
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw
+
+from netagg.hw import headers as H
 
 
 class RETH(Packet):

@@ -9,6 +9,7 @@ tvalid, tready), so cocotbext-axi's models drive them.
 
 from amaranth import Elaboratable, Module, Signal
 from amaranth.lib import wiring
+
 from netagg.hw import headers as H
 from netagg.hw.deparser import Deparser
 from netagg.hw.icrc import IcrcEngine

@@ -36,6 +36,7 @@ import socket
 import struct
 
 import numpy as np
+
 from netagg.sim import wire as W
 
 UDP_SEGMENT = 103               # linux/udp.h

@@ -58,6 +58,8 @@ import functools
 import ipaddress
 import struct
 
+from zlib_ng.zlib_ng import crc32  # zlib's CRC-32, the ICRC's, with carry-less multiply
+
 from netagg.hw import headers as H
 from netagg.hw import regmap as R
 from netagg.hw.headers import (  # noqa: F401  (the format's constants, for the codec's users)
@@ -78,7 +80,6 @@ from netagg.hw.headers import (  # noqa: F401  (the format's constants, for the 
     UPLINK_QPN,
 )
 from netagg.hw.regmap import *  # noqa: F403
-from zlib_ng.zlib_ng import crc32  # zlib's CRC-32, the ICRC's, with carry-less multiply
 
 TTL = H.RESULT_TTL                # the canonical IPv4 header's, as the switch writes it
 IPV4_FIRST_BYTE = H.IPV4_VERSION << 4 | H.IPV4_IHL     # version and IHL, no options

@@ -7,8 +7,9 @@ from __future__ import annotations
 import struct
 
 import numpy as np
-from netagg.sim.wire import ICRC_LEN, Endpoint, icrc_state, ip_udp_header
 from zlib_ng.zlib_ng import crc32  # zlib's CRC-32, the ICRC's, with carry-less multiply
+
+from netagg.sim.wire import ICRC_LEN, Endpoint, icrc_state, ip_udp_header
 
 _ICRC_FIELD = struct.Struct("<I")
 

@@ -19,6 +19,7 @@ import dataclasses
 import math
 
 import numpy as np
+
 from netagg.apps.scale.cluster import Cluster, Topology
 
 
