@@ -11,13 +11,13 @@ import struct
 import cocotb
 from cocotb.triggers import ClockCycles
 from cocotbext.axi import AxiStreamFrame
-from netagg.hw import headers as H
-from netagg.sim.bench_datapath import drive_back_to_back
-from netagg.sim.scapy_frames import roce_frame
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
+from netagg.contract import headers as H
+from netagg.sim.bench_datapath import drive_back_to_back
+from netagg.sim.scapy_frames import roce_frame
 from tests import frames as F
 from tests.tb import WIDTH, DatapathTB, pack_header, unpack_header
 

@@ -23,13 +23,14 @@ import time
 from pathlib import Path
 
 import pytest
-from netagg.hw.headers import CONTROL_QPN, OP_CONTROL, ROCEV2_PORT
-from netagg.hw.regmap import MAGIC, REG_MAGIC, REG_PORT, port_counter
-from netagg.sim.board import BoardSim, build_board
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw, raw
+
+from netagg.contract.headers import CONTROL_QPN, OP_CONTROL, ROCEV2_PORT
+from netagg.contract.regmap import MAGIC, REG_MAGIC, REG_PORT, port_counter
+from netagg.sim.board import BoardSim, build_board
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = ["192.168.1.1", "192.168.2.1"]            # the host side of ports 0 and 1

@@ -13,12 +13,12 @@ import uuid
 
 import numpy as np
 import pytest
-from netagg.host import Worker, compiled_build, job_setup
+
+from netagg.contract import wire as W
+from netagg.host import Worker, compiled_build, cpp_build, job_setup
 from netagg.host import compiled as compiled_module
 from netagg.host import numerics as N
 from netagg.host.wire_arrays import write_imm_dtype
-from netagg.sim import cpp_build
-from netagg.sim import wire as W
 from netagg.sim.serve import SimServer, make_backend
 
 pytestmark = pytest.mark.skipif(compiled_build.library() is None,

@@ -13,6 +13,8 @@ import uuid
 
 import numpy as np
 import pytest
+
+from netagg.contract import wire as W
 from netagg.host import Worker, compiled_build
 from netagg.host.retransmit import (
     LOSS_MEMORY,
@@ -22,7 +24,6 @@ from netagg.host.retransmit import (
     RetransmitTimer,
     RttEstimator,
 )
-from netagg.sim import wire as W
 from netagg.sim.golden import GoldenSwitch
 from netagg.sim.serve import SimServer
 

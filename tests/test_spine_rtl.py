@@ -10,15 +10,16 @@ import collections
 
 import numpy as np
 import pytest
-from netagg.sim import wire as W
+from scapy.contrib.roce import BTH
+
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.sim.fuzz import Comparer, stream
 from netagg.sim.fuzz_mutations import get_field, set_field
 from netagg.sim.fuzz_spine import PARTIAL_FIELDS
 from netagg.sim.golden_spine import GoldenSpine
 from netagg.sim.scapy_frames import RETH, ImmDt
 from netagg.sim.topology import LinkFaults
-from scapy.contrib.roce import BTH
-
 from tests.leafspine_net import JOB, Job, Net, away_and_back, away_for_2_16
 from tests.switch_traffic import dissect
 from tests.test_fuzz import InOrderGolden
@@ -141,8 +142,8 @@ def _read(frame: bytes):
 def _counters(sw) -> dict:
     from tests.leafspine_net import control
 
-    names = [*W.JOB_COUNTERS, *W.FABRIC_COUNTERS]
-    return dict(zip(names, control(sw, [(W.job_counter(JOB, n), 0) for n in names])))
+    names = [*R.JOB_COUNTERS, *R.FABRIC_COUNTERS]
+    return dict(zip(names, control(sw, [(R.job_counter(JOB, n), 0) for n in names])))
 
 
 def test_a_spine_takes_finals_gives_up_and_pulls(spine):

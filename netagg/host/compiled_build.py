@@ -21,8 +21,8 @@ import enum
 import functools
 from pathlib import Path
 
-from netagg.sim import wire as W
-from netagg.sim.cpp_build import FLAGS, Unavailable, build_and_load, enabled
+from netagg.contract import wire as W
+from netagg.host.cpp_build import FLAGS, Unavailable, build_and_load, enabled
 
 SOURCE = Path(__file__).resolve().parent / "cpp" / "step.cpp"
 

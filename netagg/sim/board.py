@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from netagg.hw.headers import ROCEV2_PORT
+from netagg.contract.headers import ROCEV2_PORT
 
 from .verilated import (
     ContractError,

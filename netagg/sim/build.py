@@ -33,7 +33,6 @@ second.
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import importlib.metadata
@@ -44,12 +43,13 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .toolchain import VERILATOR_VERSION, cache_dir, ensure_verilator, verilator_root
+from netagg.cache import cache_dir, locked
+
+from .toolchain import VERILATOR_VERSION, ensure_verilator, verilator_root
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPLEVEL = "top"
@@ -85,9 +85,10 @@ class Program:
 
 
 def _design_sources(top: str) -> list[Path]:
-    """The Python files whose Amaranth makes up `top`: the gateware, the tops, and for the
-    board top its design and targets in bitstreams/ (not the bitstream flow)."""
-    paths = [*(ROOT / "hw").rglob("*.py"), ROOT / "sim" / "tops.py"]
+    """The Python files whose Amaranth makes up `top`: the contract, the gateware, the tops,
+    and for the board top its design and targets in bitstreams/ (not the bitstream flow)."""
+    paths = [*(ROOT / "contract").rglob("*.py"), *(ROOT / "hw").rglob("*.py"),
+             ROOT / "sim" / "tops.py"]
     if top == "board":
         from netagg.bitstreams import BOARDS
 
@@ -137,16 +138,6 @@ def build_key(top: str, params: dict, program: str, build: object = None) -> str
                       sort_keys=True)
     name = "-".join([top, program, *(f"{k}{v}" for k, v in sorted(params.items()))])
     return f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
-
-
-@contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``<path>.lock`` for the block: while one process builds
-    `path`, another that wants it waits, then finds it built."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / f"{path.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 def _write(path: Path, text: str, mode: int | None = None) -> None:

@@ -41,11 +41,13 @@ import dataclasses
 
 import numpy as np
 
-from netagg.sim import cpp_build, fast_build
-from netagg.sim import wire as W
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
+from netagg.host import cpp_build
+from netagg.host.udp_offload import FrameRun
+from netagg.sim import fast_build
 from netagg.sim.fast_build import JOB_WORDS, TEMPLATE_BYTES, WORKER_WORDS, State, Stop
 from netagg.sim.golden import GoldenSwitch, Job, SlotCopy
-from netagg.sim.udp_offload import FrameRun
 
 _COMPLETED = JOB_WORDS.index("completed")
 ARENA_BYTES = 4 << 20       # the buffer the C++ writes the frames it sends into, a call after
@@ -201,14 +203,14 @@ class FastSwitch(GoldenSwitch):
         self.copies = SlotCopies(self.slots, lanes)
         self.state = [[CopyView(self.copies, 2 * s), CopyView(self.copies, 2 * s + 1)]
                       for s in range(self.slots)]
-        self._port_counts = np.zeros((self.ports, len(W.PORT_COUNTERS)), np.int64)
-        self._job_counts = np.zeros((self.jobs, len(W.JOB_COUNTERS)), np.int64)
-        self.port_counters = [Counters(row, W.PORT_COUNTERS) for row in self._port_counts]
-        self.job_counters = [Counters(row, W.JOB_COUNTERS) for row in self._job_counts]
+        self._port_counts = np.zeros((self.ports, len(R.PORT_COUNTERS)), np.int64)
+        self._job_counts = np.zeros((self.jobs, len(R.JOB_COUNTERS)), np.int64)
+        self.port_counters = [Counters(row, R.PORT_COUNTERS) for row in self._port_counts]
+        self.job_counters = [Counters(row, R.JOB_COUNTERS) for row in self._job_counts]
         self._table = np.zeros((self.jobs, len(JOB_WORDS)), np.int64)
         self._workers = np.zeros((self.jobs, self.max_workers, len(WORKER_WORDS)), np.int64)
         self._heads = np.zeros((self.jobs, self.max_workers, TEMPLATE_BYTES), np.uint8)
-        self._thresholds = np.zeros(W.PRIORITY_CLASSES, np.int64)
+        self._thresholds = np.zeros(R.PRIORITY_CLASSES, np.int64)
         self._most = 1                  # the most results one contribution sends
         c = self.copies
         self._state = State(

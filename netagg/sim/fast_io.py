@@ -28,8 +28,8 @@ import socket
 
 import numpy as np
 
+from netagg.contract import wire as W
 from netagg.sim import fast_build, udp
-from netagg.sim import wire as W
 from netagg.sim.fast import FastSwitch
 from netagg.sim.fast_build import ROUTE_WORDS, RX_BATCH, SENDER_WORDS, Io, Served
 

@@ -43,7 +43,8 @@ import random
 import time
 from pathlib import Path
 
-from . import wire as W
+from netagg.contract import wire as W
+
 from .verilated import ContractError, Harness, LoadedModel, build_library, check_port
 
 # Part of every model's key: bump it when what this module writes for the harness

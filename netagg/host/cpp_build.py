@@ -21,8 +21,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from netagg.sim.build import locked
-from netagg.sim.toolchain import cache_dir
+from netagg.cache import cache_dir, locked
 
 FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno"]
 
