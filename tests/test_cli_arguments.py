@@ -38,6 +38,7 @@ BAD = [
     (["bench", "cluster", "--queue", "10ms"], "--queue", "kb"),
     (["bench", "fast", "--seconds", "-1"], "--seconds", "above 0"),
     (["bench", "loss", "--losses", "1,100"], "--losses", "below 100"),
+    (["bench", "loss", "--values", "2.5"], "--values", "a whole number"),
     (["bench", "failures", "--backends", "golden,fast"], "--backends", "one of golden, rtl"),
     (["bench", "fabric", "--topology", "2by2"], "--topology", "LEAVESxSPINES"),
     (["bench", "fabric", "--oversubscription", "0"], "--oversubscription", "above 0"),
@@ -152,6 +153,7 @@ def test_sizes_read_as_users_write_them():
     assert A.switch_url("udp://127.0.0.1:4791") == "udp://127.0.0.1:4791"
     assert A.percents("1,5,20") == [0.01, 0.05, 0.2]
     assert A.rate("100mbit") == "100mbit" and A.queue("256kb") == "256kb"
+    assert [A.count(c) for c in ("4M", "200000", "1.5K")] == [4 << 20, 200_000, 1536]
 
 
 def test_names_repeated_for_the_command_line_are_their_sources():

@@ -143,6 +143,16 @@ def size(text: str) -> int:
 sizes = comma_list(size)
 
 
+def count(text: str) -> int:
+    """A count of at least 1, with an optional K, M or G (powers of 1024): ``4M``, ``200000``."""
+    m = _SIZE.fullmatch(text.strip())
+    value = int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").upper()]) if m else 0
+    if not m or value < 1 or (not m.group(2) and "." in text):
+        raise argparse.ArgumentTypeError(f"a whole number of at least 1, with K, M or G if "
+                                         f"you like (4M), not {text!r}")
+    return value
+
+
 def rate(text: str) -> str:
     """A link's rate as tc writes it (``100mbit``, ``1gbit``), above 0: the text."""
     m = _RATE.fullmatch(text)

@@ -143,7 +143,7 @@ def _board(which) -> argparse.ArgumentParser:
                 help="the demo through a board's RTL behind TAP devices (needs root)")
     p.add_argument("--board", default="versa_ecp5_5g", choices=A.BOARDS,
                    help="the board whose RTL runs behind TAP devices")
-    p.add_argument("--values", type=A.positive, default=200_000,
+    p.add_argument("--values", type=A.count, default=200_000,
                    help="float32 values per worker")
     p.add_argument("--nodes", type=A.positive, default=None,
                    help="nodes (with --workers); default: a worker on each port")
@@ -253,7 +253,7 @@ def _loss(which) -> argparse.ArgumentParser:
     p.add_argument("--losses", type=A.percents, default="1,5,20",
                    help="loss rates each way, in percent, comma-separated")
     p.add_argument("--workers", type=A.positive, default=4)
-    p.add_argument("--values", type=A.positive, default=1_000_000,
+    p.add_argument("--values", type=A.count, default=1_000_000,
                    help="float32 values per worker, in 6 tensors")
     p.add_argument("--repeat", type=A.positive, default=1,
                    help="runs of each; the median is reported")

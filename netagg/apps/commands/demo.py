@@ -19,7 +19,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--workers", type=A.positive, default=4)
     p.add_argument("--nodes", type=A.positive, default=2,
                    help="nodes the workers are grouped into (hierarchical allreduce)")
-    p.add_argument("--values", type=A.positive, default=2_000_000,
+    p.add_argument("--values", type=A.count, default=2_000_000,
                    help="float32 values per worker")
     p.add_argument("--steps", type=A.positive, default=8,
                    help="tensors the values are split into")

@@ -17,7 +17,7 @@ def add_parser(subparsers) -> None:
     p = command(subparsers, "gpu-check", run,
                 help="the torch backend's CUDA path on this machine's GPU: 2 processes on "
                      "cuda:0 through a simulated switch, against the CPU path and gloo")
-    p.add_argument("--values", type=A.positive, default=4 << 20,
+    p.add_argument("--values", type=A.count, default=4 << 20,
                    help="float32 values of the staging's timed all_reduce")
     p.add_argument("--layouts", type=A.comma_list(A.one_of(LAYOUTS)),
                    default="hierarchical,flat",
