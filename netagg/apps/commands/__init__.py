@@ -23,8 +23,20 @@ SIM_STACK = ("amaranth", "amaranth_boards", "cocotb", "cocotbext", "scapy", "net
              "netagg.hw", "netagg.bitstreams")
 
 
+class _DefaultsShown(argparse.HelpFormatter):
+    """Help that gives each option's default, where it has one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help
+        if (text is not None and "%(default)" not in text and action.option_strings
+                and action.default not in (None, False, "", argparse.SUPPRESS)):
+            text += " (default: %(default)s)"
+        return text
+
+
 def command(subparsers, name: str, run: Run, **kwargs) -> argparse.ArgumentParser:
     """Declare the command `name` (its parser; `kwargs` are `add_parser`'s), run by `run`."""
+    kwargs.setdefault("formatter_class", _DefaultsShown)
     parser = subparsers.add_parser(name, **kwargs)
     parser.set_defaults(run=run, parser=parser)
     return parser

@@ -117,8 +117,7 @@ def _congestion(which) -> argparse.ArgumentParser:
     p.add_argument("--spray", choices=SPRAY, default="round_robin",
                    help="how packets are spread over the paths")
     p.add_argument("--workers", type=A.positive, default=4)
-    p.add_argument("--size", type=A.size, default=1 << 20,
-                   help="float32 bytes per worker (e.g. 256K; default 1M)")
+    p.add_argument("--size", type=A.size, default="1M", help="float32 bytes per worker")
     p.add_argument("--repeat", type=A.positive, default=3,
                    help="runs per path count; the median is reported")
     p.add_argument("--loss-budget", type=A.share, default=0.1,
@@ -297,8 +296,7 @@ def _fabric(which) -> argparse.ArgumentParser:
     p.add_argument("--rate", type=A.rate, default="40mbit", help="each host link's rate")
     p.add_argument("--oversubscription", type=A.positive_float, default=2.0,
                    help="a leaf's host links' rate over its uplinks'")
-    p.add_argument("--size", type=A.size, default=8 << 20,
-                   help="float32 bytes per host (e.g. 8M)")
+    p.add_argument("--size", type=A.size, default="8M", help="float32 bytes per host")
     p.add_argument("--repeat", type=A.positive, default=5,
                    help="runs of each mode; the median is reported")
     p.add_argument("--steps", type=A.positive, default=40,

@@ -55,7 +55,7 @@ def add_parser(subparsers) -> None:
     board.add_argument("--netns", default=None,
                        help="run in this network namespace (created and deleted if new)")
     board.add_argument("--tap", type=_tap_prefix, default="nagg",
-                       help="TAP device name prefix: port n is <prefix>n (default nagg)")
+                       help="TAP device name prefix: port n is <prefix>n")
 
 
 def run_serve(args: argparse.Namespace) -> int:
