@@ -23,7 +23,7 @@ from netagg.apps.commands import gpu_check, train
 # (argv, the option named, what the message says): every command and benchmark at least once.
 BAD = [
     (["bench", "datapath", "--widths", "64,100"], "--widths", "one of 64, 128, 256, 512"),
-    (["bench", "switch", "--ports", "0"], "--ports", "at least 1"),
+    (["bench", "switch", "--ports", "1"], "--ports", "2 to 16"),
     (["bench", "switch", "--width", "48"], "--width", "one of 64"),
     (["bench", "allreduce", "--transports", "inproc,tcp"], "--transports", "one of inproc, udp"),
     (["bench", "allreduce", "--backend", "fpga"], "--backend", "invalid choice"),
@@ -59,6 +59,8 @@ BAD = [
     (["probe", "udp://127.0.0.1:4791", "--timeout", "0"], "--timeout", "above 0"),
     (["sim", "serve", "--host", "0.0.0.0"], "--host", "not 0.0.0.0"),
     (["sim", "serve", "--topology", "0x2"], "--topology", "each at least 1"),
+    (["sim", "serve", "--max-workers", "33"], "--max-workers", "1 to 32"),
+    (["sim", "serve", "--slots", "4097"], "--slots", "1 to 4096"),
     (["sim", "board", "--board", "versa_ecp5_5g", "--tap", "a-much-too-long-prefix"], "--tap",
      "up to 12"),
     (["fuzz", "--width", "100"], "--width", "one of 64"),
@@ -166,6 +168,19 @@ def test_names_repeated_for_the_command_line_are_their_sources():
     assert A.WIDTHS == beat.WIDTHS
     assert train.RUNS == tuple(r.name for r in torch_runs.RUNS)
     assert gpu_check.LAYOUTS == tuple(G.LAYOUTS)
+
+
+def test_the_switch_limits_are_the_switchs():
+    """`sim serve`'s ranges are those the switch takes: at each end it is built, beyond
+    either it is refused."""
+    from netagg.sim.golden import GoldenSwitch
+    limits = {"ports": A.PORTS, "jobs": A.JOBS, "max_workers": A.MAX_WORKERS, "slots": A.SLOTS}
+    for name, (low, high) in limits.items():
+        for value in (low, high):
+            GoldenSwitch(**{name: value})
+        for value in (low - 1, high + 1):
+            with pytest.raises(ValueError):
+                GoldenSwitch(**{name: value})
 
 
 def test_the_command_line_imports_no_simulation_stack():

@@ -26,6 +26,10 @@ T = TypeVar("T")
 BOARDS = ("colorlight_5a75b", "versa_ecp5_5g")
 # The datapath's widths in bits (`netagg.hw.beat.WIDTHS`).
 WIDTHS = (64, 128, 256, 512)
+# A switch's ports, jobs, workers per job and slots: the most the request's immediate field
+# addresses (`netagg.hw.headers` MAX_JOBS, MAX_WORKERS, MAX_SLOTS) and the ports the switch
+# is built with, as `sim.golden.GoldenSwitch` and `hw.switch.Switch` check them.
+PORTS, JOBS, MAX_WORKERS, SLOTS = (2, 16), (1, 16), (1, 32), (1, 4096)
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(K|KB|M|MB|G|GB)?", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
@@ -46,6 +50,20 @@ def positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"at least 1, not {value}")
     return value
+
+
+def between(low: int, high: int) -> Callable[[str], int]:
+    """The type of a whole number from `low` to `high`."""
+    def read(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"a whole number, not {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{low} to {high}, not {value}")
+        return value
+    read.__name__ = "number"
+    return read
 
 
 def natural(text: str) -> int:

@@ -60,7 +60,7 @@ def run_datapath(args: argparse.Namespace) -> int:
 def _switch(which) -> argparse.ArgumentParser:
     p = command(which, "switch", run_switch,
                 help="the switch in Verilator, every port busy: beats per cycle, latency")
-    p.add_argument("--ports", type=A.positive, default=4, help="switch ports")
+    p.add_argument("--ports", type=A.between(*A.PORTS), default=4, help="switch ports")
     p.add_argument("--width", type=A.one_of(A.WIDTHS), default=512,
                    help="bits per port (64, 128, 256, 512)")
     p.add_argument("--rounds", type=A.positive, default=4,

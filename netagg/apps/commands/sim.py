@@ -40,10 +40,10 @@ def add_parser(subparsers) -> None:
                             "127.x.y.z)")
     serve.add_argument("--pcap", default=None, help="write every frame in and out to this file "
                                                     "(with --topology: leaf0's)")
-    serve.add_argument("--ports", type=A.positive, default=4, help="switch ports")
-    serve.add_argument("--jobs", type=A.positive, default=4)
-    serve.add_argument("--slots", type=A.positive, default=64, help="slots per version")
-    serve.add_argument("--max-workers", type=A.positive, default=8)
+    serve.add_argument("--ports", type=A.between(*A.PORTS), default=4, help="switch ports")
+    serve.add_argument("--jobs", type=A.between(*A.JOBS), default=4)
+    serve.add_argument("--slots", type=A.between(*A.SLOTS), default=64, help="slots per version")
+    serve.add_argument("--max-workers", type=A.between(*A.MAX_WORKERS), default=8)
     serve.add_argument("--topology", type=A.topology, default=None,
                        help="LEAVESxSPINES (2x2, say): a leaf and spine fabric, one endpoint "
                             "per switch (golden); prints its description, JSON, first")
