@@ -8,6 +8,7 @@ so in one line; a switch that does not answer is one line naming it."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import socket
 import subprocess
@@ -58,7 +59,8 @@ BAD = [
     (["probe", "udp://127.0.0.1:99999"], "url", "Port out of range"),
     (["probe", "udp://127.0.0.1:4791", "--timeout", "0"], "--timeout", "above 0"),
     (["sim", "serve", "--host", "0.0.0.0"], "--host", "not 0.0.0.0"),
-    (["sim", "serve", "--topology", "0x2"], "--topology", "each at least 1"),
+    (["sim", "serve", "--topology", "0x2"], "--topology", "1 to 15 leaves"),
+    (["demo", "--topology", "2x5"], "--topology", "1 to 4 spines"),
     (["sim", "serve", "--max-workers", "33"], "--max-workers", "1 to 32"),
     (["sim", "serve", "--slots", "4097"], "--slots", "1 to 4096"),
     (["sim", "board", "--board", "versa_ecp5_5g", "--tap", "a-much-too-long-prefix"], "--tap",
@@ -168,6 +170,26 @@ def test_names_repeated_for_the_command_line_are_their_sources():
     assert A.WIDTHS == beat.WIDTHS
     assert train.RUNS == tuple(r.name for r in torch_runs.RUNS)
     assert gpu_check.LAYOUTS == tuple(G.LAYOUTS)
+
+
+def test_the_fabric_limits_are_the_fabrics():
+    """A topology the command line takes is one the fabric takes, at both ends."""
+    from netagg.sim import cluster_fabric, topology
+    for fabric, (leaves, spines) in ((A.simulated_fabric, (15, 4)),
+                                     (A.emulated_fabric, (60, 60))):
+        assert fabric(f"{leaves}x{spines}") and fabric("1x1")
+        for bad in (f"{leaves + 1}x1", f"1x{spines + 1}", "0x1"):
+            with pytest.raises(argparse.ArgumentTypeError):
+                fabric(bad)
+    topology.Topology(15, 4, downlinks=1)
+    topology.Topology(1, 1)
+    for leaves, spines in ((16, 1), (1, 5)):
+        with pytest.raises(ValueError):
+            topology.Topology(leaves, spines, downlinks=1)
+    cluster_fabric.Topology(60, 60, 1)
+    for leaves, spines in ((61, 1), (1, 61)):
+        with pytest.raises(ValueError):
+            cluster_fabric.Topology(leaves, spines, 1)
 
 
 def test_the_switch_limits_are_the_switchs():

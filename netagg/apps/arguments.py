@@ -194,12 +194,25 @@ def queue(text: str) -> str:
     return text
 
 
-def topology(text: str) -> str:
-    """``LEAVESxSPINES`` (``2x2``), each at least 1: the text."""
-    m = _TOPOLOGY.fullmatch(text.strip())
-    if not m or min(int(m.group(1)), int(m.group(2))) < 1:
-        raise argparse.ArgumentTypeError(f"LEAVESxSPINES, each at least 1 (2x2), not {text!r}")
-    return text
+def topology(leaves: int, spines: int) -> Callable[[str], str]:
+    """The type of ``LEAVESxSPINES`` (``2x2``): 1 to `leaves` leaves, 1 to `spines` spines;
+    the text."""
+    def read(text: str) -> str:
+        m = _TOPOLOGY.fullmatch(text.strip())
+        if not m:
+            raise argparse.ArgumentTypeError(f"LEAVESxSPINES (2x2), not {text!r}")
+        if not (1 <= int(m.group(1)) <= leaves and 1 <= int(m.group(2)) <= spines):
+            raise argparse.ArgumentTypeError(f"LEAVESxSPINES of 1 to {leaves} leaves and 1 to "
+                                             f"{spines} spines, not {text!r}")
+        return text
+    read.__name__ = "topology"
+    return read
+
+
+# The leaves and spines of a simulated fabric (`sim.topology.Topology`: a leaf's uplinks are
+# at most the spray field's 4) and of an emulated one (`sim.cluster_fabric.Topology`).
+simulated_fabric = topology(15, 4)
+emulated_fabric = topology(60, 60)
 
 
 def ipv4(text: str) -> str:

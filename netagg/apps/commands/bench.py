@@ -291,7 +291,7 @@ def _fabric(which) -> argparse.ArgumentParser:
     p = command(which, "fabric", run_fabric,
                 help="netagg on an emulated leaf and spine fabric: ECMP, spraying, a ring, "
                      "priority drop (needs root)")
-    p.add_argument("--topology", type=A.topology, default="2x2", help="LEAVESxSPINES")
+    p.add_argument("--topology", type=A.emulated_fabric, default="2x2", help="LEAVESxSPINES")
     p.add_argument("--hosts-per-leaf", type=A.positive, default=2, help="hosts a leaf")
     p.add_argument("--rate", type=A.rate, default="40mbit", help="each host link's rate")
     p.add_argument("--oversubscription", type=A.positive_float, default=2.0,

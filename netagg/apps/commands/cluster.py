@@ -23,7 +23,7 @@ def add_parser(subparsers) -> None:
                     help="netagg's switch on the rack's port ('none': no switch)")
     up.add_argument("--name", type=A.name, default="nagg",
                     help="the prefix of everything it makes")
-    up.add_argument("--topology", type=A.topology, default=None,
+    up.add_argument("--topology", type=A.emulated_fabric, default=None,
                     help="LEAVESxSPINES: a leaf and spine fabric instead of one rack")
     up.add_argument("--hosts-per-leaf", type=A.positive, default=2, help="fabric: hosts a leaf")
     up.add_argument("--oversubscription", type=A.positive_float, default=1.0,

@@ -36,7 +36,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--bind", type=A.ipv4s, default=None,
                    help="local IPv4 addresses the nodes send from, comma-separated (node i "
                         "from the i-th, round robin); default: one per switch port reached")
-    p.add_argument("--topology", type=A.topology, default=None,
+    p.add_argument("--topology", type=A.simulated_fabric, default=None,
                    help="LEAVESxSPINES (2x2, say): the workers over a simulated leaf and "
                         "spine fabric, their ranks in blocks over the leaves")
     p.add_argument("--fabric", type=A.existing_file, default=None,

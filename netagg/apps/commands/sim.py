@@ -44,7 +44,7 @@ def add_parser(subparsers) -> None:
     serve.add_argument("--jobs", type=A.between(*A.JOBS), default=4)
     serve.add_argument("--slots", type=A.between(*A.SLOTS), default=64, help="slots per version")
     serve.add_argument("--max-workers", type=A.between(*A.MAX_WORKERS), default=8)
-    serve.add_argument("--topology", type=A.topology, default=None,
+    serve.add_argument("--topology", type=A.simulated_fabric, default=None,
                        help="LEAVESxSPINES (2x2, say): a leaf and spine fabric, one endpoint "
                             "per switch (golden); prints its description, JSON, first")
     serve.add_argument("--describe", default=None,

@@ -35,7 +35,7 @@ def add_parser(subparsers) -> None:
                    help="on an emulated cluster (needs root): a process per host, each under "
                         "its own torchrun agent, on shaped links")
     p.add_argument("--hosts", type=A.positive, default=4, help="cluster: hosts")
-    p.add_argument("--topology", type=A.topology, default=None,
+    p.add_argument("--topology", type=A.emulated_fabric, default=None,
                    help="cluster: LEAVESxSPINES, a leaf and spine fabric (--hosts-per-leaf "
                         "hosts a leaf) instead of one rack")
     p.add_argument("--hosts-per-leaf", type=A.positive, default=2,
