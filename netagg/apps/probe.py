@@ -118,6 +118,7 @@ def print_probe(report: dict, console) -> None:
 
 def probe_main(url: str, as_json: bool, timeout: float = 3.0) -> int:
     import json
+    import sys
 
     from rich.console import Console
 
@@ -127,8 +128,8 @@ def probe_main(url: str, as_json: bool, timeout: float = 3.0) -> int:
     except (NetaggError, OSError, ValueError) as e:
         if as_json:
             print(json.dumps({"url": url, "answers": False, "error": str(e)}))
-        else:
-            Console(stderr=True).print(f"netagg probe: {e}")
+        else:       # one line, unwrapped: it names the switch and what it did
+            print(f"netagg probe: {e}", file=sys.stderr)
         return 1
     if as_json:
         print(json.dumps(report))
