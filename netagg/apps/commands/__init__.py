@@ -19,8 +19,8 @@ Run = Callable[[argparse.Namespace], int]
 
 # What `pip install 'netagg[sim]'` adds: an ImportError naming one of these (or a module in
 # one) means the simulation stack is missing, not that netagg is broken.
-SIM_STACK = ("amaranth", "amaranth_boards", "cocotb", "cocotbext", "scapy", "netagg.sim",
-             "netagg.hw", "netagg.bitstreams")
+SIM_STACK = ("amaranth", "amaranth_boards", "cocotb", "cocotbext", "scapy", "pyroute2",
+             "netagg.sim", "netagg.hw", "netagg.bitstreams")
 
 
 class _DefaultsShown(argparse.HelpFormatter):
