@@ -97,7 +97,7 @@ def test_new_registers():
     assert control(sw, [(W.WRITE | W.job_reg(1, W.JOB_CONFIG), 0x80000002),
                         (W.job_reg(1, W.JOB_CREDITS), 0), (W.job_reg(1, W.JOB_QUORUM), 0)]
                    ) == [0x80000002, 0x2345, 0x3F]
-    # the new counters, in hw/regmap.py's order
+    # the new counters, in netagg/hw/regmap.py's order
     assert W.PORT_COUNTERS.index("drop_priority") == 9
     assert W.JOB_COUNTERS.index("drop_stale") == 4
     assert W.JOB_COUNTERS.index("drop_credit") == 9

@@ -219,7 +219,7 @@ def ipv4_checksum_sum(wire_bytes):
     return ones_complement_fold(sum(words))
 
 
-# --- netagg's packets (sim/wire.py is the software side of the same format) -------------
+# --- netagg's packets (netagg/sim/wire.py is the software side of the same format) -------------
 
 OP_SEND_ONLY_UC = 0x24
 OP_WRITE_ONLY_IMM_UC = 0x2B

@@ -86,7 +86,7 @@ class Program:
 
 def _design_sources(top: str) -> list[Path]:
     """The Python files whose Amaranth makes up `top`: the gateware, the tops, and for the
-    board top its design and targets in bitstreams/ (not the bitstream flow)."""
+    board top its design and targets in netagg/bitstreams/ (not the bitstream flow)."""
     paths = [*(ROOT / "hw").rglob("*.py"), ROOT / "sim" / "tops.py"]
     if top == "board":
         from netagg.bitstreams import BOARDS
