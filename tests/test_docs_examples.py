@@ -11,7 +11,8 @@ before it, `<!-- example: WHAT[, WHAT] -->`, WHAT one of `MARKS`:
   synopsis's `[optional]` parts are kept, `a|b` takes `a`, `[x | y]` takes `x`;
 - "needs root" (and nothing else: under ~30 s, whole as below) runs when the tests run as root;
 - "slow" runs under `-m slow` when its command lines are whole (no `[...]` synopsis, no
-  placeholder in capitals such as HOST or FILE, nothing left serving) and it needs nothing else.
+  placeholder in capitals such as HOST or FILE, nothing left serving) and it needs nothing else;
+- "writes the docs" (it rewrites files under docs/) is never run.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-MARKS = {"needs root", "needs a board", "needs a GPU", "needs network", "slow"}
+MARKS = {"needs root", "needs a board", "needs a GPU", "needs network", "slow", "writes the docs"}
 RUN = {"python", "sh", "bash", "console"}
 NOT_RUN = {"text", "json"}
 FENCE = re.compile(r"^```(\w*)\s*$")
@@ -121,6 +122,8 @@ def netagg_argv(tokens: list[str]) -> list[str] | None:
         return None
     args, out, depth, skip = tokens[tokens.index("netagg") + 1:], [], 0, None
     for token in args:
+        if token in (">", ">>", "<", "2>", "&&", "||", ";") or (token == "|" and not depth):
+            break                               # a redirection or the next command
         core = token.strip("[]")
         depth += len(token) - len(token.lstrip("["))
         if skip is None:
@@ -225,6 +228,8 @@ def test_synopsis_reduction():
                        "[--backend golden|rtl] [--runs ...] [--json]")
     assert netagg_argv(line) == ["train", "--cluster", "--hosts", "4", "--backend", "golden",
                                  "--json"]
+    assert netagg_argv(shlex.split("netagg bench loss --json > x.json")) == \
+        ["bench", "loss", "--json"]
     assert netagg_argv(["ip", "netns", "exec", "n", "netagg", "probe", "udp://h:1"]) == \
         ["probe", "udp://h:1"]
     assert command_lines("a \\\n  b  # c\nnetagg x [--y 1]\n    [--z] &\n") == \

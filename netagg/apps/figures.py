@@ -10,9 +10,11 @@ where and how it was measured, then the table:
     ...
     <!-- /figures -->
 
-To refresh one, run the benchmark and put its output in the file's "result" (with that
-day's date and machine), then rewrite the docs' tables:
+To refresh one, run the benchmark with `--json` and record its output (today's date, the
+bench's own "machine" or this one's, the command), then rewrite the docs' tables:
 
+    netagg bench loss --json > loss.json
+    python -m netagg.apps.figures --record loss loss.json --command "netagg bench loss --json"
     python -m netagg.apps.figures                # rewrite every marked table
     python -m netagg.apps.figures --check        # exit 1 if a doc differs from its JSON
 
@@ -22,7 +24,10 @@ day's date and machine), then rewrite the docs' tables:
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
+import platform
 import re
 import sys
 from pathlib import Path
@@ -166,7 +171,20 @@ def main(argv=None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true",
                         help="change nothing; exit 1 if a doc's table is not its JSON's")
+    parser.add_argument("--record", nargs=2, metavar=("NAME", "FILE"),
+                        help="make docs/figures/NAME.json of a bench's --json output in FILE")
+    parser.add_argument("--command", help="with --record: the command that measured it")
+    parser.add_argument("--note", help="with --record: the conditions, in a few words")
     args = parser.parse_args(argv)
+    if args.record:
+        name, path = args.record
+        result = json.loads(Path(path).read_text())
+        machine = result.get("machine") or (f"{os.cpu_count()} cores, {platform.machine()}, "
+                                            f"Linux {platform.release()}")
+        figure = {"date": result.get("date") or datetime.date.today().isoformat(),
+                  "machine": machine, "command": args.command or f"netagg bench {name} --json",
+                  **({"note": args.note} if args.note else {}), "result": result}
+        (FIGURES / f"{name}.json").write_text(json.dumps(figure, indent=1) + "\n")
     stale = []
     for doc in DOCS:
         text = doc.read_text()
