@@ -140,9 +140,32 @@ def leafspine(r: dict) -> str:
                    "largest share / even"], rows)
 
 
+def congestion(r: dict) -> str:
+    rows = []
+    for mode, s in r["priority_drop"]["modes"].items():
+        lost = s["lost_contributions"]
+        rows.append([mode, f"{s['p50_s'] * 1e3:.1f} ms", f"{s['p99_s'] * 1e3:.1f} ms",
+                     f"{s['max_s'] * 1e3:.1f} ms", _n(s["tail_drops"]), _n(s["nulled"]),
+                     _n(s["retransmissions"]),
+                     f"{_n(lost)} of {_n(s['packets_sent'])} packets" if lost else "0"])
+    return _table(["priority drop", "completion p50", "p99", "max", "tail drops", "nulled",
+                   "retransmissions", "contributions lost"], rows)
+
+
+def congestion_spraying(r: dict) -> str:
+    s = r["spraying"]
+    rows = [[paths, f"{p['goodput_MBps']:.2f} MB/s",
+             ", ".join(f"{g:.2f}" for g in p["goodput_MBps_runs"]),
+             ", ".join(str(n) for n in p["switch_port_contributions"]),
+             "yes" if p["same_result_as_first"] else "no"] for paths, p in s["paths"].items()]
+    return _table(["paths", f"goodput per worker (median of {s['repeat']})", "runs (MB/s)",
+                   "contributions per switch port (last run)", "same result"], rows)
+
+
 RENDER = {"datapath": datapath, "cluster": cluster, "fabric": fabric,
           "fabric.priority": fabric_priority, "loss": loss, "failures": failures,
-          "leafspine": leafspine}
+          "leafspine": leafspine, "congestion": congestion,
+          "congestion.spraying": congestion_spraying}
 
 
 def load(name: str) -> dict:
