@@ -1,7 +1,8 @@
 """The docs' benchmark tables, rendered from the benchmarks' own `--json` output.
 
 docs/figures/NAME.json holds one benchmark run as measured: `{"date", "machine", "command",
-"note" (optional), "result": <the bench's --json output>}`. A doc names a table by a marker
+"note" (optional: the conditions), "notes" (optional: a table's own, by its name), "result":
+<the bench's --json output>}`. A doc names a table by a marker
 pair; everything between the markers is what `render` makes of the file, a line saying when,
 where and how it was measured, then the table:
 
@@ -175,7 +176,9 @@ def load(name: str) -> dict:
 def render(name: str) -> str:
     """What goes between a table's markers: the measurement's line, then the table."""
     figure = load(name)
-    note = f"; {figure['note']}" if figure.get("note") else ""
+    table = name.partition(".")[2]
+    text = figure.get("notes", {}).get(table) or figure.get("note")
+    note = f"; {text}" if text else ""
     when = f" {figure['date']}" if figure.get("date") else ""
     return (f"Measured{when} on {figure['machine']} (`{figure['command']}`{note}):"
             f"\n\n{RENDER[name](figure['result'])}\n")
