@@ -1,7 +1,7 @@
 """cocotb testbench of one port's datapath (parser, packet queue, deparser): sim.tops.DatapathTop.
 
 Frames come from scapy (tests/frames.py); the width comes from NETAGG_WIDTH. The line-rate
-testcase is the benchmark's (sim/bench_datapath.py).
+testcase is the benchmark's (netagg/sim/bench_datapath.py).
 """
 
 import os

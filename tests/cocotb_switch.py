@@ -6,7 +6,7 @@ The golden model applies the good frames in the order the switch committed them 
 says the switch dropped its payload by priority) and frames the parser rejects anywhere
 (they only count); the frames each port sends must equal the model's, byte for byte, in
 order. The driver (`SwitchTB`) and the line-rate testcase are the benchmark's
-(sim/bench_switch.py).
+(netagg/sim/bench_switch.py).
 """
 
 from __future__ import annotations

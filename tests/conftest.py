@@ -42,7 +42,7 @@ def run_cocotb(module: str, top: str, testcase: str, simulator: str = "verilator
 
 
 # Widths in the default run; any other is in the slow set (`pytest -m slow`). Each width is a
-# Verilator build of its own (15-60 s on two cores, see sim/build.py), so all four run.
+# Verilator build of its own (15-60 s on two cores, see netagg/sim/build.py), so all four run.
 DEFAULT_WIDTHS = WIDTHS
 
 

@@ -1,6 +1,6 @@
-"""The compiled step (host/compiled.py, host/cpp/step.cpp): a worker over UDP runs its plain
-window's steps in C++, and gets what the Python window gives, bit for bit, in every format;
-what is not the plain case (a stray datagram, a peer late enough to need retransmission)
+"""The compiled step (netagg.host.compiled, netagg/host/cpp/step.cpp): a worker over UDP runs
+its plain window's steps in C++, and gets what the Python window gives, bit for bit, in every
+format; what is not the plain case (a stray datagram, a peer late enough to need retransmission)
 goes to the Python path and still ends exact; without a compiler, or with
 NETAGG_COMPILED=0, the Python path alone runs and passes."""
 

@@ -1,4 +1,4 @@
-"""The fast switch's compiled socket loop (`sim.fast_io`, `sim/cpp/fast_io.h`), behind
+"""The fast switch's compiled socket loop (`sim.fast_io`, `netagg/sim/cpp/fast_io.h`), behind
 `netagg sim serve` with the headers as received (root): the same scapy-built traffic, sent
 over loopback UDP to it and to the golden model's server, gives every worker the same
 results in the same order and both switches the same counters, with GSO runs cut into the

@@ -1,4 +1,4 @@
-"""The formal proofs (`netagg prove`, hw/formal/): the quick ones here, every one in the slow
+"""The formal proofs (`netagg prove`, netagg/hw/formal/): the quick ones here, every one in the slow
 set (and `nox -s formal`); and each planted bug, whose proof must fail with a counterexample
 trace."""
 

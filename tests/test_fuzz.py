@@ -1,4 +1,4 @@
-"""The differential fuzzer (sim/fuzz.py): its stream (seeded, every mutation and header field,
+"""The differential fuzzer (netagg.sim.fuzz): its stream (seeded, every mutation and header field,
 the field table against scapy's reading), its comparer (quiet on the golden model against
 itself, loud on a faulty switch), the RTL against the golden model on a few thousand frames
 (a million in the slow set), `netagg fuzz`; and the differences it found, minimised, as

@@ -98,7 +98,7 @@ def test_new_registers():
     assert control(sw, [(R.WRITE | R.job_reg(1, R.JOB_CONFIG), 0x80000002),
                         (R.job_reg(1, R.JOB_CREDITS), 0), (R.job_reg(1, R.JOB_QUORUM), 0)]
                    ) == [0x80000002, 0x2345, 0x3F]
-    # the new counters, in hw/regmap.py's order
+    # the new counters, in netagg/contract/regmap.py's order
     assert R.PORT_COUNTERS.index("drop_priority") == 9
     assert R.JOB_COUNTERS.index("drop_stale") == 4
     assert R.JOB_COUNTERS.index("drop_credit") == 9

@@ -1,4 +1,4 @@
-"""In-place allreduce (`Worker.allreduce(x, out=x)`, host/outputs.py): the result written into
+"""In-place allreduce (`Worker.allreduce(x, out=x)`, netagg.host.outputs): the result written into
 the input itself is numpy's exact sum (values chosen so that fixed point is exact: multiples
 of 1/8 well inside float32's precision) or bit for bit the allreduce into new arrays, on every
 path that reads a tensor's values after some of its chunks may be complete: loss,

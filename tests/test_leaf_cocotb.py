@@ -1,6 +1,6 @@
 """The RTL leaf under cocotb (tests/cocotb_leaf.py): against the golden model, in a world of
 golden spines and a golden second leaf; and the leaf's line-rate benchmark and the second
-level's latency (sim/bench_leaf.py) under pytest."""
+level's latency (netagg/sim/bench_leaf.py) under pytest."""
 
 import json
 

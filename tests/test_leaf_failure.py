@@ -1,5 +1,5 @@
 """Uplink failure in networks of golden leaves and spines (docs/leafspine.md, "Uplink
-failure"; the fabric's network, sim/topology.py, with tests/leafspine_net.py's job): a spine
+failure"; the fabric's network, netagg/sim/topology.py, with tests/leafspine_net.py's job): a spine
 that sent a use's result to one leaf only and goes silent, uplinks marked down mid-run (the
 spine dead, or alive and marked up again later) or lost with their links, under loss,
 duplication and reordering, and every uplink down. Every use completes, each worker's

@@ -1,5 +1,5 @@
-"""The golden leaf and spine (sim/golden_leaf.py, docs/leafspine.md) in networks of golden
-switches (the fabric's network, sim/topology.py, with tests/leafspine_net.py's job): sums
+"""The golden leaf and spine (netagg/sim/golden_leaf.py, docs/leafspine.md) in networks of golden
+switches (the fabric's network, netagg/sim/topology.py, with tests/leafspine_net.py's job): sums
 exact against numpy through one and two spines, partials' counts and overflow carried and
 added, the frames between switches as scapy reads them, parent results refused when late or
 foreign, a local retransmission re-sending the partial (UPSTREAM) or replaying the final

@@ -1,4 +1,4 @@
-"""The Ethernet MAC (hw/mac.py) in cocotb on Verilator, against cocotbext-eth's GMII models.
+"""The Ethernet MAC (netagg/hw/mac.py) in cocotb on Verilator, against cocotbext-eth's GMII models.
 
 One small Verilator build (width 64, the switch's port width on the boards) serves every test.
 """

@@ -1,5 +1,5 @@
 """The flow-level model of `netagg scale` against closed forms, the loss model's limits, the
-reproduce table and the command's outputs (apps/scale/, docs/scale.md)."""
+reproduce table and the command's outputs (netagg/apps/scale/, docs/scale.md)."""
 
 import json
 import math

@@ -1,5 +1,5 @@
 """The RTL spine (`hw.switch.Switch(spine=True)`, docs/leafspine.md) against the golden
-spine: the fuzzer's spine mode (sim/fuzz_spine.py: leaves' partials, finals, resent partials
+spine: the fuzzer's spine mode (netagg/sim/fuzz_spine.py: leaves' partials, finals, resent partials
 and their pulls, given-up uses, mutated PARTIAL fields) with no difference, and a single
 switch's RTL caught by it; scapy-built partials through both spines (a final completes as it
 is, a later use gives one up, a resent partial pulls the leaves missing, results and pulls

@@ -3,7 +3,7 @@
 A torchrun job of 2 processes (tests/torch_job.py) runs `init_process_group("netagg")`
 against `netagg sim serve` (golden model), once as one node of 2 (hierarchical) and once as
 2 nodes of 1 (two torchrun agents: flat), and checks all_reduce against a gloo group (int32
-bit for bit, floats within the fixed-point bound of host/numerics.py), that what the switch
+bit for bit, floats within the fixed-point bound of netagg/host/numerics.py), that what the switch
 cannot do is gloo's (right results, no packet sent), the other collectives, Work futures,
 DDP with and without the netagg hook beside gloo's DDP, and an inf on one rank reaching
 every rank (GradScaler skips the step on every rank alike); the job's all_reduce over a

@@ -1,4 +1,4 @@
-"""The staging of accelerator tensors through pinned host memory (host/torch_staging.py), run
+"""The staging of accelerator tensors through pinned host memory (netagg/host/torch_staging.py), run
 on CPU tensors through a stand-in device whose streams are threads (tests/staging_standin.py):
 the chunk plan, sums bit for bit those of the host path (int32 exact against numpy) with the
 producer's writes landing late on its stream, the order of copies, events and allreduces

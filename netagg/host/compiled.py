@@ -1,5 +1,5 @@
 """The plain window's steady state, compiled: `CompiledStep` runs a `PlainWindow`'s steps in
-C++ (`host/cpp/step.cpp`, built by `host.compiled_build`) with the GIL released, over the
+C++ (`netagg/host/cpp/step.cpp`, built by `host.compiled_build`) with the GIL released, over the
 worker's UDP socket, for as long as every step is the plain case.
 
 A call (`CompiledStep.run`, from `PlainWindow.start`) hands the C++ the window's own state

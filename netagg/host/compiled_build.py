@@ -1,4 +1,4 @@
-"""The compiled step's library (`host/cpp/step.cpp`): its interface, built and loaded.
+"""The compiled step's library (`netagg/host/cpp/step.cpp`): its interface, built and loaded.
 
 The interface is declared here once: `Run`, the ctypes structure a call fills (every
 number and array of the plain window the C++ reads or updates: integers, times, and the

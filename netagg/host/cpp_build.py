@@ -1,4 +1,5 @@
-"""Building and loading the project's compiled C++ (`host/cpp/step.cpp`, `sim/cpp/fast.cpp`).
+"""Building and loading the project's compiled C++ (`netagg/host/cpp/step.cpp`,
+`netagg/sim/cpp/fast.cpp`).
 
 `build_and_load(source, header_name, header, flags, where, includes)` compiles `source` with
 the machine's C++ compiler (CXX, or c++ on PATH), with its generated ABI header written

@@ -41,9 +41,9 @@ class Taking:
     """Results taken into an engine's slots, messages and works."""
 
     def _receive_all(self, datagrams: list[bytes]):
-        """Take a step's datagrams: the job's results as a batch (`host.results`), each
-        that completes its use with every worker's data at once (`_take_whole`), the rest
-        one at a time."""
+        """Take a step's datagrams: the job's results as a batch
+        (`host.wire_arrays.read_results`), each that completes its use with every worker's
+        data at once (`_take_whole`), the rest one at a time."""
         self.stats["packets_received"] += len(datagrams)
         self.stats["bytes_received"] += sum(map(len, datagrams))
         batch, rest = read_results(datagrams, lanes=self.lanes, qpn=self.qpn,

@@ -28,7 +28,7 @@ single switch's.
 
 With NETAGG_BENCH_OUT set each writes its figures there as JSON; else `line_rate` checks that
 the 1:1 uplinks carried one beat per cycle out and in. `netagg bench leafspine` runs them
-(`apps/bench_leafspine.py`), and so do the tests.
+(`netagg/apps/bench_leafspine.py`), and so do the tests.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ each slot (4 by default), as a host builds them (`sim.wire`). The testcase check
 result comes out; with NETAGG_BENCH_OUT set it writes its figures there as JSON (beats per
 cycle taken on each port, the latency, cycles and simulated cycles per second), else it
 checks that every port took one beat per cycle. `netagg bench switch` runs it
-(`apps/bench_line_rate.py`), and so do the tests.
+(`netagg/apps/bench_line_rate.py`), and so do the tests.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 `FastSwitch` is `sim.golden.GoldenSwitch` (the specification) with its slot copies, its job
 table as the compiled core reads it and its counters in flat numpy arrays, and a C++ core
-(`sim/cpp/fast_switch.h`, built by `sim.fast_build`, the GIL released) that takes the common
+(`netagg/sim/cpp/fast_switch.h`, built by `sim.fast_build`, the GIL released) that takes the common
 frame. Everything else is the golden model's own code, on the same arrays: the control path
 (registers, job table, keys, owners, heartbeats, the manager), the parser's drops, the job
 table's refusals, forced priority decisions. The differential fuzzer holds it to the golden

@@ -1,4 +1,4 @@
-"""The fast switch's compiled core and socket loop (`sim/cpp/fast.cpp`, `fast_switch.h`,
+"""The fast switch's compiled core and socket loop (`netagg/sim/cpp/fast.cpp`, `fast_switch.h`,
 `fast_io.h`): their interface, built and loaded.
 
 The interface is declared here once: `State`, the ctypes structure a call fills (the

@@ -1,6 +1,6 @@
 """The fast switch behind `netagg sim serve`, its socket loop compiled.
 
-`FastIo` drives `fast_serve` (`sim/cpp/fast_io.h`): the C++ reads the server's packet socket
+`FastIo` drives `fast_serve` (`netagg/sim/cpp/fast_io.h`): the C++ reads the server's packet socket
 (`udp.arrivals_socket`) a batch at a time, makes each packet the frames the switch sees as
 `sim.udp_runs` does (a GSO run cut into the kernel's segments, each entering with its
 sender's Ethernet header from the senders' table), takes them through the fast switch's core
