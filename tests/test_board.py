@@ -66,7 +66,10 @@ NO_NAMESPACES = _why_no_namespaces()
 needs_namespaces = pytest.mark.skipif(NO_NAMESPACES is not None, reason=NO_NAMESPACES or "")
 
 
-@pytest.fixture(scope="module", params=BOARDS)
+# The Versa's model (the larger build) in the slow set; the Colorlight's runs every test by
+# default, and tests/test_bitstreams.py elaborates both boards' top levels.
+@pytest.fixture(scope="module", params=[BOARDS[0], *(pytest.param(b, marks=pytest.mark.slow)
+                                                     for b in BOARDS[1:])])
 def board(request):
     """A board whose model is built (or found in the cache) in this process, so that the
     command under test loads it at once."""

@@ -28,20 +28,21 @@ from tests.test_fuzz import InOrderGolden
 from tests.test_spine_rtl import _read
 
 UPLINKS = 2
+PORTS = 6       # the 2x2 fabric's leaf (`Topology(2, 2, backend="rtl")`): one build for both
 
 
 @pytest.fixture(scope="module")
 def rtl_leaf():
     from netagg.sim.model import make_switch
 
-    with make_switch(uplinks=UPLINKS) as rtl:
+    with make_switch(uplinks=UPLINKS, ports=PORTS) as rtl:
         yield rtl
 
 
 @pytest.fixture(params=["golden", "rtl"])
 def leaf(request):
     if request.param == "golden":
-        return GoldenLeaf(uplinks=UPLINKS)
+        return GoldenLeaf(ports=PORTS, uplinks=UPLINKS)
     rtl = request.getfixturevalue("rtl_leaf")
     rtl.reset()
     return rtl
@@ -77,8 +78,8 @@ def test_a_leaf_reads_and_writes_its_registers(leaf):
 
 def test_a_leafs_jobs_without_a_parent_are_a_single_switchs(rtl_leaf):
     rtl_leaf.reset()
-    s = Comparer(rtl_leaf, GoldenLeaf(uplinks=UPLINKS), seed=31).run(
-        stream(31, 2000, mutation_rate=0))
+    s = Comparer(rtl_leaf, GoldenLeaf(ports=PORTS, uplinks=UPLINKS), seed=31).run(
+        stream(31, 2000, ports=PORTS, mutation_rate=0))
     assert s.differences == 0 and s.wrong_sums == 0, s.text()
     assert s.results > 200 and s.counters > 5000
 
@@ -120,8 +121,8 @@ def test_the_golden_leaf_against_itself_goes_up_and_down():
 
 def test_rtl_leaf_equals_golden_leaf_going_up_and_down(rtl_leaf):
     rtl_leaf.reset()
-    golden = GoldenLeaf(uplinks=UPLINKS)
-    s = Comparer(rtl_leaf, golden, seed=32).run(stream(32, 4000, leaf=True))
+    golden = GoldenLeaf(ports=PORTS, uplinks=UPLINKS)
+    s = Comparer(rtl_leaf, golden, seed=32).run(stream(32, 4000, ports=PORTS, leaf=True))
     assert s.differences == 0 and s.wrong_sums == 0, s.text()
     assert s.counters > 10000
     total = _totals(golden)             # and the RTL's: every counter was read and compared
@@ -132,8 +133,8 @@ def test_rtl_leaf_equals_golden_leaf_going_up_and_down(rtl_leaf):
 @pytest.mark.slow
 def test_rtl_leaf_equals_golden_leaf_going_up_and_down_long(rtl_leaf):
     rtl_leaf.reset()
-    s = Comparer(rtl_leaf, GoldenLeaf(uplinks=UPLINKS), seed=33).run(
-        stream(33, 100_000, leaf=True))
+    s = Comparer(rtl_leaf, GoldenLeaf(ports=PORTS, uplinks=UPLINKS), seed=33).run(
+        stream(33, 100_000, ports=PORTS, leaf=True))
     assert s.differences == 0 and s.wrong_sums == 0, s.text()
 
 

@@ -12,7 +12,8 @@ cocotb testbenches' simulator (cocotb's ``verilator.cpp`` and VPI library, built
 links into a shared library (`sim.model`, `sim.board`).
 
 Cache, under `cache_dir()` (``~/.cache/netagg``; ``NETAGG_CACHE`` moves it):
-``verilog/<key>.v`` (and ``.vlt``, the public-ports control file), a top's Verilog;
+``verilog/<key>.v`` (and ``.vlt``, the public-ports control file), a top's Verilog, written
+under ``verilog/<key>.v.lock`` (two test workers that want the same top elaborate it once);
 ``builds/<key>/``, a build: Verilator's and make's output, the program, ``build.log`` and
 ``build.json`` (written last: the build is complete); ``builds/<key>.lock``, held while it
 is built, so parallel processes build each once; ``verilator-runtime/``, Verilator's own
@@ -170,9 +171,11 @@ def verilog(top: str, **params) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{build_key(top, params, 'v')}.v"
     if not path.exists():
-        design = TOPS[top](**params)
-        _write(path, constant_processes(
-            amaranth_verilog.convert(design, name=TOPLEVEL, ports=design.ports())))
+        with locked(path):
+            if not path.exists():   # or written while this process waited
+                design = TOPS[top](**params)
+                _write(path, constant_processes(
+                    amaranth_verilog.convert(design, name=TOPLEVEL, ports=design.ports())))
     return path
 
 
