@@ -58,9 +58,9 @@ def width(request):
 def pytest_collection_modifyitems(items):
     """Keep the tests that share a build on one xdist worker (`--dist loadgroup`): one module
     and width (or simulator), the switch's and the leaf's cocotb testbenches, the proofs, and
-    the tests on each RTL model build (`RTL_GROUPS`). Each worker then builds its own tops, in parallel with
-    the other, instead of waiting on the other's build lock. Runs before xdist's own hook,
-    which reads the groups. Other tests are left to xdist one by one."""
+    the tests on each RTL model build (`RTL_GROUPS`). Each worker then builds its own tops, in
+    parallel with the other, instead of waiting on the other's build lock. Runs before xdist's
+    own hook, which reads the groups. Other tests are left to xdist one by one."""
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else "tests"

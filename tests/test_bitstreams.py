@@ -9,6 +9,7 @@ import re
 import subprocess
 
 import pytest
+
 from netagg.bitstreams.build import (
     _nextpnr_with_settings,
     _reason_to_stop,

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from netagg.apps.prove import CAUGHT_BY, Mode, Verdict, bug_check, checks, run, tools_path
 
 pytestmark = pytest.mark.skipif(

@@ -14,11 +14,11 @@ import uuid
 
 import numpy as np
 import pytest
+
 from netagg.host import Worker, compiled_build
 from netagg.host import numerics as N
 from netagg.sim.golden import GoldenSwitch
 from netagg.sim.serve import SimServer, make_backend
-
 from tests.host_workers import in_threads, workers
 from tests.test_host_nonfinite import scenario
 

@@ -5,8 +5,8 @@ level's latency (netagg/sim/bench_leaf.py) under pytest."""
 import json
 
 import pytest
-from netagg.apps.bench_leafspine import LEAF, SINGLE, SPINE, rtl_figures
 
+from netagg.apps.bench_leafspine import LEAF, SINGLE, SPINE, rtl_figures
 from tests.conftest import run_cocotb
 
 # The builds are the bench's: the leaf of 2 downlinks (ports 0, 1) and 2 uplinks (ports 2,

@@ -7,6 +7,7 @@ Verilator build (about half a minute), cached under the build cache.
 import random
 
 import pytest
+
 from netagg.sim.model import ContractError, SimulationTimeout, SwitchModel, bench, random_traffic
 
 PORTS = 4

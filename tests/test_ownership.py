@@ -1,5 +1,5 @@
-"""Who may write the switch's registers (netagg/contract/regmap.py's rules), on the golden model and the
-RTL alike: writes to an enabled job from neither its owner nor the manager are refused and
+"""Who may write the switch's registers (netagg/contract/regmap.py's rules), on the golden model
+and the RTL alike: writes to an enabled job from neither its owner nor the manager are refused and
 counted while the job aggregates, exactly; the owner and the manager may write; the manager
 is set by its first write; overlapping and too long slot ranges are refused and counted, an
 enabled job's range is fixed, and a disabled job's CONFIG clears no one's slots. Then the

@@ -5,6 +5,7 @@ import json
 import math
 
 import pytest
+
 from netagg.apps.scale import loss, topology
 from netagg.apps.scale.cli import main, parse
 from netagg.apps.scale.cluster import (

@@ -3,6 +3,7 @@
 .[scale]`)."""
 
 import pytest
+
 from netagg.apps.scale import ns3
 from netagg.apps.scale.cluster import Cluster, Model, SwitchCalibration
 from netagg.apps.scale.flow import Scheme, estimate

@@ -20,6 +20,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="pip install -e .[torch]")
 import torch.distributed as dist  # noqa: E402
+
 from netagg.apps import torch_runs  # noqa: E402
 from netagg.apps.cli import main  # noqa: E402
 from netagg.sim.bench import start_server  # noqa: E402
@@ -217,9 +218,9 @@ def test_a_gone_rank_fails_the_torch_work():
     """A rank gone in an allreduce (in process: its engine no longer driven) fails the torch
     Work the group's completer waits on: `Work.wait()` raises, naming the rank and the job."""
     import numpy as np
+
     from netagg.host import numerics as N
     from netagg.host.torch_work import Completer, NetaggWork, Pending
-
     from tests.host_workers import workers
 
     ws = workers(2, timeout=20)

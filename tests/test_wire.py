@@ -1,5 +1,5 @@
-"""netagg/contract/wire.py against scapy's RoCEv2: contributions, results and control packets are the
-bytes scapy builds (ICRC included), and parse_frame rejects truncated and corrupted frames."""
+"""netagg/contract/wire.py against scapy's RoCEv2: contributions, results and control packets are
+the bytes scapy builds (ICRC included), and parse_frame rejects truncated and corrupted frames."""
 
 from __future__ import annotations
 
