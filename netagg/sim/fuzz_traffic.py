@@ -134,7 +134,7 @@ def register_names(ports: int, jobs: int, max_workers: int) -> dict[int, str]:
     for j in range(jobs):
         for field in ("CONFIG", "SLOT_BASE", "SLOT_COUNT", "CREDITS", "QUORUM", "COMPLETED",
                       "EPOCH", "KEY", "OWNER", "PARENT", "PARENT_KEY", "SPRAY"):
-            names[R.job_reg(j, getattr(W, f"JOB_{field}"))] = f"job {j} {field}"
+            names[R.job_reg(j, getattr(R, f"JOB_{field}"))] = f"job {j} {field}"
         names |= {R.job_counter(j, n): f"job {j} {n}"
                   for n in (*R.JOB_COUNTERS, *R.FABRIC_COUNTERS)}
         names |= {R.beat_reg(j, r): f"job {j} beat {r}" for r in range(max_workers)}
