@@ -10,6 +10,7 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSink, AxiStreamSource
 
+from netagg.contract import headers as C
 from netagg.hw import headers as H
 
 WIDTH = int(os.environ.get("NETAGG_WIDTH", "64"))
@@ -132,8 +133,8 @@ class DatapathTB:
 
     def counters(self) -> dict:
         out = {"passed": int(self.dut.passed.value)}
-        for v in H.Verdict:
-            if v != H.Verdict.OK:
+        for v in C.Verdict:
+            if v != C.Verdict.OK:
                 out[v.name] = int(getattr(self.dut, f"drops_{v.name.lower()}").value)
         return out
 

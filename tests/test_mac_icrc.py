@@ -7,6 +7,7 @@ from amaranth.sim import Simulator
 from scapy.layers.inet import IP
 from scapy.layers.l2 import ARP, Ether
 
+from netagg.contract import headers as C
 from netagg.contract import wire as W
 from netagg.hw import headers as H
 from netagg.hw.mac_icrc import IcrcCheck, IcrcFill
@@ -74,14 +75,14 @@ def test_icrc_check_against_scapy():
     bad = []
     for frame in good[:6]:
         flipped = bytearray(frame)
-        at = rng.randrange(H.IPV4_OFFSET, len(frame) - 4)
-        while at in H.ICRC_MASKED_BYTES:
+        at = rng.randrange(C.IPV4_OFFSET, len(frame) - 4)
+        while at in C.ICRC_MASKED_BYTES:
             at += 1
         flipped[at] ^= 1 << rng.randrange(8)
         bad.append(bytes(flipped))
     variant = bytearray(good[2])            # a new TTL and TOS leave the ICRC right
-    variant[H.IPV4_OFFSET + 8] -= 1
-    variant[H.IPV4_OFFSET + 1] ^= 0x20
+    variant[C.IPV4_OFFSET + 8] -= 1
+    variant[C.IPV4_OFFSET + 1] ^= 0x20
     runt = good[0][:12]
     frames = good + bad + [bytes(variant), runt]
     results = _check(frames)
@@ -156,8 +157,8 @@ def test_parser_takes_the_macs_verdict():
     sim.add_clock(40e-9)
     sim.add_testbench(bench)
     sim.run()
-    verdicts = [H.Verdict(e["verdict"]) for e in entries]
-    assert verdicts == [H.Verdict.OK] * 4 + [H.Verdict.BAD_ICRC, H.Verdict.OK]
+    verdicts = [C.Verdict(e["verdict"]) for e in entries]
+    assert verdicts == [C.Verdict.OK] * 4 + [C.Verdict.BAD_ICRC, C.Verdict.OK]
     assert entries[:4] == [F.header_fields(f) for f in frames]
 
 

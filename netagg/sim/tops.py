@@ -10,6 +10,7 @@ tvalid, tready), so cocotbext-axi's models drive them.
 from amaranth import Elaboratable, Module, Signal
 from amaranth.lib import wiring
 
+from netagg.contract import headers as C
 from netagg.hw import headers as H
 from netagg.hw.deparser import Deparser
 from netagg.hw.icrc import IcrcEngine
@@ -68,7 +69,7 @@ class DatapathTop(Elaboratable):
         self.hdr_i = _HeaderPorts("hdr_i")
         self.loopback = Signal(name="loopback")
         self.passed = Signal(COUNTER_WIDTH, name="passed")
-        self.drops = [Signal(COUNTER_WIDTH, name=f"drops_{v.name.lower()}") for v in H.Verdict]
+        self.drops = [Signal(COUNTER_WIDTH, name=f"drops_{v.name.lower()}") for v in C.Verdict]
 
     def ports(self):
         return [
