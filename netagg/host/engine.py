@@ -239,7 +239,7 @@ class Engine(Taking):
             datagrams = self.transport.recv(wait)
             if datagrams:
                 self.heard = time.monotonic()
-                self._receive_all(datagrams)
+                self.receive(datagrams)
             self._send_ready()
             self._retransmit()
             self._deliver_all()

@@ -40,17 +40,17 @@ from netagg.sim import wire as W
 class Taking:
     """Results taken into an engine's slots, messages and works."""
 
-    def _receive_all(self, datagrams: list[bytes]):
-        """Take a step's datagrams: the job's results as a batch (`host.results`), each
-        that completes its use with every worker's data at once (`_take_whole`), the rest
-        one at a time."""
+    def receive(self, datagrams: list[bytes]):
+        """Take a step's datagrams: the job's results as a batch (`read_results`), each
+        that completes its use with every worker's data at once here (or by the window,
+        while there is one), the rest one at a time (`_classify`)."""
         self.stats["packets_received"] += len(datagrams)
         self.stats["bytes_received"] += sum(map(len, datagrams))
         batch, rest = read_results(datagrams, lanes=self.lanes, qpn=self.qpn,
                                    rkey=self.session_tag, job=self.job, slots=self.nslots,
                                    near=self.limit)
         for datagram in rest:
-            self._receive(datagram)
+            self._receive_one(datagram)
         if batch is None:
             return
         top = int(batch.limit.max())
@@ -107,7 +107,7 @@ class Taking:
         for i in others:
             self._classify(batch.result(i))
 
-    def _receive(self, datagram: bytes):
+    def _receive_one(self, datagram: bytes):
         if self.control.take_answer(datagram):
             return
         try:
@@ -183,7 +183,7 @@ class Taking:
                 w.error = OverflowError(
                     f"the int32 sum saturated in chunk {m.index} (values {part.start}.."
                     f"{part.stop - 1}): the exact sum does not fit")
-            self._finish_chunk(w)
+            self.finish_chunks(w)
             return
         if self.check_lane.membership and m.acc is not None:
             m.acc = m.acc + res.sums.astype(np.int64)
@@ -216,7 +216,9 @@ class Taking:
             w.exponents.setdefault(m.carries, m.exp_max)
         self.delivering.append((m, have))
 
-    def _finish_chunk(self, w: Work, chunks: int = 1):
+    def finish_chunks(self, w: Work, chunks: int = 1):
+        """`chunks` of the work's chunks have their sums in place (or failed): the work is
+        done with its last, and no longer pending."""
         w.remaining -= chunks
         if w.remaining == 0:
             w.done = True
@@ -275,5 +277,5 @@ class Taking:
         for chunks in groups:
             w = chunks[0][0].work
             self.stats.update(deliver(w, chunks, self.workers))
-            self._finish_chunk(w, len(chunks))
+            self.finish_chunks(w, len(chunks))
 

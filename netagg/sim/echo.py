@@ -185,7 +185,8 @@ class EchoSwitch(GoldenSwitch):
         self.copies = RankCopies(self.slots, self.max_workers, self.max_payload // 4)
         self.paths = Paths()
         self._replies: dict[tuple, Reply] = {}
-        self._rows: dict[tuple, echo_run.Rows | None] = {}
+        # the `Rows` of each run's headers, first row and size (`echo_run.answer`'s cache)
+        self.run_layouts: dict[tuple, echo_run.Rows | None] = {}
         self._sent: list = []
 
     def send(self, port: int, frame: bytes, fill: int = 0, null: bool | None = None):
@@ -294,7 +295,7 @@ class EchoSwitch(GoldenSwitch):
         req = request(imm)
         if self._refusal(header.src_ip, dma_length, req, header.length, rkey) is not None:
             return None
-        null = bool(req.droppable) and self._threshold(frame) <= 0
+        null = bool(req.droppable) and self.drop_threshold(frame) <= 0
         job = self.job[req.job]
         w = job.table[req.rank]
         return Reply(
@@ -304,5 +305,5 @@ class EchoSwitch(GoldenSwitch):
             copy=self.copies.index(job.slot_base + req.slot, req.version, req.rank),
             bit=1 << req.rank, port=w.port,
             tx=self.port_counters[w.port] if w.port < self.ports else None,
-            template=self._template(w, header.length), va=w.va,
+            template=self.result_template(w, header.length), va=w.va,
             imm=result_imm(req.job, int(not null), req.version, req.slot, req.exponent, 0))

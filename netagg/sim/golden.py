@@ -253,9 +253,9 @@ class GoldenSwitch(Registers):
         """Whether the ingress drops this frame's payload by priority (to a null
         contribution) when its queue holds `fill` bytes ahead of it."""
         request = contribution(frame, decode(frame)[1])
-        return _droppable(request) and fill >= self._threshold(frame)
+        return _droppable(request) and fill >= self.drop_threshold(frame)
 
-    def _threshold(self, frame: bytes) -> int:
+    def drop_threshold(self, frame: bytes) -> int:
         """The drop threshold of the frame's priority class (IPv4 DSCP >> 3)."""
         return self.drop_thresholds[frame[W.IP_OFFSET + 1] >> 5]
 
@@ -273,7 +273,7 @@ class GoldenSwitch(Registers):
         if verdict == OK and header.length > self.queue_capacity:
             verdict, header = Verdict.OVERSIZE, None
         request = contribution(frame, header)
-        droppable = _droppable(request) and not self._from_parent(header)
+        droppable = _droppable(request) and not self.from_parent(header)
         if null and not droppable:
             raise ValueError("only a droppable contribution that the parser takes can be null")
         if verdict != OK:
@@ -281,7 +281,7 @@ class GoldenSwitch(Registers):
             return []
         counters["rx"] += 1
         if null is None:
-            null = droppable and fill >= self._threshold(frame)
+            null = droppable and fill >= self.drop_threshold(frame)
         if null:
             counters["drop_priority"] += 1
         start, length = header.start, header.length
@@ -297,7 +297,7 @@ class GoldenSwitch(Registers):
             self.port_counters[p]["tx"] += 1
         return out
 
-    def _from_parent(self, header: Header | None) -> bool:
+    def from_parent(self, header: Header | None) -> bool:
         """Whether a frame is a spine's to this switch as a leaf (`sim.golden_leaf`): not a
         contribution, never nulled by priority. A switch without uplinks has no parent."""
         return False
@@ -439,11 +439,12 @@ class GoldenSwitch(Registers):
             if w.port >= self.ports:
                 continue                      # no such port: the result cannot leave
             at = w.va + offset if va is None else va
-            out.append((w.port, self._template(w, len(sums)).frame(limit, at, imm, sums)))
+            template = self.result_template(w, len(sums))
+            out.append((w.port, template.frame(limit, at, imm, sums)))
         self.job_counters[j]["results"] += len(out)
         return out
 
-    def _template(self, w: Worker, length: int) -> ResultTemplate:
+    def result_template(self, w: Worker, length: int) -> ResultTemplate:
         """The headers of results of `length` bytes to worker `w` (from the switch's MAC, IP
         and UDP port; to the worker's MAC, IP, UDP port, QPN and R_Key)."""
         key = (self.mac, self.ip, self.udp_sport, w.mac, w.ip, w.udp_port, w.qpn, w.rkey, length)

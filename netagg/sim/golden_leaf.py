@@ -12,7 +12,7 @@ partial is sent up the slot's uplink, SPRAY and REG_UPLINK_DOWN) -> DONE (the sp
 with the copy's msn arrived: the final replaces the partial, COMPLETED + 1, the result goes
 to every local worker). A local retransmission of a use re-sends its partial, marked
 `resent`, in UPSTREAM and replays the final in DONE. A frame from an uplink's spine (opcode
-0x2B at UPLINK_QPN from the uplink's IP, `_from_parent`) is a result (payload) or a pull (no
+0x2B at UPLINK_QPN from the uplink's IP, `from_parent`) is a result (payload) or a pull (no
 payload: the leaf answers with its partial, or its final marked `final`).
 
 At a spine, a partial comes in by the port of its leaf's entry (else `drop_bad_worker`), a
@@ -87,17 +87,17 @@ class GoldenLeaf(LeafRegisters, GoldenSwitch):
 
     # --- which frame ------------------------------------------------------------------------
 
-    def _from_parent(self, header: Header | None) -> bool:
+    def from_parent(self, header: Header | None) -> bool:
         return (bool(self.uplinks) and header is not None and header.opcode == W.OP_RESULT
                 and header.dqpn == W.UPLINK_QPN
                 and any(u.ip == header.src_ip for u in self.uplink))
 
     def drops_payload(self, frame: bytes, fill: int) -> bool:
-        return not self._from_parent(decode(frame)[1]) and super().drops_payload(frame, fill)
+        return not self.from_parent(decode(frame)[1]) and super().drops_payload(frame, fill)
 
     def _contribution(self, port: int, frame: bytes, header: Header, reth: Extension,
                       req: Request, payload: bytes, null: bool) -> list:
-        if self._from_parent(header):
+        if self.from_parent(header):
             return self._parent_frame(port, header, reth, payload)
         job = self.job[req.job] if req.job < self.jobs else None
         if job is None or not job.enable or not (job.partials or job.parent):
@@ -253,7 +253,7 @@ class GoldenLeaf(LeafRegisters, GoldenSwitch):
             w = job.table[rank]
             if copy.bitmap >> rank & 1 or w.port >= self.ports:
                 continue
-            out.append((w.port, self._template(w, 0).frame(job.limit, va, imm, b"")))
+            out.append((w.port, self.result_template(w, 0).frame(job.limit, va, imm, b"")))
         self.fabric_counters[use.job]["pulls"] += len(out)
         return out
 
