@@ -1,6 +1,7 @@
 """The package's modules talk through public names: no module reads or calls a private
 attribute (`_name`, not a dunder) that another module of `netagg` defines, on anything but
-`self`, `cls` or `super()`.
+`self`, `cls` or `super()`, nor imports another module's private name
+(`from netagg.sim.golden import _signed`).
 
 The scan is by the source (`ast`), without importing anything:
 
@@ -75,6 +76,15 @@ class _Module:
                 for alias in node.names:
                     self.imports[alias.asname or alias.name] = f"{node.module}.{alias.name}"
 
+    def private_imports(self):
+        """Every `from netagg... import _name`: (line, module, name)."""
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                    and node.module.split(".")[0] == "netagg":
+                for alias in node.names:
+                    if _private(alias.name):
+                        yield node.lineno, node.module, alias.name
+
     def reads(self):
         """Every `base._name` on a base other than self, cls and super(): (line, base as
         text, the local name of the base if a plain name, attribute)."""
@@ -112,6 +122,10 @@ def crossings() -> list[str]:
             owners[attr].add(m.name)
     found = []
     for m in modules:
+        for line, module, name in m.private_imports():
+            if module != m.name and (m.name, name) not in ALLOWED:
+                found.append(f"{m.path.relative_to(PACKAGE.parent)}:{line}: "
+                             f"from {module} import {name}")
         for line, base, local, attr in m.reads():
             if (m.name, attr) in ALLOWED:
                 continue
@@ -142,11 +156,11 @@ def test_the_scan_sees_a_crossing(tmp_path, monkeypatch):
     pkg.mkdir()
     (pkg / "a.py").write_text("class A:\n    def _step(self):\n        self._n = 1\n"
                               "_TABLE = {}\n")
-    (pkg / "b.py").write_text("import os\nfrom netagg import a\n\n"
+    (pkg / "b.py").write_text("import os\nfrom netagg import a\nfrom netagg.a import _TABLE\n\n"
                               "class B:\n    def _own(self):\n        pass\n\n"
                               "def f(x, y):\n    x._step()\n    y._own()\n    os._exit(0)\n"
                               "    return a._TABLE, x._n\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", pkg)
     found = sorted(f.split(": ", 1)[1] for f in crossings())
-    assert found == ["a._TABLE (top-level in netagg.a)", "x._n (defined in netagg.a)",
-                     "x._step (defined in netagg.a)"]
+    assert found == ["a._TABLE (top-level in netagg.a)", "from netagg.a import _TABLE",
+                     "x._n (defined in netagg.a)", "x._step (defined in netagg.a)"]

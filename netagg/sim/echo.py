@@ -57,7 +57,7 @@ from netagg.sim.codec import (
     request,
     result_imm,
 )
-from netagg.sim.golden import GoldenSwitch, Job, _signed
+from netagg.sim.golden import GoldenSwitch, Job, signed
 from netagg.sim.udp_offload import FrameRun
 
 _RETH_AT = W.BTH_OFFSET + W.BTH_LEN                     # the RETH's offset in a frame
@@ -266,7 +266,7 @@ class EchoSwitch(GoldenSwitch):
         bitmap = int(copies.bitmap[c])
         if (len(frame) != reply.size or not icrc_matches(frame, reply.body_end, reply.state)
                 or copies.count[c] or bitmap and not 0 < (msn - int(copies.msn16[c])) & 0xFFFF
-                < 0x8000 or job.credits and _signed(msn - job.completed, 32) >= job.credits):
+                < 0x8000 or job.credits and signed(msn - job.completed, 32) >= job.credits):
             return None             # a drop, a use in progress, a replay or an older message
         start, length = reply.start, reply.length
         payload = bytes(length) if reply.null else memoryview(frame)[start:start + length]

@@ -183,12 +183,12 @@ class SlotCopy:
                    else a == b for a, b in pairs)
 
 
-def _lanes(payload: bytes) -> np.ndarray:
+def wide_lanes(payload: bytes) -> np.ndarray:
     """The int32 lanes of a payload, widened to int64 for saturating sums."""
     return np.frombuffer(payload, "<i4").astype(np.int64)
 
 
-def _add_saturating(sums: np.ndarray, payload: bytes) -> bool:
+def add_saturating(sums: np.ndarray, payload: bytes) -> bool:
     """Add a payload's int32 lanes into `sums`, each lane saturating at the int32 range (the
     aggregator's saturating adders); whether any lane saturated."""
     np.add(sums, np.frombuffer(payload, "<i4"), out=sums)
@@ -198,7 +198,8 @@ def _add_saturating(sums: np.ndarray, payload: bytes) -> bool:
     return True
 
 
-def _signed(v: int, bits: int) -> int:
+def signed(v: int, bits: int) -> int:
+    """The low `bits` bits of `v` as a two's complement number (a wrapped difference)."""
     v &= (1 << bits) - 1
     return v - (1 << bits) if v >> (bits - 1) else v
 
@@ -311,7 +312,7 @@ class GoldenSwitch(Registers):
         msn, offset = W.split_va(reth.va)
         copy, needed, ranks = self._aggregation(job, job.slot_base + slot, version, rank)
         bit = 1 << rank
-        d = _signed(msn - copy.msn16, 16)
+        d = signed(msn - copy.msn16, 16)
         if copy.count == 0:
             if copy.bitmap and d == 0 and len(payload) != copy.length:
                 counters["drop_bad_length"] += 1
@@ -322,7 +323,7 @@ class GoldenSwitch(Registers):
             if copy.bitmap and d < 0:
                 counters["drop_stale"] += 1
                 return []
-            copy.begin(bit, _lanes(payload), null, msn, req.exponent, self.now)
+            copy.begin(bit, wide_lanes(payload), null, msn, req.exponent, self.now)
         elif d != 0:
             counters["drop_stale"] += 1
             return []
@@ -337,7 +338,7 @@ class GoldenSwitch(Registers):
             counters["drop_bad_length"] += 1
             return []
         else:
-            copy.overflow |= _add_saturating(copy.sums, payload)
+            copy.overflow |= add_saturating(copy.sums, payload)
             copy.exponent = max(copy.exponent, req.exponent)
             copy.bitmap |= bit
             copy.count += 1
@@ -359,7 +360,7 @@ class GoldenSwitch(Registers):
             scope[refusal] += 1
             return False
         job = self.job[req.job]
-        if job.credits and _signed(W.split_va(reth.va)[0] - job.completed, 32) >= job.credits:
+        if job.credits and signed(W.split_va(reth.va)[0] - job.completed, 32) >= job.credits:
             self.job_counters[req.job]["drop_credit"] += 1
             return False
         return True

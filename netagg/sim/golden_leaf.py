@@ -32,7 +32,7 @@ from typing import NamedTuple
 from netagg.hw import headers as H
 from netagg.sim import wire as W
 from netagg.sim.codec import Extension, Header, Request, decode, result_imm
-from netagg.sim.golden import GoldenSwitch, _add_saturating, _lanes, _signed
+from netagg.sim.golden import GoldenSwitch, add_saturating, signed, wide_lanes
 from netagg.sim.golden_leaf_registers import (
     CopyState,
     FabricCopy,
@@ -121,8 +121,8 @@ class GoldenLeaf(LeafRegisters, GoldenSwitch):
         spine's job (a spine back after any time away takes the new uses), signed16 of their
         low 16 bits for another, as on one switch."""
         if job.partials:
-            return _signed(msn - copy.msn, 32)
-        return _signed(msn - copy.msn16, 16)
+            return signed(msn - copy.msn, 32)
+        return signed(msn - copy.msn16, 16)
 
     def _add(self, use: Use, rank: int, exponent: int, payload: bytes, part: Partial) -> list:
         """A contribution of `rank` to `use`, past the checks: a spine's is a partial, a
@@ -162,7 +162,7 @@ class GoldenLeaf(LeafRegisters, GoldenSwitch):
             counters["drop_bad_length"] += 1
             return []
         elif not part.final:
-            copy.overflow |= _add_saturating(copy.sums, payload) | bool(part.overflow)
+            copy.overflow |= add_saturating(copy.sums, payload) | bool(part.overflow)
             copy.exponent = max(copy.exponent, exponent)
             copy.bitmap |= bit
             copy.count += 1
@@ -180,13 +180,13 @@ class GoldenLeaf(LeafRegisters, GoldenSwitch):
     def _begin(self, copy: FabricCopy, bit: int, payload: bytes, msn: int, exponent: int,
                part: Partial):
         """A new use of `copy`, begun by one contribution (a spine's: a partial)."""
-        copy.begin(bit, _lanes(payload), not part.count, msn, exponent, self.now)
+        copy.begin(bit, wide_lanes(payload), not part.count, msn, exponent, self.now)
         copy.data, copy.overflow, copy.state = part.count, bool(part.overflow), CopyState.IN_USE
 
     @staticmethod
     def _take(copy: FabricCopy, payload: bytes, count: int, exponent: int, overflow: int):
         """The copy takes a use's final as it is: sums, count, exponent, overflow."""
-        copy.sums, copy.length = _lanes(payload), len(payload)
+        copy.sums, copy.length = wide_lanes(payload), len(payload)
         copy.data, copy.exponent, copy.overflow = count, exponent, bool(overflow)
 
     def _finish(self, use: Use, copy: FabricCopy, ranks) -> list:

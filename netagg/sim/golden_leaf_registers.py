@@ -14,7 +14,7 @@ import enum
 
 from netagg.sim import wire as W
 from netagg.sim.golden import Job, SlotCopy
-from netagg.sim.golden_registers import Refusal, Space, _mac_half
+from netagg.sim.golden_registers import Refusal, Space, mac_half
 
 
 class CopyState(enum.Enum):
@@ -157,7 +157,7 @@ class LeafRegisters:
             if field == W.UPLINK_PORT:
                 u.port = value & ((1 << W.UPLINK_PORT_BITS) - 1)
             elif field in (W.UPLINK_MAC_HI, W.UPLINK_MAC_LO):
-                u.mac = _mac_half(u.mac, value, field == W.UPLINK_MAC_HI)
+                u.mac = mac_half(u.mac, value, field == W.UPLINK_MAC_HI)
             elif field == W.UPLINK_IP:
                 u.ip = value
             elif field == W.UPLINK_UDP_PORT:

@@ -165,7 +165,7 @@ class Registers:
         kind, index, off = self._decode(addr)
         if kind is Space.GLOBAL:
             if off in (W.REG_MAC_HI, W.REG_MAC_LO):
-                self.mac = _mac_half(self.mac, value, off == W.REG_MAC_HI)
+                self.mac = mac_half(self.mac, value, off == W.REG_MAC_HI)
             elif off == W.REG_IP:
                 self.ip = value
             elif off == W.REG_UDP_SPORT:
@@ -202,7 +202,7 @@ class Registers:
                 endpoint = W.WORKER_ENDPOINT.unpack(value)
                 w.port, w.udp_port = endpoint["switch_port"], endpoint["udp_port"]
             elif off in (W.WORKER_MAC_HI, W.WORKER_MAC_LO):
-                w.mac = _mac_half(w.mac, value, off == W.WORKER_MAC_HI)
+                w.mac = mac_half(w.mac, value, off == W.WORKER_MAC_HI)
             elif off == W.WORKER_IP:
                 w.ip = value
             elif off == W.WORKER_QPN:
@@ -218,7 +218,7 @@ class Registers:
             self.job[j].beats[rank] = value & 0xFFFFFFFF
 
 
-def _mac_half(mac: int, value: int, high: bool) -> int:
+def mac_half(mac: int, value: int, high: bool) -> int:
     """A 48-bit MAC with its bits 47-32 (`high`) or 31-0 replaced by a register's value."""
     if high:
         return ((value & 0xFFFF) << 32) | (mac & 0xFFFFFFFF)
