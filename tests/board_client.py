@@ -15,11 +15,12 @@ import json
 import socket
 import struct
 
-from netagg.hw.headers import CONTROL_QPN, OP_CONTROL, ROCEV2_PORT
-from netagg.sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.packet import Raw, raw
+
+from netagg.contract.headers import CONTROL_QPN, OP_CONTROL, ROCEV2_PORT
+from netagg.host.udp_socket import IP_MTU_DISCOVER, IP_PMTUDISC_DO
 
 BTH_BYTES, ICRC_BYTES = 12, 4
 

@@ -1,7 +1,7 @@
 """cocotb testbench of one port's datapath (parser, packet queue, deparser): sim.tops.DatapathTop.
 
 Frames come from scapy (tests/frames.py); the width comes from NETAGG_WIDTH. The line-rate
-testcase is the benchmark's (sim/bench_datapath.py).
+testcase is the benchmark's (netagg/sim/bench_datapath.py).
 """
 
 import os
@@ -11,13 +11,13 @@ import struct
 import cocotb
 from cocotb.triggers import ClockCycles
 from cocotbext.axi import AxiStreamFrame
-from netagg.hw import headers as H
-from netagg.sim.bench_datapath import drive_back_to_back
-from netagg.sim.scapy_frames import roce_frame
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
+from netagg.contract import headers as H
+from netagg.sim.bench_datapath import drive_back_to_back
+from netagg.sim.scapy_frames import roce_frame
 from tests import frames as F
 from tests.tb import WIDTH, DatapathTB, pack_header, unpack_header
 

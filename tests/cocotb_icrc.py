@@ -6,8 +6,8 @@ import zlib
 import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ReadOnly, RisingEdge
-from netagg.hw import headers as H
 
+from netagg.contract import headers as H
 from tests import frames as F
 from tests.tb import WIDTH
 

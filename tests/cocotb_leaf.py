@@ -23,7 +23,11 @@ import random
 
 import cocotb
 import numpy as np
-from netagg.sim import wire as W
+from scapy.contrib.roce import BTH
+from scapy.layers.inet import IP
+
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.sim.bench_leaf import (
     DOWNLINKS,
     SPINE_KEY,
@@ -39,9 +43,6 @@ from netagg.sim.bench_switch import PARAMS, PORTS, WIDTH, SwitchTB
 from netagg.sim.golden_leaf import GoldenLeaf
 from netagg.sim.golden_spine import GoldenSpine
 from netagg.sim.topology import Direction, Link, LinkFaults
-from scapy.contrib.roce import BTH
-from scapy.layers.inet import IP
-
 from tests.cocotb_switch import Golden, assert_same
 from tests.leafspine_net import CHUNK, JOB, Job, control
 from tests.switch_traffic import Worker, control_frame, job_config_records, job_key
@@ -104,10 +105,10 @@ class World:
         for l in range(LEAVES):
             leaf_job = (address_records(leaf(l)) + uplink_records(UPLINKS, DOWNLINKS)
                         + job_config_records(JOB, self.hosts[l], 0, self.slots) + [
-                            (W.WRITE | W.job_reg(JOB, W.JOB_PARENT_KEY), SPINE_KEY),
-                            (W.WRITE | W.job_reg(JOB, W.JOB_SPRAY), self.spray),
-                            (W.WRITE | W.job_reg(JOB, W.JOB_PARENT),
-                             W.PARENT.pack(enable=1, rank=l))])
+                            (R.WRITE | R.job_reg(JOB, R.JOB_PARENT_KEY), SPINE_KEY),
+                            (R.WRITE | R.job_reg(JOB, R.JOB_SPRAY), self.spray),
+                            (R.WRITE | R.job_reg(JOB, R.JOB_PARENT),
+                             R.PARENT.pack(enable=1, rank=l))])
             if l == 0:
                 await self.control(leaf_job)
             else:
@@ -126,7 +127,7 @@ class World:
 
     async def counters(self, names) -> dict:
         """The RTL leaf's job-0 counters (FABRIC_COUNTERS too) by name."""
-        return dict(zip(names, await self.control([(W.job_counter(JOB, n), 0) for n in names])))
+        return dict(zip(names, await self.control([(R.job_counter(JOB, n), 0) for n in names])))
 
     # --- the cables ---------------------------------------------------------------------------
 
@@ -285,7 +286,7 @@ async def upstream_downstream(dut):
     for i, frame in ours:
         partial, u, s = check_partial(job, frame, i)
         assert partial["resent"] == 0 and partial["final"] == 0
-        assert W.spray_entry(world.spray, s) == i
+        assert R.spray_entry(world.spray, s) == i
         seen.add((u, s))
     assert len(seen) == job.uses * slots
     # replays: worker 0 of leaf 0 sends each slot's last use again
@@ -313,16 +314,16 @@ async def spraying(dut):
     """A random SPRAY over the 2 uplinks (both leaves alike): each spine sees the partials
     of its slots only, every slot's from both leaves."""
     rng = random.Random(22)
-    entries = [rng.randrange(UPLINKS) for _ in range(W.SPRAY_ENTRIES - 2)] + [0, 1]
+    entries = [rng.randrange(UPLINKS) for _ in range(R.SPRAY_ENTRIES - 2)] + [0, 1]
     rng.shuffle(entries)
-    world = World(dut, seed=22, slots=16, spray=W.spray_word(entries))
+    world = World(dut, seed=22, slots=16, spray=R.spray_word(entries))
     await world.start()
     job = LeafJob(world, uses=2, seed=22)
     await job.run()
     per_spine = [0] * UPLINKS
     for l, i, frame in world.up_frames:
         slot = W.unpack_imm(W.REQUEST_IMM, W.parse_frame(frame).imm)["slot"]
-        assert entries[slot % W.SPRAY_ENTRIES] == i, (l, i, slot)
+        assert entries[slot % R.SPRAY_ENTRIES] == i, (l, i, slot)
         per_spine[i] += 1
     want = [LEAVES * job.uses * entries[:world.slots].count(i) for i in range(UPLINKS)]
     assert per_spine == want and min(want) > 0
@@ -354,8 +355,8 @@ async def uplink_failure(dut):
     assert job.pending()
     world.silence(1)
     await job.round()                                          # re-sent into the silence
-    assert await world.control([(W.WRITE | W.REG_UPLINK_DOWN, 0b10)]) == [0b10]
-    control(world.leaf1, [(W.WRITE | W.REG_UPLINK_DOWN, 0b10)])
+    assert await world.control([(R.WRITE | R.REG_UPLINK_DOWN, 0b10)]) == [0b10]
+    control(world.leaf1, [(R.WRITE | R.REG_UPLINK_DOWN, 0b10)])
     await job.run()
     names = ("pulled", "resends", "parent_results", "drop_parent", "completed")
     counters = await world.counters(names)
@@ -376,8 +377,8 @@ async def uplink_failure(dut):
 
 async def mark_down(world: World, uplinks: int):
     """REG_UPLINK_DOWN at both leaves: by a control frame at the RTL, directly at leaf 1."""
-    assert await world.control([(W.WRITE | W.REG_UPLINK_DOWN, uplinks)]) == [uplinks]
-    control(world.leaf1, [(W.WRITE | W.REG_UPLINK_DOWN, uplinks)])
+    assert await world.control([(R.WRITE | R.REG_UPLINK_DOWN, uplinks)]) == [uplinks]
+    control(world.leaf1, [(R.WRITE | R.REG_UPLINK_DOWN, uplinks)])
 
 
 @cocotb.test()

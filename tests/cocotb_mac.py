@@ -14,10 +14,10 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge, Timer
 from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSink, AxiStreamSource
 from cocotbext.eth import GmiiFrame, GmiiSink, GmiiSource
-from netagg.hw import headers as H
 from scapy.layers.inet import IP
 from scapy.layers.l2 import Ether
 
+from netagg.contract import headers as H
 from tests import frames as F
 from tests.tb import pauses
 

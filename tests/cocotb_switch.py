@@ -6,7 +6,7 @@ The golden model applies the good frames in the order the switch committed them 
 says the switch dropped its payload by priority) and frames the parser rejects anywhere
 (they only count); the frames each port sends must equal the model's, byte for byte, in
 order. The driver (`SwitchTB`) and the line-rate testcase are the benchmark's
-(sim/bench_switch.py).
+(netagg/sim/bench_switch.py).
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import random
 
 import cocotb
 import numpy as np
-from netagg.sim import golden as G
-from netagg.sim import wire as W
-from netagg.sim.bench_switch import PARAMS, PORTS, WIDTH, SwitchTB
 
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
+from netagg.sim import golden as G
+from netagg.sim.bench_switch import PARAMS, PORTS, WIDTH, SwitchTB
 from tests.frames import scapy_frame
 from tests.switch_traffic import (
     HOST_IP,
@@ -107,9 +108,9 @@ async def run_scenario(dut, seed, idle=0.0, backpressure=0.0, **kwargs):
 
 def counter_reads():
     """(name, address) of every port counter and of the counters of jobs 0 and 1."""
-    return ([(f"port{p}.{n}", W.port_counter(p, n)) for p in range(PORTS)
-             for n in W.PORT_COUNTERS]
-            + [(f"job{j}.{n}", W.job_counter(j, n)) for j in range(2) for n in W.JOB_COUNTERS])
+    return ([(f"port{p}.{n}", R.port_counter(p, n)) for p in range(PORTS)
+             for n in R.PORT_COUNTERS]
+            + [(f"job{j}.{n}", R.job_counter(j, n)) for j in range(2) for n in R.JOB_COUNTERS])
 
 
 def assert_same(dut, tb, model):
@@ -158,9 +159,9 @@ async def control_path(dut):
     model = Golden()
     for f in sc.config:
         tb.send(0, f)
-    addresses = [W.REG_MAGIC, W.REG_PARAMS, W.REG_SLOTS, W.REG_IP, W.REG_PORT,
-                 W.job_reg(1, W.JOB_CONFIG), W.beat_reg(1, 1)]
-    addresses += [W.port_counter(p, n) for p in range(PORTS) for n in W.PORT_COUNTERS]
+    addresses = [R.REG_MAGIC, R.REG_PARAMS, R.REG_SLOTS, R.REG_IP, R.REG_PORT,
+                 R.job_reg(1, R.JOB_CONFIG), R.beat_reg(1, 1)]
+    addresses += [R.port_counter(p, n) for p in range(PORTS) for n in R.PORT_COUNTERS]
     for n, count in enumerate((1, 5, 8, 64, 63)):
         port = n % PORTS
         tb.send(port, control_frame([(a, 0) for a in (addresses * 2)[:count]], psn=n,
@@ -168,17 +169,17 @@ async def control_path(dut):
     # Heartbeats: a rank's own, from the address its entry holds, written and read back in
     # one request; another address's write, and one to a rank without an entry, refused
     # (control_denied), beside ranks and jobs the switch has not.
-    tb.send(3, control_frame([(W.WRITE | W.beat_reg(1, 1), 0xBEA70001), (W.beat_reg(1, 1), 0)],
+    tb.send(3, control_frame([(R.WRITE | R.beat_reg(1, 1), 0xBEA70001), (R.beat_reg(1, 1), 0)],
                              psn=20, src_ip=sc.workers[1][1].ip, sport=0xD003))
-    tb.send(3, control_frame([(W.WRITE | W.beat_reg(1, 1), 5), (W.beat_reg(1, 1), 0),
-                              (W.WRITE | W.beat_reg(0, 3), 7), (W.beat_reg(0, 0), 0),
-                              (W.WRITE | W.beat_reg(0, 4), 9), (W.beat_reg(2, 0), 0),
-                              (W.beat_reg(0, 3), 0)], psn=21, sport=0xD003))
+    tb.send(3, control_frame([(R.WRITE | R.beat_reg(1, 1), 5), (R.beat_reg(1, 1), 0),
+                              (R.WRITE | R.beat_reg(0, 3), 7), (R.beat_reg(0, 0), 0),
+                              (R.WRITE | R.beat_reg(0, 4), 9), (R.beat_reg(2, 0), 0),
+                              (R.beat_reg(0, 3), 0)], psn=21, sport=0xD003))
     # A request the switch does not serve (12 bytes: not whole records) gets no reply, and
     # the port's next request is answered all the same.
     tb.send(1, scapy_frame(W.OP_CONTROL, W.CONTROL_QPN, 9, bytes(12),
                            W.Endpoint(HOST_IP, 0xD001, 0x02BB00000009), SWITCH))
-    tb.send(1, control_frame([(W.port_counter(1, "drop_bad_payload"), 0)], psn=10,
+    tb.send(1, control_frame([(R.port_counter(1, "drop_bad_payload"), 0)], psn=10,
                              sport=0xD001))
     await tb.drain()
     model.catch_up(tb)
@@ -242,7 +243,7 @@ async def configured(dut, seed, *, slots, records=(), results_port=None, **tb_op
     for f in config:
         tb.send(0, f)
     if records:
-        tb.send(0, control_frame([(W.WRITE | a, v) for a, v in records], psn=50))
+        tb.send(0, control_frame([(R.WRITE | a, v) for a, v in records], psn=50))
     await tb.drain()
     model.catch_up(tb)
     return tb, model, ws
@@ -261,7 +262,7 @@ def results_of(frames, qpn=None):
 async def read_counters(tb, model, names):
     """The switch's port-0 and job-0 counters `names` (read by a control request on port 1),
     after checking they equal the model's."""
-    addresses = [W.port_counter(0, n) if n in W.PORT_COUNTERS else W.job_counter(0, n)
+    addresses = [R.port_counter(0, n) if n in R.PORT_COUNTERS else R.job_counter(0, n)
                  for n in names]
     before = len(tb.received[1])
     tb.send(1, control_frame([(a, 0) for a in addresses], psn=0x777))
@@ -287,7 +288,7 @@ async def priority_drop(dut):
     thresholds = {0: 512, 1: 2048}
     tb, model, ws = await configured(
         dut, 11, slots=slots, backpressure=0.75, results_port=1,
-        records=[(W.drop_threshold(c), t) for c, t in thresholds.items()])
+        records=[(R.drop_threshold(c), t) for c, t in thresholds.items()])
     rng = random.Random(11)
     sent = {}                    # frame -> (round, slot, lanes, droppable, class)
     per_round = []
@@ -345,7 +346,7 @@ async def credits_saturation(dut):
     message is dropped for credit any more, and no more than 3 uses are ever open."""
     slots, credits, uses = 8, 3, 24
     tb, model, ws = await configured(dut, 12, slots=slots, records=[
-        (W.job_reg(0, W.JOB_CREDITS), credits)])
+        (R.job_reg(0, R.JOB_CREDITS), credits)])
     rng = random.Random(12)
     lanes = {(w.rank, msn): np.array([rng.randrange(-1 << 20, 1 << 20) for _ in range(256)],
                                      np.int32) for w in ws for msn in range(uses)}
@@ -456,7 +457,7 @@ async def early_close(dut):
     alone; no use mixes into the next."""
     slots, rounds = 8, 3
     tb, model, ws = await configured(dut, 14, slots=slots,
-                                     records=[(W.job_reg(0, W.JOB_QUORUM), 3)])
+                                     records=[(R.job_reg(0, R.JOB_QUORUM), 3)])
     rng = random.Random(14)
     for rnd in range(rounds):
         lanes = {(w.rank, s): np.array([rng.randrange(-1 << 24, 1 << 24) for _ in range(64)],

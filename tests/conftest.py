@@ -53,9 +53,11 @@ def served_switch():
     proc.stdout.close()
 
 
-# Widths in the default run; any other is in the slow set (`pytest -m slow`). Each width is a
-# Verilator build of its own (15-60 s on two cores, see sim/build.py), so all four run.
-DEFAULT_WIDTHS = WIDTHS
+# Widths in the default run; the others are in the slow set (`pytest -m slow`). Each width is
+# a Verilator build of its own per top (15-60 s on two cores, see netagg/sim/build.py): the default
+# run keeps the narrowest (a header over many beats) and the widest (a header in two beats,
+# most frames in one or two), the slow set adds 128 and 256.
+DEFAULT_WIDTHS = (64, 512)
 
 
 @pytest.fixture(params=[w if w in DEFAULT_WIDTHS else pytest.param(w, marks=pytest.mark.slow)
@@ -66,10 +68,11 @@ def width(request):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
-    """Keep the tests of one module and width (or simulator) on one xdist worker (`--dist
-    loadgroup`): each worker then builds its own tops, in parallel with the other, instead of
-    waiting on the other's build lock. Runs before xdist's own hook, which reads the groups.
-    Tests with neither parameter are left to xdist one by one."""
+    """Keep the tests that share a build on one xdist worker (`--dist loadgroup`): one module
+    and width (or simulator), the switch's and the leaf's cocotb testbenches, the proofs, and
+    the tests on each RTL model build (`RTL_GROUPS`). Each worker then builds its own tops, in
+    parallel with the other, instead of waiting on the other's build lock. Runs before xdist's
+    own hook, which reads the groups. Other tests are left to xdist one by one."""
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else "tests"
@@ -82,12 +85,31 @@ def pytest_collection_modifyitems(items):
         elif module == "test_switch":
             group = "switch"            # one switch build for all its testbenches
         elif module == "test_leaf_cocotb":
-            group = "leaf-cocotb"       # the leaf's, the spine's and the switch's builds
-        elif "rtl" in item.name:
-            group = "rtl-model"         # host tests on the switch's Python-driven model
+            group = "leaf-cocotb"       # the leaf's and the switch's builds
+        elif module == "test_formal":
+            group = "formal"            # YoWASP compiles its Yosys once (no lock of its own)
+        elif "rtl" in item.name or RTL_FIXTURES & set(item.fixturenames):
+            group = RTL_GROUPS.get(module, "rtl-model")
         else:
             continue
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+# Tests on the Python-driven RTL (`sim.model`: "rtl" in the test's name or parameters, or one
+# of these fixtures), grouped by the build they load, so that each build is made by one worker
+# while the other worker builds another or runs other tests (one group for all of them made
+# one worker build them one after the other). "rtl-model": the switch's default build
+# (`make_switch()`), the host's tests and the fuzzer's.
+RTL_FIXTURES = {"rtl_model", "rtl_spine", "small_spine", "rtl_leaf"}
+RTL_GROUPS = {
+    "test_spine_rtl": "rtl-spine",              # make_switch(spine=True)
+    # the 2x2 fabric's leaves (6 ports, 2 uplinks) and spines (3 ports): Topology(2, 2)
+    "test_leaf_rtl": "rtl-fabric",
+    "test_topology": "rtl-fabric",
+    "test_spine_failure_rtl": "rtl-fabric",
+    "test_fabric_quorum": "rtl-fabric",
+    "test_leafspine_e2e": "rtl-fabric",
+}
 
 
 @pytest.fixture(scope="module")

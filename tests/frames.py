@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import random
 
-from netagg.hw import headers as H
-from netagg.sim import wire as W
-from netagg.sim.scapy_frames import RETH, ImmDt, roce_frame
 from scapy.contrib.roce import AETH, BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
+
+from netagg.contract import headers as H
+from netagg.contract import wire as W
+from netagg.sim.scapy_frames import RETH, ImmDt, roce_frame
 
 # One opcode of each class, RC and UC, for sweeps.
 CLASS_OPCODES = {

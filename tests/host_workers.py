@@ -8,9 +8,10 @@ import threading
 import uuid
 
 import numpy as np
+
+from netagg.contract import wire as W
 from netagg.host import Worker
 from netagg.host import numerics as N
-from netagg.sim import wire as W
 from netagg.sim.golden import GoldenSwitch
 
 

@@ -18,7 +18,9 @@ import dataclasses
 from collections.abc import Callable
 
 import numpy as np
-from netagg.sim import wire as W
+
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.sim.topology import (
     Direction,
     Link,
@@ -29,7 +31,6 @@ from netagg.sim.topology import (
     default_ip,
     default_mac,
 )
-
 from tests.switch_traffic import Worker, control_frame, job_config_records, job_key
 
 JOB = 0
@@ -91,19 +92,19 @@ class Net:
         self.inbox: list[tuple[int, int, bytes]] = []     # (leaf, rank, frame) at workers
 
     def _set_up_leaf(self, l: int, quorum: int, credits: int):
-        spray = W.spray_word([e % len(self.spine) for e in range(W.SPRAY_ENTRIES)])
+        spray = R.spray_word([e % len(self.spine) for e in range(R.SPRAY_ENTRIES)])
         self.topology.control(f"leaf{l}", job_config_records(
             JOB, self.hosts[l], 0, self.slots, credits, quorum) + [
-            (W.WRITE | W.job_reg(JOB, W.JOB_PARENT_KEY), SPINE_KEY),
-            (W.WRITE | W.job_reg(JOB, W.JOB_SPRAY), spray),
-            (W.WRITE | W.job_reg(JOB, W.JOB_PARENT), W.PARENT.pack(enable=1, rank=l))])
+            (R.WRITE | R.job_reg(JOB, R.JOB_PARENT_KEY), SPINE_KEY),
+            (R.WRITE | R.job_reg(JOB, R.JOB_SPRAY), spray),
+            (R.WRITE | R.job_reg(JOB, R.JOB_PARENT), R.PARENT.pack(enable=1, rank=l))])
 
     def _set_up_spine(self, s: int):
         leaves = [Worker(job=JOB, rank=l, ip=leaf_ip(l), mac=leaf_mac(l), udp_port=W.ROCEV2_PORT,
                          port=l, qpn=W.UPLINK_QPN, rkey=SPINE_KEY, va=0, key=SPINE_KEY)
                   for l in range(len(self.leaf))]
         records = job_config_records(JOB, leaves, 0, self.slots)
-        records[-1] = (records[-1][0], W.CONFIG.pack(enable=1, partials=1, workers=len(leaves)))
+        records[-1] = (records[-1][0], R.CONFIG.pack(enable=1, partials=1, workers=len(leaves)))
         self.topology.control(f"spine{s}", records)
 
     # --- the network ------------------------------------------------------------------------
@@ -146,7 +147,7 @@ class Net:
     def mark_down(self, uplinks: int):
         """Every leaf's REG_UPLINK_DOWN, as the fabric's manager writes it."""
         for node in self.topology.leaf_nodes:
-            self.topology.control(node.name, [(W.WRITE | W.REG_UPLINK_DOWN, uplinks)],
+            self.topology.control(node.name, [(R.WRITE | R.REG_UPLINK_DOWN, uplinks)],
                                   check=True)
 
     @property
@@ -268,7 +269,7 @@ def away_and_back(net: Net, job: Job, spine: int = 1, before: int = 2, away: int
     through the others); then mended and marked up for the rest: every use done, each
     result checked. The uses the spine completed before it came back, and after."""
     def completed() -> int:
-        return control(net.spine[spine], [(W.job_counter(JOB, "completed"), 0)])[0]
+        return control(net.spine[spine], [(R.job_counter(JOB, "completed"), 0)])[0]
 
     job.run(uses=before)
     net.topology.cut(spine)

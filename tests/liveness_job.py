@@ -21,6 +21,7 @@ import threading
 import time
 
 import numpy as np
+
 from netagg.host import Worker
 
 

@@ -14,12 +14,13 @@ import dataclasses
 import random
 
 import numpy as np
-from netagg.sim import wire as W
-from netagg.sim.scapy_frames import RETH, ImmDt
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
+from netagg.sim.scapy_frames import RETH, ImmDt
 from tests.frames import mac_str, scapy_frame
 
 SWITCH_IP = "10.0.0.1"
@@ -114,24 +115,24 @@ def job_config_records(job: int, workers: list[Worker], slot_base: int, slot_cou
     """Control records that set up `job`: disabled first (an enabled job's slot range is
     fixed), CONFIG last (which enables it and clears its slots and COMPLETED); its KEY the
     workers'."""
-    recs = [(W.WRITE | W.job_reg(job, W.JOB_CONFIG), 0),
-            (W.WRITE | W.job_reg(job, W.JOB_SLOT_BASE), slot_base),
-            (W.WRITE | W.job_reg(job, W.JOB_SLOT_COUNT), slot_count),
-            (W.WRITE | W.job_reg(job, W.JOB_CREDITS), credits),
-            (W.WRITE | W.job_reg(job, W.JOB_QUORUM), quorum),
-            (W.WRITE | W.job_reg(job, W.JOB_KEY), workers[0].key if workers else 0)]
+    recs = [(R.WRITE | R.job_reg(job, R.JOB_CONFIG), 0),
+            (R.WRITE | R.job_reg(job, R.JOB_SLOT_BASE), slot_base),
+            (R.WRITE | R.job_reg(job, R.JOB_SLOT_COUNT), slot_count),
+            (R.WRITE | R.job_reg(job, R.JOB_CREDITS), credits),
+            (R.WRITE | R.job_reg(job, R.JOB_QUORUM), quorum),
+            (R.WRITE | R.job_reg(job, R.JOB_KEY), workers[0].key if workers else 0)]
     for w in workers:
-        recs += [(W.WRITE | a, v) for a, v in W.entry_records(
+        recs += [(R.WRITE | a, v) for a, v in W.entry_records(
             job, w.rank, w.port, W.Endpoint(w.ip, w.udp_port, w.mac), w.qpn, va=w.va,
             rkey=w.rkey)]
-    recs.append((W.WRITE | W.job_reg(job, W.JOB_CONFIG),
-                 W.CONFIG.pack(enable=1, workers=len(workers))))
+    recs.append((R.WRITE | R.job_reg(job, R.JOB_CONFIG),
+                 R.CONFIG.pack(enable=1, workers=len(workers))))
     return recs
 
 
 def switch_records():
-    return [(W.WRITE | W.REG_MAC_HI, SWITCH_MAC >> 32), (W.WRITE | W.REG_MAC_LO,
-            SWITCH_MAC & 0xFFFFFFFF), (W.WRITE | W.REG_IP, W.ip_to_int(SWITCH_IP))]
+    return [(R.WRITE | R.REG_MAC_HI, SWITCH_MAC >> 32), (R.WRITE | R.REG_MAC_LO,
+            SWITCH_MAC & 0xFFFFFFFF), (R.WRITE | R.REG_IP, W.ip_to_int(SWITCH_IP))]
 
 
 def make_workers(job: int, n: int, ports: int, rng: random.Random,

@@ -9,6 +9,7 @@ import numbers
 import sys
 
 import pytest
+
 from netagg.apps import bench_host as B
 from netagg.apps.cli import main
 

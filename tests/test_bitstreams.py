@@ -1,4 +1,4 @@
-"""The bitstream flow's reading of nextpnr's log (bitstreams/build.py): when it stops nextpnr,
+"""The bitstream flow's reading of nextpnr's log (netagg.bitstreams.build): when it stops nextpnr,
 and what it reports, from log lines in nextpnr's own format; the settings it hands nextpnr in
 the netlist; and each board's top level, elaborated without the tools."""
 
@@ -9,6 +9,7 @@ import re
 import subprocess
 
 import pytest
+
 from netagg.bitstreams.build import (
     _nextpnr_with_settings,
     _reason_to_stop,

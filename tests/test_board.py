@@ -23,13 +23,14 @@ import time
 from pathlib import Path
 
 import pytest
-from netagg.hw.headers import CONTROL_QPN, OP_CONTROL, ROCEV2_PORT
-from netagg.hw.regmap import MAGIC, REG_MAGIC, REG_PORT, port_counter
-from netagg.sim.board import BoardSim, build_board
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw, raw
+
+from netagg.contract.headers import CONTROL_QPN, OP_CONTROL, ROCEV2_PORT
+from netagg.contract.regmap import MAGIC, REG_MAGIC, REG_PORT, port_counter
+from netagg.sim.board import BoardSim, build_board
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = ["192.168.1.1", "192.168.2.1"]            # the host side of ports 0 and 1
@@ -65,7 +66,10 @@ NO_NAMESPACES = _why_no_namespaces()
 needs_namespaces = pytest.mark.skipif(NO_NAMESPACES is not None, reason=NO_NAMESPACES or "")
 
 
-@pytest.fixture(scope="module", params=BOARDS)
+# The Versa's model (the larger build) in the slow set; the Colorlight's runs every test by
+# default, and tests/test_bitstreams.py elaborates both boards' top levels.
+@pytest.fixture(scope="module", params=[BOARDS[0], *(pytest.param(b, marks=pytest.mark.slow)
+                                                     for b in BOARDS[1:])])
 def board(request):
     """A board whose model is built (or found in the cache) in this process, so that the
     command under test loads it at once."""

@@ -5,10 +5,11 @@ droppable contributions above their class's threshold into null contributions.""
 import random
 
 import numpy as np
-from netagg.sim import wire as W
+
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.sim.bottleneck import NULL_BYTES, Bottleneck
 from netagg.sim.golden import GoldenSwitch
-
 from tests.switch_traffic import control_frame, job_config_records, make_workers, switch_records
 
 
@@ -25,7 +26,7 @@ def setup(capacity=8192, thresholds=None):
     switch = GoldenSwitch()
     link = Bottleneck(switch, rate=1e6, capacity=capacity, clock=clock)
     ws = make_workers(0, 2, 4, random.Random(3))
-    records = switch_records() + [(W.WRITE | W.drop_threshold(c), t)
+    records = switch_records() + [(R.WRITE | R.drop_threshold(c), t)
                                   for c, t in (thresholds or {}).items()]
     for frame in (control_frame(records), control_frame(job_config_records(0, ws, 0, 8), 1)):
         link.send(0, frame)
@@ -85,7 +86,7 @@ def test_cross_traffic_takes_room_and_time():
     link = Bottleneck(GoldenSwitch(), rate=1e6, capacity=4096, burst=3000, period=0.01,
                       clock=clock)
     clock.now = 0.0105                                   # the first burst has arrived
-    link.send(0, control_frame([(W.REG_MAGIC, 0)]))      # fits beside it
+    link.send(0, control_frame([(R.REG_MAGIC, 0)]))      # fits beside it
     link.send(0, bytes(2000))                            # does not
     assert link.stats["tail_drops"] == 1
     clock.now = 0.1

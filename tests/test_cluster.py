@@ -14,6 +14,7 @@ import time
 import uuid
 
 import pytest
+
 from netagg.apps.bench_cluster import predicted_ratio
 from netagg.sim import cluster as C
 from netagg.sim import netns

@@ -15,9 +15,10 @@ import time
 import uuid
 
 import pytest
+
 from netagg.apps.bench_fabric import _imbalance
+from netagg.contract import wire as W
 from netagg.sim import cluster as C
-from netagg.sim import wire as W
 from netagg.sim.cluster_fabric import FabricCluster, Topology
 from netagg.sim.cluster_spray import SLOT_SHIFT
 
@@ -157,9 +158,10 @@ def test_dscp_picks_a_ports_class_the_switch_is_trusted_and_another_job_runs_and
     results (DSCP 0, from the switch's address) reach a host through its leaf port's high
     class; another job's long flows and incast carry bytes between the hosts they name and
     leave no process behind."""
+    from pyroute2 import NetNS
+
     from netagg.sim.cluster_classes import class_counters
     from netagg.sim.cross_traffic import CrossTraffic
-    from pyroute2 import NetNS
 
     def counts(namespace, device):
         with NetNS(namespace) as ns:

@@ -8,14 +8,14 @@ from __future__ import annotations
 import random
 
 import pytest
-from netagg.hw.headers import Verdict
-from netagg.sim import codec as C
-from netagg.sim import wire as W
-from netagg.sim.scapy_frames import roce_frame
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
+from netagg.contract import wire as W
+from netagg.contract.headers import Verdict
+from netagg.sim import codec as C
+from netagg.sim.scapy_frames import roce_frame
 from tests.frames import CLASS_OPCODES
 from tests.switch_traffic import scapy_rebuilds
 

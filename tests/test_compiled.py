@@ -1,6 +1,6 @@
-"""The compiled step (host/compiled.py, host/cpp/step.cpp): a worker over UDP runs its plain
-window's steps in C++, and gets what the Python window gives, bit for bit, in every format;
-what is not the plain case (a stray datagram, a peer late enough to need retransmission)
+"""The compiled step (netagg.host.compiled, netagg/host/cpp/step.cpp): a worker over UDP runs
+its plain window's steps in C++, and gets what the Python window gives, bit for bit, in every
+format; what is not the plain case (a stray datagram, a peer late enough to need retransmission)
 goes to the Python path and still ends exact; without a compiler, or with
 NETAGG_COMPILED=0, the Python path alone runs and passes."""
 
@@ -13,12 +13,12 @@ import uuid
 
 import numpy as np
 import pytest
-from netagg.host import Worker, compiled_build, job_setup
+
+from netagg.contract import wire as W
+from netagg.host import Worker, compiled_build, cpp_build, job_setup
 from netagg.host import compiled as compiled_module
 from netagg.host import numerics as N
 from netagg.host.wire_arrays import write_imm_dtype
-from netagg.sim import cpp_build
-from netagg.sim import wire as W
 from netagg.sim.serve import SimServer, make_backend
 
 pytestmark = pytest.mark.skipif(compiled_build.library() is None,

@@ -7,6 +7,7 @@ import random
 import pytest
 from amaranth import ClockDomain, Module
 from amaranth.sim import Simulator
+
 from netagg.hw.counters import CounterBank
 
 

@@ -12,21 +12,22 @@ import time
 
 import numpy as np
 import pytest
-from netagg.host import numerics as N
-from netagg.host.errors import NetaggRankGone
-from netagg.sim import wire as W
-from netagg.sim.golden import GoldenSwitch
-from netagg.sim.scapy_frames import ImmDt
 from scapy.contrib.roce import BTH
 
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
+from netagg.host import numerics as N
+from netagg.host.errors import NetaggRankGone
+from netagg.sim.golden import GoldenSwitch
+from netagg.sim.scapy_frames import ImmDt
 from tests.switch_traffic import control_frame, dissect
 from tests.test_fuzz import configure, exchange, job_counters, lanes_of
 
-TICKS = 1 << W.DEADLINE_BITS
+TICKS = 1 << R.DEADLINE_BITS
 
 
 def set_deadline(switch, job: int, ticks: int):
-    exchange(switch, [(0, control_frame([(W.WRITE | W.job_reg(job, W.JOB_DEADLINE), ticks)]))])
+    exchange(switch, [(0, control_frame([(R.WRITE | R.job_reg(job, R.JOB_DEADLINE), ticks)]))])
 
 
 def tick(switch, n: int = 1):
@@ -103,7 +104,7 @@ def test_the_deadline_reads_back_in_its_bits(switch):
     ws = configure(switch, [(1, 1, 0, 1, 0)])
     assert ws
     [(_, reply)] = exchange(switch, [(0, control_frame([
-        (W.WRITE | W.job_reg(1, W.JOB_DEADLINE), 0x1234), (W.job_reg(1, W.JOB_DEADLINE), 0)]))])
+        (R.WRITE | R.job_reg(1, R.JOB_DEADLINE), 0x1234), (R.job_reg(1, R.JOB_DEADLINE), 0)]))])
     assert [v for _, v in W.unpack_records(W.parse_frame(reply).payload)] == [0x34, 0x34]
 
 
@@ -167,7 +168,7 @@ def test_a_job_with_a_loss_budget_goes_on_without_a_stopped_rank(backend, rtl_mo
             np.testing.assert_allclose(x, np.full(size, 4.5), rtol=1e-3)
         stats = handles[0].stats()[0]
         assert stats["rescaled_chunks"] > 0 and stats["lost_contributions"] > 0
-        [closed] = ws[0].engine.control.request([(W.job_counter(0, "closed_late"), 0)])
+        [closed] = ws[0].engine.control.request([(R.job_counter(0, "closed_late"), 0)])
         assert closed[1] > 0
     finally:
         for w in ws:

@@ -11,7 +11,9 @@ import uuid
 
 import numpy as np
 import pytest
+
 from netagg.apps.demo import run_workers
+from netagg.contract import regmap as R
 from netagg.host import NetaggTimeout, Worker
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -152,11 +154,10 @@ def test_priority_classes_survive_the_udp_path(serve):
 
     from netagg.host import SwitchControl
     from netagg.host import numerics as N
-    from netagg.sim import wire as W
 
     url, _, _ = serve
     ctl = SwitchControl(url)
-    ctl.write([(W.drop_threshold(0), 0)])
+    ctl.write([(R.drop_threshold(0), 0)])
     rng = np.random.default_rng(6)
     session = uuid.uuid4().hex
     x = [(rng.standard_normal(40 * N.LANES)

@@ -13,18 +13,19 @@ import uuid
 
 import numpy as np
 import pytest
+from scapy.contrib.roce import BTH
+from scapy.layers.inet import IP, UDP
+
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.host import SwitchControl, Worker
-from netagg.sim import udp_offload as U
-from netagg.sim import wire as W
+from netagg.host import udp_offload as U
+from netagg.host.udp_socket import IP_MTU_DISCOVER, IP_PMTUDISC_DO, switch_port_for
 from netagg.sim.bench import contributions_per_second
 from netagg.sim.echo import RUN_MIN, EchoSwitch, RankCopies
 from netagg.sim.golden import GoldenSwitch
 from netagg.sim.scapy_frames import RETH, ImmDt
 from netagg.sim.serve import SimServer, make_backend
-from netagg.sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, switch_port_for
-from scapy.contrib.roce import BTH
-from scapy.layers.inet import IP, UDP
-
 from tests.switch_traffic import (
     SWITCH_IP,
     control_frame,
@@ -104,13 +105,13 @@ def test_each_contribution_is_answered_at_once_to_its_sender_alone():
     with SimServer(make_backend("echo", jobs=2, max_workers=4, slots=16)).start() as server:
         senders = [Sender(r, server) for r in range(2)]
         ctl = SwitchControl(server.url)
-        ctl.write([(W.REG_IP, W.ip_to_int(server.bound_ip))]
+        ctl.write([(R.REG_IP, W.ip_to_int(server.bound_ip))]
                   + [pair for s in senders for pair in s.row()]
-                  + [(W.job_reg(JOB, W.JOB_SLOT_BASE), SLOT_BASE),
-                     (W.job_reg(JOB, W.JOB_SLOT_COUNT), SLOTS),
-                     (W.job_reg(JOB, W.JOB_CREDITS), CREDITS),
-                     (W.job_reg(JOB, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=2)),
-                     (W.job_reg(JOB, W.JOB_KEY), KEY)])
+                  + [(R.job_reg(JOB, R.JOB_SLOT_BASE), SLOT_BASE),
+                     (R.job_reg(JOB, R.JOB_SLOT_COUNT), SLOTS),
+                     (R.job_reg(JOB, R.JOB_CREDITS), CREDITS),
+                     (R.job_reg(JOB, R.JOB_CONFIG), R.CONFIG.pack(enable=1, workers=2)),
+                     (R.job_reg(JOB, R.JOB_KEY), KEY)])
         rng = np.random.default_rng(5)
         lanes = [rng.integers(-2**31, 2**31, 200, dtype=np.int64).astype(np.int32)
                  for _ in senders]
@@ -126,14 +127,14 @@ def test_each_contribution_is_answered_at_once_to_its_sender_alone():
         a.send(slot=2, version=0, lanes=lanes[0], msn=1)                   # older: dropped
         a.send(slot=3, version=0, lanes=lanes[0], msn=3, key=KEY ^ 1)      # bad key: dropped
         assert a.nothing_waiting()
-        ctl.write([(W.drop_threshold(0), 0)])          # class 0 droppable: always nulled
+        ctl.write([(R.drop_threshold(0), 0)])          # class 0 droppable: always nulled
         a.send(slot=2, version=0, lanes=lanes[0], msn=4, droppable=True)   # within credit
         check_result(a.result()[0], a, 2, 0, np.zeros(200, np.int32), 0, psn=3 + CREDITS,
                      count=0)
         c = ctl.counters(jobs=[JOB])["jobs"][JOB]
         assert (c["contributions"], c["completed"], c["replays"], c["drop_stale"],
                 c["drop_bad_key"], c["results"]) == (3, 3, 1, 1, 1, 4)
-        assert ctl.read(W.job_reg(JOB, W.JOB_COMPLETED)) == [3]
+        assert ctl.read(R.job_reg(JOB, R.JOB_COMPLETED)) == [3]
         ctl.close()
         for s in senders:
             s.sock.close()
@@ -182,7 +183,7 @@ def test_the_lean_path_sends_and_counts_what_receive_does(seed):
                   max_lanes=64, duplicates=0.2, malformed=0.1, credits=8, stale=0.2,
                   droppable=0.3, bad_keys=0.05)
     lean, frames = EchoSwitch(ports=4), _Frames(ports=4)
-    between = [[(0, control_frame([(W.WRITE | W.drop_threshold(c), 0) for c in range(8)]))],
+    between = [[(0, control_frame([(R.WRITE | R.drop_threshold(c), 0) for c in range(8)]))],
                [(1, control_frame(job_config_records(1, sc.workers[1], 8, 8, 8)))], []]
     for batch in [[(0, f) for f in sc.config], *(b + m for b, m in zip(sc.rounds, between))]:
         for port, frame in batch:
@@ -278,7 +279,7 @@ def test_a_run_is_answered_as_receive_answers_its_frames(seed):
     lean, frames = EchoSwitch(ports=2, jobs=1), _Frames(ports=2, jobs=1)
     config = [control_frame(switch_records()),
               control_frame(job_config_records(0, workers, 8, slots, credits))]
-    between = {8: control_frame([(W.WRITE | W.drop_threshold(c), 0) for c in range(0, 8, 2)]),
+    between = {8: control_frame([(R.WRITE | R.drop_threshold(c), 0) for c in range(0, 8, 2)]),
                16: config[1]}
     for step, run in enumerate(_runs(rng, workers, slots, credits, 30)):
         for f in ([*config] if step == 0 else []) + ([between[step]] if step in between else []):

@@ -14,6 +14,9 @@ import uuid
 
 import numpy as np
 import pytest
+
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.host import Worker
 from netagg.host import numerics as N
 from netagg.host.checklane import CheckLane
@@ -21,10 +24,8 @@ from netagg.host.errors import NetaggError, NetaggTimeout
 from netagg.host.fabric import Placement
 from netagg.host.fabric_quorum import FabricQuorum
 from netagg.host.messages import Send
-from netagg.sim import wire as W
 from netagg.sim.codec import decode
 from netagg.sim.topology import Topology
-
 from tests.host_workers import assert_within_bound
 
 
@@ -168,7 +169,7 @@ COUNTERS = ("completed", "closed_late", "drop_credit", "overflows", "resends", "
 def _job_counters(topo) -> dict:
     """Job 0's counters the tests read, at every switch, through its control path."""
     return {name: {c: v for c, (_, v) in zip(COUNTERS, topo.control(
-                name, [(W.job_counter(0, c), 0) for c in COUNTERS]))}
+                name, [(R.job_counter(0, c), 0) for c in COUNTERS]))}
             for name in topo.nodes}
 
 

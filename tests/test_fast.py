@@ -12,9 +12,13 @@ import uuid
 
 import numpy as np
 import pytest
+from scapy.contrib.roce import BTH
+from scapy.layers.inet import IP
+
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.host import Worker
 from netagg.sim import fast_build
-from netagg.sim import wire as W
 from netagg.sim.bench import contributions_per_second
 from netagg.sim.bench_fast import in_memory
 from netagg.sim.fast import FastSwitch
@@ -22,9 +26,6 @@ from netagg.sim.fuzz import Comparer, InOrder, main, stream
 from netagg.sim.golden import GoldenSwitch
 from netagg.sim.scapy_frames import ImmDt
 from netagg.sim.serve import SimServer, make_backend
-from scapy.contrib.roce import BTH
-from scapy.layers.inet import IP
-
 from tests.host_workers import in_threads
 from tests.switch_traffic import (
     check_results,
@@ -92,7 +93,7 @@ def test_uses_and_their_drops_are_the_golden_models(seed):
                   max_lanes=64, duplicates=0.2, malformed=0.1, saturate=True, credits=8,
                   stale=0.2, droppable=0.3, bad_keys=0.05)
     fast, golden = pair(ports=4)
-    nulls = control_frame([(W.WRITE | W.drop_threshold(c), 0) for c in range(0, 8, 2)])
+    nulls = control_frame([(R.WRITE | R.drop_threshold(c), 0) for c in range(0, 8, 2)])
     for rnd, batch in enumerate([[(0, f) for f in sc.config], *sc.rounds]):
         if rnd == 2:
             exchange(fast, golden, 1, nulls)
@@ -169,7 +170,7 @@ def test_a_use_past_its_deadline_closes_short_at_a_contribution_sent_again():
     ws = make_workers(0, 3, 4, rng, slot_count=8)
     fast, golden = pair(ports=4)
     configure((fast, golden), [ws])
-    exchange(fast, golden, 0, control_frame([(W.WRITE | W.job_reg(0, W.JOB_DEADLINE), 3)]))
+    exchange(fast, golden, 0, control_frame([(R.WRITE | R.job_reg(0, R.JOB_DEADLINE), 3)]))
     x = [lanes(rng, 16) for _ in ws]
     first = [w.contribution(5, 0, 64, v, 0) for w, v in zip(ws[:2], x)]
     for port, frame in enumerate(first):
@@ -193,8 +194,8 @@ def test_priority_nulls_add_zeros_and_are_not_counted_as_data():
     ws = make_workers(0, 3, 4, rng, slot_count=8)
     fast, golden = pair(ports=4)
     configure((fast, golden), [ws])
-    exchange(fast, golden, 0, control_frame([(W.WRITE | W.drop_threshold(1), 0),
-                                             (W.WRITE | W.drop_threshold(2), 100)]))
+    exchange(fast, golden, 0, control_frame([(R.WRITE | R.drop_threshold(1), 0),
+                                             (R.WRITE | R.drop_threshold(2), 100)]))
     x = [lanes(rng, 8) for _ in ws]
     dscp = W.priority_dscp(1)
     exchange(fast, golden, 0, ws[0].contribution(0, 0, 0, x[0], 0, droppable=True, dscp=dscp))
@@ -256,22 +257,22 @@ def test_control_writes_in_the_middle_of_a_use_apply_to_its_next_contribution():
     configure((fast, golden), [ws])
     x = [lanes(rng, 24) for _ in ws]
     exchange(fast, golden, 0, ws[0].contribution(1, 0, 0, x[0], 0))
-    exchange(fast, golden, 0, control_frame([(W.WRITE | W.job_reg(0, W.JOB_QUORUM), 2)]))
-    moved = dict(ip=W.ip_to_int("10.7.7.7"), port=W.WORKER_ENDPOINT.pack(switch_port=3,
+    exchange(fast, golden, 0, control_frame([(R.WRITE | R.job_reg(0, R.JOB_QUORUM), 2)]))
+    moved = dict(ip=W.ip_to_int("10.7.7.7"), port=R.WORKER_ENDPOINT.pack(switch_port=3,
                                                                           udp_port=0xBEEF))
     exchange(fast, golden, 0, control_frame([
-        (W.WRITE | W.worker_reg(0, 3, W.WORKER_IP), moved["ip"]),
-        (W.WRITE | W.worker_reg(0, 3, W.WORKER_PORT), moved["port"])]))
+        (R.WRITE | R.worker_reg(0, 3, R.WORKER_IP), moved["ip"]),
+        (R.WRITE | R.worker_reg(0, 3, R.WORKER_PORT), moved["port"])]))
     done = exchange(fast, golden, 1, ws[1].contribution(1, 0, 0, x[1], 0))
     assert len(done) == 4 and done[3][0] == 3 and dissect(done[3][1])[IP].dst == "10.7.7.7"
-    exchange(fast, golden, 0, control_frame([(W.WRITE | W.job_reg(0, W.JOB_KEY), 0x1234)]))
+    exchange(fast, golden, 0, control_frame([(R.WRITE | R.job_reg(0, R.JOB_KEY), 0x1234)]))
     assert exchange(fast, golden, 2, ws[2].contribution(2, 0, 0, x[2], 0)) == []
     assert fast.job_counters[0]["drop_bad_key"] == 1
     for w in ws:
         w.key = 0x1234
     exchange(fast, golden, 2, ws[2].contribution(2, 0, 0, x[2], 0, msn=2))
-    config = W.CONFIG.pack(enable=1, workers=4)
-    exchange(fast, golden, 0, control_frame([(W.WRITE | W.job_reg(0, W.JOB_CONFIG), config)]))
+    config = R.CONFIG.pack(enable=1, workers=4)
+    exchange(fast, golden, 0, control_frame([(R.WRITE | R.job_reg(0, R.JOB_CONFIG), config)]))
     assert fast.job[0].completed == 0 and not fast.state[2][0].bitmap
     exchange(fast, golden, 1, ws[1].contribution(1, 0, 0, x[1], 0, msn=1))
     assert_same(fast, golden)

@@ -1,4 +1,4 @@
-"""The fast switch's compiled socket loop (`sim.fast_io`, `sim/cpp/fast_io.h`), behind
+"""The fast switch's compiled socket loop (`sim.fast_io`, `netagg/sim/cpp/fast_io.h`), behind
 `netagg sim serve` with the headers as received (root): the same scapy-built traffic, sent
 over loopback UDP to it and to the golden model's server, gives every worker the same
 results in the same order and both switches the same counters, with GSO runs cut into the
@@ -15,14 +15,15 @@ import time
 
 import numpy as np
 import pytest
+
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
+from netagg.host import udp_offload as U
+from netagg.host.udp_socket import IP_MTU_DISCOVER, IP_PMTUDISC_DO, switch_port_for
 from netagg.sim import fast_build
-from netagg.sim import udp_offload as U
-from netagg.sim import wire as W
 from netagg.sim.fast import FastSwitch
 from netagg.sim.golden import GoldenSwitch
 from netagg.sim.serve import SimServer
-from netagg.sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, switch_port_for
-
 from tests.frames import scapy_frame
 from tests.switch_traffic import Worker, job_key
 
@@ -45,13 +46,13 @@ def _workers(ports: int) -> list[Worker]:
 
 def _config(server: SimServer, workers: list[Worker]) -> list[tuple[int, int]]:
     """(register, value) pairs: the switch's address, then job 0 over SLOTS slots."""
-    pairs = [(W.REG_IP, W.ip_to_int(server.bound_ip)),
-             (W.job_reg(0, W.JOB_CONFIG), 0), (W.job_reg(0, W.JOB_SLOT_BASE), 0),
-             (W.job_reg(0, W.JOB_SLOT_COUNT), SLOTS), (W.job_reg(0, W.JOB_KEY), job_key(0))]
+    pairs = [(R.REG_IP, W.ip_to_int(server.bound_ip)),
+             (R.job_reg(0, R.JOB_CONFIG), 0), (R.job_reg(0, R.JOB_SLOT_BASE), 0),
+             (R.job_reg(0, R.JOB_SLOT_COUNT), SLOTS), (R.job_reg(0, R.JOB_KEY), job_key(0))]
     for w in workers:
         pairs += W.entry_records(0, w.rank, w.port, W.Endpoint(w.ip, w.udp_port, w.mac), w.qpn,
                                  va=w.va, rkey=w.rkey)
-    return pairs + [(W.job_reg(0, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=WORKERS))]
+    return pairs + [(R.job_reg(0, R.JOB_CONFIG), R.CONFIG.pack(enable=1, workers=WORKERS))]
 
 
 def _datagram(frame: bytes) -> bytes:
@@ -98,7 +99,7 @@ def _traffic(server: SimServer, workers: list[Worker], rng: random.Random) -> li
                 steps.append(("one", w.rank, datagrams[1]))
                 steps.append(("one", w.rank, datagrams[2][:-9]))
         control = scapy_frame(W.OP_CONTROL, W.CONTROL_QPN, use, W.pack_records(
-            [(W.REG_PORT, 0)]), W.Endpoint("127.77.0.99", 0xD100, 0x02BB00000009), switch)
+            [(R.REG_PORT, 0)]), W.Endpoint("127.77.0.99", 0xD100, 0x02BB00000009), switch)
         steps.insert(1, ("control", _datagram(control)))
         steps.insert(2, ("stranger", _datagram(scapy_frame(
             W.OP_CONTRIBUTION, 2, 1, bytes(16), W.Endpoint("127.77.0.98", 0xD200, 0), switch,

@@ -1,4 +1,4 @@
-"""The formal proofs (`netagg prove`, hw/formal/): the quick ones here, every one in the slow
+"""The formal proofs (`netagg prove`, netagg/hw/formal/): the quick ones here, every one in the slow
 set (and `nox -s formal`); and each planted bug, whose proof must fail with a counterexample
 trace."""
 
@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from netagg.apps.prove import CAUGHT_BY, Mode, Verdict, bug_check, checks, run, tools_path
 
 pytestmark = pytest.mark.skipif(

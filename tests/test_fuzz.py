@@ -1,4 +1,4 @@
-"""The differential fuzzer (sim/fuzz.py): its stream (seeded, every mutation and header field,
+"""The differential fuzzer (netagg.sim.fuzz): its stream (seeded, every mutation and header field,
 the field table against scapy's reading), its comparer (quiet on the golden model against
 itself, loud on a faulty switch), the RTL against the golden model on a few thousand frames
 (a million in the slow set), `netagg fuzz`; and the differences it found, minimised, as
@@ -10,16 +10,17 @@ import random
 
 import numpy as np
 import pytest
-from netagg.sim import wire as W
+from scapy.contrib.roce import BTH
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
+
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.sim.fuzz import Comparer, main, stream
 from netagg.sim.fuzz_mutations import FIELDS, ICRC, Field, get_field, set_field
 from netagg.sim.fuzz_traffic import Kind
 from netagg.sim.golden import GoldenSwitch
 from netagg.sim.scapy_frames import RETH, ImmDt
-from scapy.contrib.roce import BTH
-from scapy.layers.inet import IP, UDP
-from scapy.layers.l2 import Ether
-
 from tests.switch_traffic import (
     control_frame,
     dissect,
@@ -214,10 +215,10 @@ def exchange(switch, sends) -> list:
 
 def job_counters(switch, job: int) -> dict:
     [(_, reply)] = exchange(switch, [(0, control_frame(
-        [(W.job_counter(job, n), 0) for n in W.JOB_COUNTERS]
-        + [(W.job_reg(job, W.JOB_COMPLETED), 0)]))])
+        [(R.job_counter(job, n), 0) for n in R.JOB_COUNTERS]
+        + [(R.job_reg(job, R.JOB_COMPLETED), 0)]))])
     values = [v for _, v in W.unpack_records(bytes(dissect(reply)[BTH].payload))]
-    return dict(zip([*W.JOB_COUNTERS, "COMPLETED"], values))
+    return dict(zip([*R.JOB_COUNTERS, "COMPLETED"], values))
 
 
 def configure(switch, jobs) -> dict:
@@ -279,10 +280,10 @@ def test_a_config_write_clears_the_slot_range_the_request_leaves(switch):
     [c] = workers[1]
     exchange(switch, [(0, a.contribution(0, 0, 0, np.full(4, 5, np.int32), 1, msn=0))])
     exchange(switch, [(0, control_frame([
-        (W.WRITE | W.job_reg(0, W.JOB_CONFIG), 0),
-        (W.WRITE | W.job_reg(1, W.JOB_CONFIG), 0),
-        (W.WRITE | W.job_reg(1, W.JOB_SLOT_BASE), 1),
-        (W.WRITE | W.job_reg(1, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=1))]))])
+        (R.WRITE | R.job_reg(0, R.JOB_CONFIG), 0),
+        (R.WRITE | R.job_reg(1, R.JOB_CONFIG), 0),
+        (R.WRITE | R.job_reg(1, R.JOB_SLOT_BASE), 1),
+        (R.WRITE | R.job_reg(1, R.JOB_CONFIG), R.CONFIG.pack(enable=1, workers=1))]))])
     out = exchange(switch, [(0, c.contribution(3, 0, 0, np.full(4, 1, np.int32), 1, msn=3))])
     assert [lanes_of(f).tolist() for _, f in out] == [[1] * 4]
     assert job_counters(switch, 1)["drop_stale"] == 0

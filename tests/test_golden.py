@@ -8,14 +8,15 @@ import random
 
 import numpy as np
 import pytest
-from netagg.hw.headers import Verdict
-from netagg.sim import golden as G
-from netagg.sim import wire as W
-from netagg.sim.golden import GoldenSwitch
-from netagg.sim.scapy_frames import ImmDt
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
+from netagg.contract.headers import Verdict
+from netagg.sim import golden as G
+from netagg.sim.golden import GoldenSwitch
+from netagg.sim.scapy_frames import ImmDt
 from tests.switch_traffic import (
     check_results,
     control_frame,
@@ -65,42 +66,42 @@ def lanes(*values):
 
 def test_control_reads_and_writes():
     sw = GoldenSwitch(ports=4, jobs=2, max_workers=4, slots=16, width=256)
-    recs = [(W.REG_MAGIC, 0), (W.REG_PARAMS, 0), (W.REG_SLOTS, 0),
-            (W.WRITE | W.REG_IP, 0x0A000001), (W.WRITE | W.job_reg(1, W.JOB_CONFIG), 0x8000003F),
-            (W.job_reg(5, W.JOB_CONFIG), 0), (W.WRITE | W.REG_MAGIC, 7),
-            (W.WRITE | W.REG_PORT, 1)]
+    recs = [(R.REG_MAGIC, 0), (R.REG_PARAMS, 0), (R.REG_SLOTS, 0),
+            (R.WRITE | R.REG_IP, 0x0A000001), (R.WRITE | R.job_reg(1, R.JOB_CONFIG), 0x8000003F),
+            (R.job_reg(5, R.JOB_CONFIG), 0), (R.WRITE | R.REG_MAGIC, 7),
+            (R.WRITE | R.REG_PORT, 1)]
     [(port, reply)] = sw.receive(2, control_frame(recs, psn=77))
     assert port == 2 and scapy_rebuilds(reply)
     pkt = dissect(reply)
     assert pkt[BTH].opcode == W.OP_CONTROL and pkt[BTH].psn == 77 and pkt[UDP].dport == 0xD000
     values = [v for _, v in W.unpack_records(bytes(pkt[BTH].payload))]
-    assert values == [W.MAGIC, (4 << 24) | (2 << 16) | (4 << 8) | 4, 16, 0x0A000001,
-                      0x80000004, 0, W.MAGIC, 2]     # REG_PORT: the request's port
-    assert sw.read(W.port_counter(2, "control")) == 1
-    assert control(sw, [(W.REG_PORT, 0)], port=3) == [3]
+    assert values == [R.MAGIC, (4 << 24) | (2 << 16) | (4 << 8) | 4, 16, 0x0A000001,
+                      0x80000004, 0, R.MAGIC, 2]     # REG_PORT: the request's port
+    assert sw.read(R.port_counter(2, "control")) == 1
+    assert control(sw, [(R.REG_PORT, 0)], port=3) == [3]
 
 
 def test_new_registers():
     sw = GoldenSwitch(ports=2, jobs=2, max_workers=4, slots=16)
-    thresholds = [W.drop_threshold(c) for c in range(W.PRIORITY_CLASSES)]
-    assert control(sw, [(a, 0) for a in thresholds]) == [W.NEVER_DROP] * 8
-    assert control(sw, [(W.WRITE | a, 0x10000 | (c * 100)) for c, a in enumerate(thresholds)]
+    thresholds = [R.drop_threshold(c) for c in range(R.PRIORITY_CLASSES)]
+    assert control(sw, [(a, 0) for a in thresholds]) == [R.NEVER_DROP] * 8
+    assert control(sw, [(R.WRITE | a, 0x10000 | (c * 100)) for c, a in enumerate(thresholds)]
                    ) == [c * 100 for c in range(8)]
-    assert W.drop_threshold(8) == W.REG_DROP_THRESHOLD + 8
-    assert control(sw, [(W.WRITE | W.drop_threshold(8), 5), (W.drop_threshold(8), 0)]) == [0, 0]
-    job = [(W.WRITE | W.job_reg(1, W.JOB_CREDITS), 0x12345),
-           (W.WRITE | W.job_reg(1, W.JOB_QUORUM), 0xFF),
-           (W.WRITE | W.job_reg(1, W.JOB_COMPLETED), 9),
-           (W.job_reg(0, W.JOB_CREDITS), 0), (W.job_reg(0, W.JOB_QUORUM), 0)]
+    assert R.drop_threshold(8) == R.REG_DROP_THRESHOLD + 8
+    assert control(sw, [(R.WRITE | R.drop_threshold(8), 5), (R.drop_threshold(8), 0)]) == [0, 0]
+    job = [(R.WRITE | R.job_reg(1, R.JOB_CREDITS), 0x12345),
+           (R.WRITE | R.job_reg(1, R.JOB_QUORUM), 0xFF),
+           (R.WRITE | R.job_reg(1, R.JOB_COMPLETED), 9),
+           (R.job_reg(0, R.JOB_CREDITS), 0), (R.job_reg(0, R.JOB_QUORUM), 0)]
     assert control(sw, job) == [0x2345, 0x3F, 0, 0, 0]
     # CONFIG leaves CREDITS and QUORUM alone
-    assert control(sw, [(W.WRITE | W.job_reg(1, W.JOB_CONFIG), 0x80000002),
-                        (W.job_reg(1, W.JOB_CREDITS), 0), (W.job_reg(1, W.JOB_QUORUM), 0)]
+    assert control(sw, [(R.WRITE | R.job_reg(1, R.JOB_CONFIG), 0x80000002),
+                        (R.job_reg(1, R.JOB_CREDITS), 0), (R.job_reg(1, R.JOB_QUORUM), 0)]
                    ) == [0x80000002, 0x2345, 0x3F]
-    # the new counters, in hw/regmap.py's order
-    assert W.PORT_COUNTERS.index("drop_priority") == 9
-    assert W.JOB_COUNTERS.index("drop_stale") == 4
-    assert W.JOB_COUNTERS.index("drop_credit") == 9
+    # the new counters, in netagg/contract/regmap.py's order
+    assert R.PORT_COUNTERS.index("drop_priority") == 9
+    assert R.JOB_COUNTERS.index("drop_stale") == 4
+    assert R.JOB_COUNTERS.index("drop_credit") == 9
 
 
 def _stale_frames(sc, batch, rnd, jobs):
@@ -151,7 +152,7 @@ def test_scenario_sums(seed):
     for c in sw.job_counters:
         assert c["completed"] == slots * rounds and c["contributions"] == slots * rounds * 3
     assert sum(c["drop_priority"] for c in sw.port_counters) == 0
-    assert sw.read(W.job_reg(1, W.JOB_COMPLETED)) == slots * rounds
+    assert sw.read(R.job_reg(1, R.JOB_COMPLETED)) == slots * rounds
 
 
 def test_saturation_sets_overflow():
@@ -245,7 +246,7 @@ def test_credit_limit():
     assert sw.receive(0, ws[0].contribution(0, 0, 0, x, 0)) == []          # MSN 0
     out = sw.receive(1, ws[1].contribution(0, 0, 0, x, 0))
     assert [result(f)[1] for _, f in out] == [3, 3]                        # 1 + 2
-    assert control(sw, [(W.job_reg(0, W.JOB_COMPLETED), 0)]) == [1]
+    assert control(sw, [(R.job_reg(0, R.JOB_COMPLETED), 0)]) == [1]
     # COMPLETED 1: MSN 2 is allowed now, 3 is not
     assert sw.receive(1, ws[1].contribution(3, 0, 0, x, 0)) == []          # MSN 3
     assert sw.job_counters[0]["drop_credit"] == 2
@@ -272,9 +273,9 @@ def test_credit_check_wraps_at_32_bits():
     assert sw.receive(0, ws[0].contribution(0, 0, 0, lanes(1), 0, msn=2)) == []   # 4 ahead
     assert sw.job_counters[0]["drop_credit"] == 1
     out = sw.receive(0, ws[0].contribution(1, 0, 0, lanes(1), 0, msn=1))         # 3 ahead
-    assert len(out) == 1 and sw.read(W.job_reg(0, W.JOB_COMPLETED)) == 0xFFFFFFFF
+    assert len(out) == 1 and sw.read(R.job_reg(0, R.JOB_COMPLETED)) == 0xFFFFFFFF
     out = sw.receive(0, ws[0].contribution(0, 0, 0, lanes(1), 0, msn=0))
-    assert len(out) == 1 and sw.read(W.job_reg(0, W.JOB_COMPLETED)) == 0
+    assert len(out) == 1 and sw.read(R.job_reg(0, R.JOB_COMPLETED)) == 0
     assert result(out[0][1])[1] == 4
 
 
@@ -363,7 +364,7 @@ def test_quorum_written_lower_completes_at_the_next_contribution():
     sw, ws = setup(workers=4, slots=2, quorum=3)
     for w in ws[:2]:
         assert sw.receive(0, w.contribution(0, 0, 0, lanes(1), 0)) == []
-    control(sw, [(W.WRITE | W.job_reg(0, W.JOB_QUORUM), 1)])
+    control(sw, [(R.WRITE | R.job_reg(0, R.JOB_QUORUM), 1)])
     out = sw.receive(0, ws[2].contribution(0, 0, 0, lanes(1), 0))
     assert len(out) == 4 and sw.job_counters[0]["completed"] == 1
     imm = W.unpack_imm(W.RESULT_IMM, W.parse_frame(out[0][1]).imm)
@@ -376,7 +377,7 @@ def test_quorum_written_lower_completes_at_the_next_contribution():
 
 def _priority_switch(thresholds):
     sw, ws = setup(workers=2, slots=4)
-    control(sw, [(W.WRITE | W.drop_threshold(c), t) for c, t in thresholds.items()])
+    control(sw, [(R.WRITE | R.drop_threshold(c), t) for c, t in thresholds.items()])
     return sw, ws
 
 
@@ -436,7 +437,7 @@ def test_forced_null():
     # only a droppable contribution the parser takes can be null
     good = ws[0].contribution(1, 0, 0, x, 0)
     droppable = ws[0].contribution(1, 0, 0, x, 0, droppable=True)
-    for frame in (good, control_frame([(W.REG_MAGIC, 0)]), droppable[:50],
+    for frame in (good, control_frame([(R.REG_MAGIC, 0)]), droppable[:50],
                   droppable[:-1] + bytes([droppable[-1] ^ 1])):
         before = sw.counters()
         with pytest.raises(ValueError):
@@ -486,9 +487,9 @@ def test_config_write_clears_completed_and_slots():
     assert sw.receive(0, ws[0].contribution(0, 0, 0, x, 0)) == []
     assert len(sw.receive(1, ws[1].contribution(0, 0, 0, x, 0))) == 2
     assert sw.receive(0, ws[0].contribution(1, 0, 0, x, 0)) == []          # in progress
-    assert control(sw, [(W.job_reg(0, W.JOB_COMPLETED), 0)]) == [1]
-    assert control(sw, [(W.WRITE | W.job_reg(0, W.JOB_CONFIG), (1 << 31) | 2),
-                        (W.job_reg(0, W.JOB_COMPLETED), 0)]) == [(1 << 31) | 2, 0]
+    assert control(sw, [(R.job_reg(0, R.JOB_COMPLETED), 0)]) == [1]
+    assert control(sw, [(R.WRITE | R.job_reg(0, R.JOB_CONFIG), (1 << 31) | 2),
+                        (R.job_reg(0, R.JOB_COMPLETED), 0)]) == [(1 << 31) | 2, 0]
     assert all(c == G.SlotCopy() for pair in sw.state[:4] for c in pair)
     # MSN 0 again: a new use of a fresh copy, not a replay
     for w in ws:

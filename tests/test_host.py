@@ -8,12 +8,13 @@ import uuid
 
 import numpy as np
 import pytest
+
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.host import NetaggError, NetaggTimeout, SwitchControl, Worker
 from netagg.host import numerics as N
-from netagg.sim import wire as W
 from netagg.sim.golden import GoldenSwitch
 from netagg.sim.serve import SimServer
-
 from tests.host_workers import (
     allreduce_all,
     assert_within_bound,
@@ -181,7 +182,7 @@ def test_hierarchical_slot_base_gives_each_local_worker_the_range_after_the_ones
             return w.allreduce(xs[rank])
     for out in in_threads(hier, 4):
         assert np.array_equal(out, np.full(len(xs[0]), 10))
-    regs = [W.job_reg(j, f) for j in (0, 1) for f in (W.JOB_SLOT_BASE, W.JOB_SLOT_COUNT)]
+    regs = [R.job_reg(j, f) for j in (0, 1) for f in (R.JOB_SLOT_BASE, R.JOB_SLOT_COUNT)]
     assert SwitchControl(switch).read(*regs) == [32, 8, 40, 8]
 
 
@@ -328,7 +329,7 @@ def test_switch_counters_through_control():
     assert c["jobs"][0]["completed"] == 3 and c["jobs"][0]["results"] == 6
     assert c["jobs"][0]["contributions"] == 6
     assert sum(p["control"] for p in c["ports"].values()) > 0
-    assert ctl.read(W.REG_MAGIC) == [W.MAGIC]
+    assert ctl.read(R.REG_MAGIC) == [R.MAGIC]
 
 
 def test_rtl_in_process_equals_golden():

@@ -11,15 +11,16 @@ import uuid
 
 import numpy as np
 import pytest
+
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.host import SwitchControl, Worker
 from netagg.host import nonfinite as NF
 from netagg.host import numerics as N
 from netagg.host.window import PlainWindow
-from netagg.sim import wire as W
 from netagg.sim.echo import EchoSwitch
 from netagg.sim.golden import GoldenSwitch
 from netagg.sim.serve import SimServer, make_backend
-
 from tests.host_workers import RecordingSwitch, allreduce_all, in_threads, switch_counters
 
 PER = N.LANES * N.DEFAULT_BLOCK         # values per exponent block
@@ -225,7 +226,7 @@ def test_chunks_of_a_nonfinite_block_are_never_droppable():
     contributions leaves droppable, so its kinds and its finite values are every worker's
     (not rescaled), while block 2's chunks lose one contribution each."""
     switch = RecordingSwitch()
-    SwitchControl(switch).write([(W.drop_threshold(c), 0) for c in range(4)])
+    SwitchControl(switch).write([(R.drop_threshold(c), 0) for c in range(4)])
     inputs = [np.asarray(x, np.float64) for x in scenario("float32", n=3 * PER)]
     for r, x in enumerate(inputs):
         x[:PER] *= 1e-3                     # block 0's chunks are small

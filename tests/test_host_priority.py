@@ -9,11 +9,12 @@ import uuid
 
 import numpy as np
 import pytest
+
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.host import NetaggTimeout, SwitchControl, Worker
 from netagg.host import numerics as N
-from netagg.sim import wire as W
 from netagg.sim.golden import GoldenSwitch
-
 from tests.host_workers import (
     RecordingSwitch,
     allreduce_all,
@@ -108,7 +109,7 @@ def test_priority_drop_stays_within_the_loss_budget(op):
     rng = np.random.default_rng(22)
     switch = RecordingSwitch()
     ctl = SwitchControl(switch)
-    ctl.write([(W.drop_threshold(c), 0) for c in range(4)])
+    ctl.write([(R.drop_threshold(c), 0) for c in range(4)])
     ws = workers(4, switch)
     for w in ws:        # the packet counts below are exact: no retransmission on a busy machine
         w.engine.rto_min = w.engine.rto = 5.0

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from netagg.host import SwitchControl, Worker
 from netagg.host import numerics as N
 from netagg.sim.golden import GoldenSwitch
-
 from tests.host_workers import (
     RecordingSwitch,
     allreduce_all,

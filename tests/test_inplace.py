@@ -1,4 +1,4 @@
-"""In-place allreduce (`Worker.allreduce(x, out=x)`, host/outputs.py): the result written into
+"""In-place allreduce (`Worker.allreduce(x, out=x)`, netagg.host.outputs): the result written into
 the input itself is numpy's exact sum (values chosen so that fixed point is exact: multiples
 of 1/8 well inside float32's precision) or bit for bit the allreduce into new arrays, on every
 path that reads a tensor's values after some of its chunks may be complete: loss,
@@ -14,11 +14,11 @@ import uuid
 
 import numpy as np
 import pytest
+
 from netagg.host import Worker, compiled_build
 from netagg.host import numerics as N
 from netagg.sim.golden import GoldenSwitch
 from netagg.sim.serve import SimServer, make_backend
-
 from tests.host_workers import in_threads, workers
 from tests.test_host_nonfinite import scenario
 

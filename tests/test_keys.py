@@ -12,14 +12,15 @@ import threading
 
 import numpy as np
 import pytest
+
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.host import SwitchControl, Worker
 from netagg.host.session import JobKeys, fresh_epoch, keyed_hash
 from netagg.host.transport import InProcessTransport
-from netagg.sim import wire as W
 from netagg.sim.fuzz import Comparer
 from netagg.sim.fuzz_traffic import Frame, Kind
 from netagg.sim.golden import GoldenSwitch
-
 from tests.host_workers import allreduce_all
 from tests.switch_traffic import (
     control_frame,
@@ -41,12 +42,12 @@ def test_the_key_is_written_and_never_read(switch):
     CONFIG write clears neither."""
     configure(switch, [(0, 1, 0, 1, 0)])
     [(_, reply)] = exchange(switch, [(0, control_frame([
-        (W.WRITE | W.job_reg(0, W.JOB_EPOCH), 0x1234ABCD),
-        (W.WRITE | W.job_reg(0, W.JOB_KEY), 0xDEADBEEF),
-        (W.WRITE | W.job_reg(0, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=1))]))])
+        (R.WRITE | R.job_reg(0, R.JOB_EPOCH), 0x1234ABCD),
+        (R.WRITE | R.job_reg(0, R.JOB_KEY), 0xDEADBEEF),
+        (R.WRITE | R.job_reg(0, R.JOB_CONFIG), R.CONFIG.pack(enable=1, workers=1))]))])
     assert [v for _, v in W.unpack_records(W.parse_frame(reply).payload)] == \
-        [0x1234ABCD, 0, W.CONFIG.pack(enable=1, workers=1)]
-    assert read(switch, W.job_reg(0, W.JOB_EPOCH), W.job_reg(0, W.JOB_KEY)) == [0x1234ABCD, 0]
+        [0x1234ABCD, 0, R.CONFIG.pack(enable=1, workers=1)]
+    assert read(switch, R.job_reg(0, R.JOB_EPOCH), R.job_reg(0, R.JOB_KEY)) == [0x1234ABCD, 0]
 
 
 def test_another_key_is_dropped_before_the_slot_and_the_credit(switch):
@@ -141,9 +142,9 @@ def test_every_configuration_has_a_fresh_epoch_and_the_key_cannot_be_read():
     for _ in range(3):
         ws = [Worker(r, 2, switch, session="same", timeout=5) for r in range(2)]
         allreduce_all(ws, [np.ones(10, np.int32)] * 2)
-        epoch, key, tag0, tag1 = ctl.read(W.job_reg(0, W.JOB_EPOCH), W.job_reg(0, W.JOB_KEY),
-                                          W.worker_reg(0, 0, W.WORKER_RKEY),
-                                          W.worker_reg(0, 1, W.WORKER_RKEY))
+        epoch, key, tag0, tag1 = ctl.read(R.job_reg(0, R.JOB_EPOCH), R.job_reg(0, R.JOB_KEY),
+                                          R.worker_reg(0, 0, R.WORKER_RKEY),
+                                          R.worker_reg(0, 1, R.WORKER_RKEY))
         keys = JobKeys.derive("same", 0, epoch)
         assert key == 0 and tag0 == tag1 == keys.tag == ws[1].engine.session_tag
         assert ws[0].engine.key == ws[1].engine.key == keys.key
@@ -221,12 +222,12 @@ def test_a_flood_from_another_port_of_a_workers_host_stops_nothing(request, back
     rogue = InProcessTransport(switch, ws[1].transport.local.ip, 9999)
     ctl = SwitchControl(switch)
     sent, stop = [0], threading.Event()
-    [tag] = ctl.read(W.worker_reg(0, 1, W.WORKER_RKEY))       # as any process may read it
+    [tag] = ctl.read(R.worker_reg(0, 1, R.WORKER_RKEY))       # as any process may read it
     rng = random.Random(2)
 
     def flood():
         while not stop.is_set():
-            [completed] = ctl.read(W.job_reg(0, W.JOB_COMPLETED))
+            [completed] = ctl.read(R.job_reg(0, R.JOB_COMPLETED))
             for k in range(8):
                 msn = completed + k
                 rogue.send(W.contribution(

@@ -1,16 +1,18 @@
 """The RTL leaf under cocotb (tests/cocotb_leaf.py): against the golden model, in a world of
 golden spines and a golden second leaf; and the leaf's line-rate benchmark and the second
-level's latency (sim/bench_leaf.py) under pytest."""
+level's latency (netagg/sim/bench_leaf.py) under pytest."""
 
 import json
 
 import pytest
-from netagg.apps.bench_leafspine import LEAF, SINGLE, SPINE, rtl_figures
 
+from netagg.apps.bench_leafspine import LEAF, SINGLE, SPINE, rtl_figures
 from tests.conftest import run_cocotb
 
 # The builds are the bench's: the leaf of 2 downlinks (ports 0, 1) and 2 uplinks (ports 2,
-# 3), the spine, and the single switch (tests/test_switch.py's tables, so its build).
+# 3), the spine, and the single switch (tests/test_switch.py's tables, so its build). The
+# spine's build serves only its hop and the bench's figures: both are in the slow set (the
+# RTL spine is checked against the golden spine in tests/test_spine_rtl.py).
 
 
 def run(testcase, params=LEAF, module="tests.cocotb_leaf", **env):
@@ -24,7 +26,8 @@ def test_line_rate():
     run("line_rate", module="netagg.sim.bench_leaf")
 
 
-@pytest.mark.parametrize("hop, params", [("spine", SPINE), ("single", SINGLE)])
+@pytest.mark.parametrize("hop, params", [pytest.param("spine", SPINE, marks=pytest.mark.slow),
+                                         ("single", SINGLE)])
 def test_hop_latency(hop, params):
     """One use through a spine and through a single switch completes."""
     run("hop_latency", params=params, module="netagg.sim.bench_leaf", NETAGG_HOP=hop)
@@ -50,6 +53,7 @@ def test_leaf_spine_dies_under_loss_long(seed):
     run("spine_dies_under_loss", NETAGG_SEED=str(seed), NETAGG_USES="6", NETAGG_LOSS="0.2")
 
 
+@pytest.mark.slow
 def test_bench_leafspine_rtl_figures():
     """`netagg bench leafspine`'s RTL figures: every uplink took beats out and in, in both
     cases, the 1:1 uplinks about one a cycle and the 2:1 about half; every latency positive,

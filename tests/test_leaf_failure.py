@@ -1,5 +1,5 @@
 """Uplink failure in networks of golden leaves and spines (docs/leafspine.md, "Uplink
-failure"; the fabric's network, sim/topology.py, with tests/leafspine_net.py's job): a spine
+failure"; the fabric's network, netagg/sim/topology.py, with tests/leafspine_net.py's job): a spine
 that sent a use's result to one leaf only and goes silent, uplinks marked down mid-run (the
 spine dead, or alive and marked up again later) or lost with their links, under loss,
 duplication and reordering, and every uplink down. Every use completes, each worker's
@@ -8,10 +8,11 @@ result checked against numpy's sums."""
 import random
 
 import pytest
-from netagg.sim import wire as W
+
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.sim.golden_leaf_registers import CopyState
 from netagg.sim.topology import Direction, LinkFaults, Notice
-
 from tests.leafspine_net import JOB, Job, Net, away_and_back, away_for_2_16
 
 
@@ -58,7 +59,7 @@ def test_spine_silent_after_one_leaf_got_the_result(leaves):
     assert counters(net.spine[1])["finals"] >= 1
     assert counters(net.spine[1])["pulls"] >= 1
     for leaf in net.leaf:
-        assert leaf.read(W.job_reg(JOB, W.JOB_COMPLETED)) == 4 * 8
+        assert leaf.read(R.job_reg(JOB, R.JOB_COMPLETED)) == 4 * 8
 
 
 @pytest.mark.parametrize("dies", [True, False])
@@ -81,7 +82,7 @@ def test_uplink_marked_down_mid_run_under_loss(dies, seed):
             net.mark_down(0)
     job.run(299, each_round=faults)
     for leaf in net.leaf:
-        assert leaf.read(W.job_reg(JOB, W.JOB_COMPLETED)) == 6 * 8
+        assert leaf.read(R.job_reg(JOB, R.JOB_COMPLETED)) == 6 * 8
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -100,15 +101,15 @@ def test_a_spine_whose_links_are_lost_mid_run_under_loss(seed):
     def faults(n):
         if n == fail:
             net.topology.cut(0, Notice.LINK)
-            assert [leaf.read(W.REG_UPLINK_LOST) for leaf in net.leaf] == [0b01, 0b01]
+            assert [leaf.read(R.REG_UPLINK_LOST) for leaf in net.leaf] == [0b01, 0b01]
         if n == back:
             net.topology.restore(0)
-            assert [leaf.read(W.REG_UPLINK_LOST) for leaf in net.leaf] == [0, 0]
+            assert [leaf.read(R.REG_UPLINK_LOST) for leaf in net.leaf] == [0, 0]
             before.extend(sent[0] for sent in net.sent_up)
     job.run(299, each_round=faults)
     assert before and all(sent[0] > was for sent, was in zip(net.sent_up, before))
     for leaf in net.leaf:
-        assert leaf.read(W.job_reg(JOB, W.JOB_COMPLETED)) == 8 * 8
+        assert leaf.read(R.job_reg(JOB, R.JOB_COMPLETED)) == 8 * 8
 
 
 def test_every_uplink_down_waits_then_completes():

@@ -1,5 +1,5 @@
-"""The golden leaf and spine (sim/golden_leaf.py, docs/leafspine.md) in networks of golden
-switches (the fabric's network, sim/topology.py, with tests/leafspine_net.py's job): sums
+"""The golden leaf and spine (netagg/sim/golden_leaf.py, docs/leafspine.md) in networks of golden
+switches (the fabric's network, netagg/sim/topology.py, with tests/leafspine_net.py's job): sums
 exact against numpy through one and two spines, partials' counts and overflow carried and
 added, the frames between switches as scapy reads them, parent results refused when late or
 foreign, a local retransmission re-sending the partial (UPSTREAM) or replaying the final
@@ -11,16 +11,17 @@ import random
 
 import numpy as np
 import pytest
-from netagg.sim import wire as W
+from scapy.contrib.roce import BTH
+from scapy.layers.inet import IP, UDP
+
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.sim.golden import GoldenSwitch
 from netagg.sim.golden_leaf import GoldenLeaf
 from netagg.sim.golden_leaf_registers import CopyState
 from netagg.sim.golden_spine import GoldenSpine
 from netagg.sim.scapy_frames import RETH, ImmDt
 from netagg.sim.topology import Direction, LinkFaults
-from scapy.contrib.roce import BTH
-from scapy.layers.inet import IP, UDP
-
 from tests.frames import scapy_frame
 from tests.leafspine_net import (
     CHUNK,
@@ -80,8 +81,8 @@ def test_sums_exact_through_spines(spines):
         c = job_counters(leaf)
         assert c["upstream"] == c["parent_results"] == c["completed"] == 32
         assert c["drop_parent"] == c["resends"] == c["replays"] == 0
-        assert leaf.read(W.job_reg(JOB, W.JOB_COMPLETED)) == 32
-        assert leaf.read(W.job_counter(JOB, "parent_results")) == 32
+        assert leaf.read(R.job_reg(JOB, R.JOB_COMPLETED)) == 32
+        assert leaf.read(R.job_counter(JOB, "parent_results")) == 32
     assert sum(job_counters(s)["completed"] for s in net.spine) == 32
 
 
@@ -164,7 +165,7 @@ def test_quorum_and_deadline_at_a_leaf_count_its_local_contributions():
     np.testing.assert_array_equal(read(net.inbox[0][2])[3], [11, 22])
 
     net = Net(lanes=2)
-    net.topology.control("leaf0", [(W.WRITE | W.job_reg(JOB, W.JOB_DEADLINE), 1)], check=True)
+    net.topology.control("leaf0", [(R.WRITE | R.job_reg(JOB, R.JOB_DEADLINE), 1)], check=True)
     first = net.hosts[0][0].contribution(0, 0, 0, np.array([1, 2], np.int32), 0, msn=0)
     inbox = one_use(net, [[], [[10, 20], [30, 40]]])
     net.send(0, 0, first)
@@ -184,7 +185,7 @@ def test_quorum_and_deadline_at_a_leaf_count_its_local_contributions():
 def test_parent_results_are_never_dropped_by_priority():
     net = Net(lanes=2)
     for leaf in net.leaf:                 # every droppable frame would lose its payload
-        control(leaf, [(W.WRITE | W.drop_threshold(c), 0) for c in range(W.PRIORITY_CLASSES)])
+        control(leaf, [(R.WRITE | R.drop_threshold(c), 0) for c in range(R.PRIORITY_CLASSES)])
     seen = net.tap()
     inbox = one_use(net, [[[1, 2], [3, 4]], [[5, 6], [7, 8]]], exponent=1)
     down = [f for _, d, f in seen if d is Direction.DOWN]
@@ -344,32 +345,32 @@ def test_a_lost_link_takes_its_uplink_down_until_it_is_back():
     job.round()
     job.round()
     assert net.sent_up == [[128, 0], [128, 0]]
-    assert [leaf.read(W.REG_UPLINK_LOST) for leaf in net.leaf] == [0b10, 0b10]
+    assert [leaf.read(R.REG_UPLINK_LOST) for leaf in net.leaf] == [0b10, 0b10]
     for leaf in net.leaf:
         leaf.set_link(port, True)
     job.run()
     assert net.sent_up == [[192, 64], [192, 64]]
-    assert [leaf.read(W.REG_UPLINK_LOST) for leaf in net.leaf] == [0, 0]
+    assert [leaf.read(R.REG_UPLINK_LOST) for leaf in net.leaf] == [0, 0]
 
 
 def test_registers_with_and_without_uplinks():
-    addresses = [W.REG_UPLINKS, W.REG_UPLINK_DOWN, W.uplink_reg(0, W.UPLINK_IP),
-                 W.uplink_reg(1, W.UPLINK_UDP_PORT), W.job_reg(0, W.JOB_PARENT),
-                 W.job_reg(0, W.JOB_PARENT_KEY), W.job_reg(0, W.JOB_SPRAY)]
-    values = [3, 0b11, 0x0A000002, 4791, W.PARENT.pack(enable=1, rank=3), 77, 0xE4]
-    writes = [(W.WRITE | a, v) for a, v in zip(addresses, values)]
-    config = (W.WRITE | W.job_reg(1, W.JOB_CONFIG), W.CONFIG.pack(partials=1, workers=2))
+    addresses = [R.REG_UPLINKS, R.REG_UPLINK_DOWN, R.uplink_reg(0, R.UPLINK_IP),
+                 R.uplink_reg(1, R.UPLINK_UDP_PORT), R.job_reg(0, R.JOB_PARENT),
+                 R.job_reg(0, R.JOB_PARENT_KEY), R.job_reg(0, R.JOB_SPRAY)]
+    values = [3, 0b11, 0x0A000002, 4791, R.PARENT.pack(enable=1, rank=3), 77, 0xE4]
+    writes = [(R.WRITE | a, v) for a, v in zip(addresses, values)]
+    config = (R.WRITE | R.job_reg(1, R.JOB_CONFIG), R.CONFIG.pack(partials=1, workers=2))
     for sw in (GoldenSwitch(), GoldenSpine()):
         assert control(sw, [*writes, config]) == [0] * len(writes) + \
-            [W.CONFIG.pack(partials=int(isinstance(sw, GoldenSpine)), workers=2)]
-        assert control(sw, [(W.job_counter(0, n), 0) for n in W.FABRIC_COUNTERS]) == \
-            [0] * len(W.FABRIC_COUNTERS)
+            [R.CONFIG.pack(partials=int(isinstance(sw, GoldenSpine)), workers=2)]
+        assert control(sw, [(R.job_counter(0, n), 0) for n in R.FABRIC_COUNTERS]) == \
+            [0] * len(R.FABRIC_COUNTERS)
     leaf = GoldenLeaf(uplinks=2)
     assert control(leaf, writes) == [2, 0b11, 0x0A000002, 4791, values[4], 0, 0xE4]
-    assert control(leaf, [(W.uplink_reg(2, W.UPLINK_IP), 0), (W.REG_MANAGER | W.WRITE, 1)]) \
+    assert control(leaf, [(R.uplink_reg(2, R.UPLINK_IP), 0), (R.REG_MANAGER | R.WRITE, 1)]) \
         == [0, 1]
-    assert control(leaf, [(W.WRITE | W.REG_UPLINK_DOWN, 0)]) == [0b11]     # not the manager
-    assert leaf.read(W.port_counter(0, "control_denied")) == 1
+    assert control(leaf, [(R.WRITE | R.REG_UPLINK_DOWN, 0)]) == [0b11]     # not the manager
+    assert leaf.read(R.port_counter(0, "control_denied")) == 1
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -385,5 +386,5 @@ def test_a_job_without_parent_or_partials_is_served_as_by_one_switch(seed):
     assert run_rounds(leaf, sc) == run_rounds(one, sc)
     theirs = leaf.counters()
     assert theirs["ports"] == one.counters()["ports"]
-    assert [{n: c[n] for n in W.JOB_COUNTERS} for c in theirs["jobs"]] == one.counters()["jobs"]
-    assert not any(c[n] for c in theirs["jobs"] for n in W.FABRIC_COUNTERS)
+    assert [{n: c[n] for n in R.JOB_COUNTERS} for c in theirs["jobs"]] == one.counters()["jobs"]
+    assert not any(c[n] for c in theirs["jobs"] for n in R.FABRIC_COUNTERS)

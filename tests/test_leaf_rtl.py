@@ -15,69 +15,71 @@ import collections
 
 import numpy as np
 import pytest
-from netagg.sim import wire as W
-from netagg.sim.fuzz import Comparer, stream
-from netagg.sim.golden_leaf import GoldenLeaf
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
+from netagg.sim.fuzz import Comparer, stream
+from netagg.sim.golden_leaf import GoldenLeaf
 from tests.leafspine_net import CHUNK, JOB, SPINE_KEY, Job, Net, control, leaf_ip, spine_ip
 from tests.switch_traffic import dissect
 from tests.test_fuzz import InOrderGolden
 from tests.test_spine_rtl import _read
 
 UPLINKS = 2
+PORTS = 6       # the 2x2 fabric's leaf (`Topology(2, 2, backend="rtl")`): one build for both
 
 
 @pytest.fixture(scope="module")
 def rtl_leaf():
     from netagg.sim.model import make_switch
 
-    with make_switch(uplinks=UPLINKS) as rtl:
+    with make_switch(uplinks=UPLINKS, ports=PORTS) as rtl:
         yield rtl
 
 
 @pytest.fixture(params=["golden", "rtl"])
 def leaf(request):
     if request.param == "golden":
-        return GoldenLeaf(uplinks=UPLINKS)
+        return GoldenLeaf(ports=PORTS, uplinks=UPLINKS)
     rtl = request.getfixturevalue("rtl_leaf")
     rtl.reset()
     return rtl
 
 
 def test_a_leaf_reads_and_writes_its_registers(leaf):
-    addresses = [W.REG_UPLINKS, W.REG_UPLINK_DOWN, W.uplink_reg(0, W.UPLINK_PORT),
-                 W.uplink_reg(0, W.UPLINK_MAC_HI), W.uplink_reg(1, W.UPLINK_MAC_LO),
-                 W.uplink_reg(0, W.UPLINK_IP), W.uplink_reg(1, W.UPLINK_UDP_PORT),
-                 W.uplink_reg(2, W.UPLINK_IP), W.job_reg(0, W.JOB_PARENT),
-                 W.job_reg(0, W.JOB_PARENT_KEY), W.job_reg(0, W.JOB_SPRAY)]
+    addresses = [R.REG_UPLINKS, R.REG_UPLINK_DOWN, R.uplink_reg(0, R.UPLINK_PORT),
+                 R.uplink_reg(0, R.UPLINK_MAC_HI), R.uplink_reg(1, R.UPLINK_MAC_LO),
+                 R.uplink_reg(0, R.UPLINK_IP), R.uplink_reg(1, R.UPLINK_UDP_PORT),
+                 R.uplink_reg(2, R.UPLINK_IP), R.job_reg(0, R.JOB_PARENT),
+                 R.job_reg(0, R.JOB_PARENT_KEY), R.job_reg(0, R.JOB_SPRAY)]
     values = [3, 0b111, 0x13, 0x12345, 0xDEADBEEF, 0x0A000002, 0x14791,
               0x0A000003, 0x7FFF_FFE3, 77, 0xE4E4_0001]
-    writes = [(W.WRITE | a, v) for a, v in zip(addresses, values)]
+    writes = [(R.WRITE | a, v) for a, v in zip(addresses, values)]
     assert control(leaf, writes) == [UPLINKS, 0b11, 0x3, 0x2345, 0xDEADBEEF, 0x0A000002,
-                                      0x4791, 0, W.PARENT.pack(enable=0, rank=3), 0,
+                                      0x4791, 0, R.PARENT.pack(enable=0, rank=3), 0,
                                       0xE4E4_0001]
     assert control(leaf, [(a, 0) for a in addresses]) == [
         UPLINKS, 0b11, 0x3, 0x2345, 0xDEADBEEF, 0x0A000002, 0x4791, 0, 3, 0, 0xE4E4_0001]
-    config = W.CONFIG.pack(enable=1, partials=1, workers=2)
-    assert control(leaf, [(W.WRITE | W.job_reg(1, W.JOB_CONFIG), config),
-                          (W.WRITE | W.job_reg(1, W.JOB_PARENT),
-                           W.PARENT.pack(enable=1, rank=31))]) == [
-        config, W.PARENT.pack(enable=1, rank=31)]
+    config = R.CONFIG.pack(enable=1, partials=1, workers=2)
+    assert control(leaf, [(R.WRITE | R.job_reg(1, R.JOB_CONFIG), config),
+                          (R.WRITE | R.job_reg(1, R.JOB_PARENT),
+                           R.PARENT.pack(enable=1, rank=31))]) == [
+        config, R.PARENT.pack(enable=1, rank=31)]
     # a manager set: the uplink table is its alone; another's write is denied and counted
-    assert control(leaf, [(W.WRITE | W.REG_MANAGER, 1)]) == [1]
-    assert control(leaf, [(W.WRITE | W.REG_UPLINK_DOWN, 0),
-                          (W.WRITE | W.uplink_reg(0, W.UPLINK_IP), 5),
-                          (W.port_counter(0, "control_denied"), 0)]) == [0b11, 0x0A000002, 2]
-    assert control(leaf, [(W.job_counter(0, n), 0) for n in W.FABRIC_COUNTERS]) == \
-        [0] * len(W.FABRIC_COUNTERS)
+    assert control(leaf, [(R.WRITE | R.REG_MANAGER, 1)]) == [1]
+    assert control(leaf, [(R.WRITE | R.REG_UPLINK_DOWN, 0),
+                          (R.WRITE | R.uplink_reg(0, R.UPLINK_IP), 5),
+                          (R.port_counter(0, "control_denied"), 0)]) == [0b11, 0x0A000002, 2]
+    assert control(leaf, [(R.job_counter(0, n), 0) for n in R.FABRIC_COUNTERS]) == \
+        [0] * len(R.FABRIC_COUNTERS)
 
 
 def test_a_leafs_jobs_without_a_parent_are_a_single_switchs(rtl_leaf):
     rtl_leaf.reset()
-    s = Comparer(rtl_leaf, GoldenLeaf(uplinks=UPLINKS), seed=31).run(
-        stream(31, 2000, mutation_rate=0))
+    s = Comparer(rtl_leaf, GoldenLeaf(ports=PORTS, uplinks=UPLINKS), seed=31).run(
+        stream(31, 2000, ports=PORTS, mutation_rate=0))
     assert s.differences == 0 and s.wrong_sums == 0, s.text()
     assert s.results > 200 and s.counters > 5000
 
@@ -96,16 +98,16 @@ def _totals(golden) -> collections.Counter:
 def test_a_lost_link_reads_as_its_uplink_lost(leaf):
     """An uplink whose port's MAC reports the link lost reads in REG_UPLINK_LOST (read only),
     and REG_UPLINK_DOWN keeps what was written; the link back, it reads 0 again."""
-    table = [(W.WRITE | W.uplink_reg(0, W.UPLINK_PORT), 3),
-             (W.WRITE | W.uplink_reg(1, W.UPLINK_PORT), 2)]
+    table = [(R.WRITE | R.uplink_reg(0, R.UPLINK_PORT), 3),
+             (R.WRITE | R.uplink_reg(1, R.UPLINK_PORT), 2)]
     assert control(leaf, table) == [3, 2]
     leaf.set_link(2, False)
     leaf.set_link(1, False)                         # no uplink's port
-    assert control(leaf, [(W.REG_UPLINK_LOST, 0), (W.REG_UPLINK_DOWN, 0)]) == [0b10, 0]
-    assert control(leaf, [(W.WRITE | W.REG_UPLINK_DOWN, 0b01),
-                          (W.WRITE | W.REG_UPLINK_LOST, 0)]) == [0b01, 0b10]
+    assert control(leaf, [(R.REG_UPLINK_LOST, 0), (R.REG_UPLINK_DOWN, 0)]) == [0b10, 0]
+    assert control(leaf, [(R.WRITE | R.REG_UPLINK_DOWN, 0b01),
+                          (R.WRITE | R.REG_UPLINK_LOST, 0)]) == [0b01, 0b10]
     leaf.set_link(2, True)
-    assert control(leaf, [(W.REG_UPLINK_LOST, 0), (W.REG_UPLINK_DOWN, 0)]) == [0, 0b01]
+    assert control(leaf, [(R.REG_UPLINK_LOST, 0), (R.REG_UPLINK_DOWN, 0)]) == [0, 0b01]
 
 
 def test_the_golden_leaf_against_itself_goes_up_and_down():
@@ -119,8 +121,8 @@ def test_the_golden_leaf_against_itself_goes_up_and_down():
 
 def test_rtl_leaf_equals_golden_leaf_going_up_and_down(rtl_leaf):
     rtl_leaf.reset()
-    golden = GoldenLeaf(uplinks=UPLINKS)
-    s = Comparer(rtl_leaf, golden, seed=32).run(stream(32, 4000, leaf=True))
+    golden = GoldenLeaf(ports=PORTS, uplinks=UPLINKS)
+    s = Comparer(rtl_leaf, golden, seed=32).run(stream(32, 4000, ports=PORTS, leaf=True))
     assert s.differences == 0 and s.wrong_sums == 0, s.text()
     assert s.counters > 10000
     total = _totals(golden)             # and the RTL's: every counter was read and compared
@@ -131,8 +133,8 @@ def test_rtl_leaf_equals_golden_leaf_going_up_and_down(rtl_leaf):
 @pytest.mark.slow
 def test_rtl_leaf_equals_golden_leaf_going_up_and_down_long(rtl_leaf):
     rtl_leaf.reset()
-    s = Comparer(rtl_leaf, GoldenLeaf(uplinks=UPLINKS), seed=33).run(
-        stream(33, 100_000, leaf=True))
+    s = Comparer(rtl_leaf, GoldenLeaf(ports=PORTS, uplinks=UPLINKS), seed=33).run(
+        stream(33, 100_000, ports=PORTS, leaf=True))
     assert s.differences == 0 and s.wrong_sums == 0, s.text()
 
 
@@ -148,8 +150,8 @@ def fabric_leaf(request):
     rtl = request.getfixturevalue("rtl_leaf")
     rtl.reset()
     mac = default_mac(Role.LEAF, 0)
-    control(rtl, [(W.WRITE | W.REG_MAC_HI, mac >> 32), (W.WRITE | W.REG_MAC_LO, mac & 0xFFFFFFFF),
-                  (W.WRITE | W.REG_IP, W.ip_to_int(default_ip(Role.LEAF, 0)))])
+    control(rtl, [(R.WRITE | R.REG_MAC_HI, mac >> 32), (R.WRITE | R.REG_MAC_LO, mac & 0xFFFFFFFF),
+                  (R.WRITE | R.REG_IP, W.ip_to_int(default_ip(Role.LEAF, 0)))])
 
     def make(uplinks=0, **params):
         return rtl if uplinks else GoldenSpine(**params)
@@ -186,7 +188,7 @@ def test_a_leafs_partial_as_scapy_reads_it(fabric_leaf):
     net.drain()
     [(spine, frame)] = up
     assert spine == 0 and W.unpack_imm(W.PARTIAL, dissect(frame)[BTH].psn)["resent"] == 1
-    counters = control(net.leaf[0], [(W.job_counter(JOB, n), 0)
+    counters = control(net.leaf[0], [(R.job_counter(JOB, n), 0)
                                      for n in ("upstream", "resends", "completed", "results")])
     assert counters == [3, 1, 0, 0]
 
@@ -203,8 +205,8 @@ def two_leaves(request):
     rtl = request.getfixturevalue("rtl_leaf")
     rtl.reset()
     mac = default_mac(Role.LEAF, 0)
-    control(rtl, [(W.WRITE | W.REG_MAC_HI, mac >> 32), (W.WRITE | W.REG_MAC_LO, mac & 0xFFFFFFFF),
-                  (W.WRITE | W.REG_IP, W.ip_to_int(default_ip(Role.LEAF, 0)))])
+    control(rtl, [(R.WRITE | R.REG_MAC_HI, mac >> 32), (R.WRITE | R.REG_MAC_LO, mac & 0xFFFFFFFF),
+                  (R.WRITE | R.REG_IP, W.ip_to_int(default_ip(Role.LEAF, 0)))])
     made = []
 
     def make(uplinks=0, **params):
@@ -239,7 +241,7 @@ def test_a_leaf_takes_its_spines_results_and_answers_its_pull(two_leaves):
         job.check(l, r, frame)          # the sums, count and flags of the use
     assert sorted((l, r) for l, r, _ in net.inbox) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     names = ("pulled", "parent_results", "upstream", "drop_parent", "completed", "results")
-    assert control(net.leaf[0], [(W.job_counter(JOB, n), 0) for n in names]) == \
+    assert control(net.leaf[0], [(R.job_counter(JOB, n), 0) for n in names]) == \
         [1, 2, 3, 0, 2, 4]
 
 
@@ -256,15 +258,15 @@ def test_a_spines_result_is_never_dropped_by_priority(leaf):
                qpn=0x100, rkey=0xAB00, va=1 << 40, key=0x1234)
     assert W.unpack_imm(W.REQUEST_IMM, W.pack_imm(W.RESULT_IMM, job=JOB, count=1, version=0,
                                                   slot=0, exponent=1, overflow=0))["droppable"]
-    control(leaf, [(W.WRITE | W.REG_IP, W.ip_to_int(me.ip)),
-                   (W.WRITE | W.REG_MAC_HI, me.mac >> 32),
-                   (W.WRITE | W.REG_MAC_LO, me.mac & 0xFFFFFFFF),
-                   (W.WRITE | W.uplink_reg(0, W.UPLINK_PORT), 2),
-                   (W.WRITE | W.uplink_reg(0, W.UPLINK_IP), W.ip_to_int(spine.ip))]
-            + [(W.WRITE | W.drop_threshold(c), 0) for c in range(8)])
+    control(leaf, [(R.WRITE | R.REG_IP, W.ip_to_int(me.ip)),
+                   (R.WRITE | R.REG_MAC_HI, me.mac >> 32),
+                   (R.WRITE | R.REG_MAC_LO, me.mac & 0xFFFFFFFF),
+                   (R.WRITE | R.uplink_reg(0, R.UPLINK_PORT), 2),
+                   (R.WRITE | R.uplink_reg(0, R.UPLINK_IP), W.ip_to_int(spine.ip))]
+            + [(R.WRITE | R.drop_threshold(c), 0) for c in range(8)])
     control(leaf, job_config_records(JOB, [w], 0, 1) + [
-        (W.WRITE | W.job_reg(JOB, W.JOB_PARENT_KEY), SPINE_KEY),
-        (W.WRITE | W.job_reg(JOB, W.JOB_PARENT), W.PARENT.pack(enable=1, rank=0))])
+        (R.WRITE | R.job_reg(JOB, R.JOB_PARENT_KEY), SPINE_KEY),
+        (R.WRITE | R.job_reg(JOB, R.JOB_PARENT), R.PARENT.pack(enable=1, rank=0))])
     [(port, _)] = leaf.receive(0, w.contribution(0, 0, 0, np.array([1, 2], np.int32), 0))
     assert port == 2                    # the partial went up uplink 0
     sums = np.array([7, -9], "<i4")
@@ -276,5 +278,5 @@ def test_a_spines_result_is_never_dropped_by_priority(leaf):
     pkt = W.parse_frame(frame)
     assert port == 0 and pkt.dst.ip == w.ip and pkt.payload == sums.tobytes()
     assert W.unpack_imm(W.RESULT_IMM, pkt.imm)["count"] == 3
-    assert control(leaf, [(W.port_counter(2, "drop_priority"), 0),
-                          (W.job_counter(JOB, "parent_results"), 0)]) == [0, 1]
+    assert control(leaf, [(R.port_counter(2, "drop_priority"), 0),
+                          (R.job_counter(JOB, "parent_results"), 0)]) == [0, 1]

@@ -19,11 +19,13 @@ import weakref
 
 import numpy as np
 import pytest
+
 from netagg.apps.demo_fabric import demo_described, demo_fabric
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.host import Worker, liveness
 from netagg.host.errors import NetaggError
 from netagg.host.fabric import Fabric
-from netagg.sim import wire as W
 from netagg.sim.topology import LinkFaults, Topology
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,7 +51,7 @@ def test_int32_sums_are_exact_over_two_leaves_and_the_spines_share_the_uses():
         assert out.dtype == np.int32 and np.array_equal(out, np.sum(xs, axis=0))
     assert [w.placement.leaf for w in ws] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert [w.switch_rank for w in ws] == [0, 1, 2, 3, 0, 1, 2, 3]   # ImmDt rank: the leaf's
-    completed = {name: topo.control(name, [(W.job_counter(0, "completed"), 0)])[0][1]
+    completed = {name: topo.control(name, [(R.job_counter(0, "completed"), 0)])[0][1]
                  for name in topo.nodes}
     assert completed["leaf0"] == completed["leaf1"] == \
         completed["spine0"] + completed["spine1"] > 0      # every use once, at one spine
@@ -70,7 +72,7 @@ def test_a_second_run_reconfigures_every_switch_and_sums_exactly():
                 assert np.array_equal(out, np.sum(xs, axis=0))
         for w in ws:
             w.close()
-    epochs = {name: topo.control(name, [(W.job_reg(0, W.JOB_EPOCH), 0)])[0][1]
+    epochs = {name: topo.control(name, [(R.job_reg(0, R.JOB_EPOCH), 0)])[0][1]
               for name in topo.nodes}
     assert len(set(epochs.values())) == 1           # one epoch across the fabric
 
@@ -84,8 +86,8 @@ def test_a_one_switch_run_after_a_fabric_run_on_the_same_leaf_has_no_parent():
     for w in ws:
         w.close()
     leaf = topo.nodes["leaf0"].switch
-    parent = (W.job_reg(0, W.JOB_PARENT), 0)
-    assert W.PARENT.unpack(topo.control("leaf0", [parent])[0][1])["enable"]    # the fabric's
+    parent = (R.job_reg(0, R.JOB_PARENT), 0)
+    assert R.PARENT.unpack(topo.control("leaf0", [parent])[0][1])["enable"]    # the fabric's
     session = uuid.uuid4().hex          # the same job, one switch: the leaf alone
     ws = [Worker(r, 4, leaf, session=session, timeout=10) for r in range(4)]
     for out in _allreduce(ws, xs[:4]):
@@ -194,7 +196,7 @@ def test_a_second_run_of_the_same_session_waits_for_its_own_rank_0():
     xs = [np.full(2000, r + 1, np.int32) for r in range(8)]
     first = _workers(topo, session="same")
     _allreduce(first, xs)
-    old = topo.control("spine0", [(W.job_reg(0, W.JOB_EPOCH), 0)])[0][1]
+    old = topo.control("spine0", [(R.job_reg(0, R.JOB_EPOCH), 0)])[0][1]
     for w in first:
         w.close()
     early = {}
@@ -207,7 +209,7 @@ def test_a_second_run_of_the_same_session_waits_for_its_own_rank_0():
     thread.join(30)
     ws += [early["w"]] + [Worker(r, 8, None, session="same", fabric=topo, timeout=30)
                           for r in range(5, 8)]
-    epochs = {name: topo.control(name, [(W.job_reg(0, W.JOB_EPOCH), 0)])[0][1]
+    epochs = {name: topo.control(name, [(R.job_reg(0, R.JOB_EPOCH), 0)])[0][1]
               for name in topo.nodes}
     assert len(set(epochs.values())) == 1 and old not in epochs.values()
     for out in _allreduce(ws, xs):
@@ -231,14 +233,14 @@ def test_set_up_errors_name_the_rank_the_job_and_the_switch():
     topo = Topology(2, 2)
     with pytest.raises(NetaggError, match=r"rank 5 of 8 sits on leaf1 .*not on 'leaf0'"):
         Worker(5, 8, "leaf0", session="s", fabric=topo, timeout=2)
-    other = [(W.job_reg(0, W.JOB_SLOT_BASE), 0), (W.job_reg(0, W.JOB_SLOT_COUNT), 4),
-             (W.job_reg(0, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=2))]
-    topo.control("spine1", [(a | W.WRITE, v) for a, v in other])     # someone else's job
+    other = [(R.job_reg(0, R.JOB_SLOT_BASE), 0), (R.job_reg(0, R.JOB_SLOT_COUNT), 4),
+             (R.job_reg(0, R.JOB_CONFIG), R.CONFIG.pack(enable=1, workers=2))]
+    topo.control("spine1", [(a | R.WRITE, v) for a, v in other])     # someone else's job
     with pytest.raises(NetaggError, match=r"rank 0: job 0 at spine1 is enabled by "
                                           r"10\.250\.255\.254.*; the jobs it had claimed at "
                                           r"spine0 are disabled again"):
         Worker(0, 8, None, session="s", fabric=topo, timeout=2)
-    config = {name: topo.control(name, [(W.job_reg(0, W.JOB_CONFIG), 0)])[0][1]
+    config = {name: topo.control(name, [(R.job_reg(0, R.JOB_CONFIG), 0)])[0][1]
               for name in ("spine0", "spine1")}
     assert config["spine0"] == 0 and config["spine1"] >> 31     # no half-claimed fabric
     with pytest.raises(NetaggError, match=r"rank 4 \(rank 0 at leaf1\): waited 1 s for the "
@@ -292,7 +294,7 @@ def test_a_description_of_more_than_two_levels_is_refused(change, error):
     change(d)
     with pytest.raises(NetaggError, match=error):
         Worker(0, 8, None, session="s", fabric=d, timeout=2)
-    assert topo.control("spine0", [(W.job_reg(0, W.JOB_CONFIG), 0)])[0][1] == 0   # untouched
+    assert topo.control("spine0", [(R.job_reg(0, R.JOB_CONFIG), 0)])[0][1] == 0   # untouched
 
 
 def test_a_fabric_of_more_than_63_ranks_is_refused_at_set_up():
@@ -300,7 +302,7 @@ def test_a_fabric_of_more_than_63_ranks_is_refused_at_set_up():
     with pytest.raises(NetaggError, match=r"rank 3, job 0: a fabric's job holds at most 63 "
                                           r"ranks .*, not 64"):
         Worker(3, 64, None, session="s", fabric=topo, timeout=2)
-    assert topo.control("leaf0", [(W.job_reg(0, W.JOB_CONFIG), 0)])[0][1] == 0    # untouched
+    assert topo.control("leaf0", [(R.job_reg(0, R.JOB_CONFIG), 0)])[0][1] == 0    # untouched
 
 
 def _udp_workers(fabric: dict, xs: list, ints: list) -> tuple[dict, list]:
@@ -474,7 +476,7 @@ def test_a_spine_of_8_leaves_is_set_up_in_two_requests_and_sums_exactly(monkeypa
     xs = [np.full(500, r + 1, np.int32) for r in range(8)]
     for out in _allreduce(ws, xs):
         assert np.array_equal(out, np.full(500, 36))
-    [(_, config)] = topo.control("spine0", [(W.job_reg(0, W.JOB_CONFIG), 0)])
-    assert W.CONFIG.unpack(config)["workers"] == 8 and W.CONFIG.unpack(config)["partials"]
+    [(_, config)] = topo.control("spine0", [(R.job_reg(0, R.JOB_CONFIG), 0)])
+    assert R.CONFIG.unpack(config)["workers"] == 8 and R.CONFIG.unpack(config)["partials"]
     for w in ws:
         w.close()

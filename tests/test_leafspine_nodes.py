@@ -13,12 +13,12 @@ import uuid
 
 import numpy as np
 import pytest
+
+from netagg.contract import regmap as R
 from netagg.host import Worker, liveness
 from netagg.host import numerics as N
 from netagg.host.errors import NetaggError, NetaggRankGone
-from netagg.sim import wire as W
 from netagg.sim.topology import Topology
-
 from tests.host_workers import assert_within_bound, in_threads
 
 WORLD, LOCAL = 8, 2
@@ -44,9 +44,9 @@ def _tensors(rank: int) -> list[np.ndarray]:
 
 
 def _config(topo, name: str, job: int) -> dict:
-    regs = [W.JOB_CONFIG, W.JOB_SLOT_BASE, W.JOB_SLOT_COUNT]
-    got = [v for _, v in topo.control(name, [(W.job_reg(job, f), 0) for f in regs])]
-    return {"config": W.CONFIG.unpack(got[0]), "slots": range(got[1], got[1] + got[2])}
+    regs = [R.JOB_CONFIG, R.JOB_SLOT_BASE, R.JOB_SLOT_COUNT]
+    got = [v for _, v in topo.control(name, [(R.job_reg(job, f), 0) for f in regs])]
+    return {"config": R.CONFIG.unpack(got[0]), "slots": range(got[1], got[1] + got[2])}
 
 
 def test_nodes_over_two_leaves_sum_exactly_in_a_job_per_local_worker():
@@ -77,7 +77,7 @@ def test_nodes_over_two_leaves_sum_exactly_in_a_job_per_local_worker():
         assert [c["config"]["partials"] for c in jobs] == [int(name.startswith("spine"))] * 2
         assert not set(jobs[0]["slots"]) & set(jobs[1]["slots"])
     for j in range(LOCAL):
-        done = {name: topo.control(name, [(W.job_counter(j, "completed"), 0)])[0][1]
+        done = {name: topo.control(name, [(R.job_counter(j, "completed"), 0)])[0][1]
                 for name in topo.nodes}
         assert done["leaf0"] == done["leaf1"] == done["spine0"] + done["spine1"] > 0
     for w in ws:
@@ -156,7 +156,7 @@ def test_the_63_rank_limit_counts_nodes():
                                           r"ranks .*, not 64 nodes \(switch workers; 128 ranks "
                                           r"in nodes of 2\)"):
         Worker(3, 128, None, local_size=2, session="s", fabric=topo, timeout=2)
-    assert topo.control("leaf0", [(W.job_reg(0, W.JOB_CONFIG), 0)])[0][1] == 0    # untouched
+    assert topo.control("leaf0", [(R.job_reg(0, R.JOB_CONFIG), 0)])[0][1] == 0    # untouched
 
 
 def test_set_up_errors_name_the_rank_and_its_node():
@@ -207,7 +207,7 @@ def test_a_quorum_counts_nodes():
     for _ in range(2):
         for o in in_threads(lambda r: ws[r].allreduce(xs[r]), WORLD):
             assert np.array_equal(o, np.sum(xs, axis=0))
-    quorums = {name: [topo.control(name, [(W.job_reg(j, W.JOB_QUORUM), 0)])[0][1]
+    quorums = {name: [topo.control(name, [(R.job_reg(j, R.JOB_QUORUM), 0)])[0][1]
                       for j in range(LOCAL)] for name in ("leaf0", "leaf1")}
     assert quorums == {"leaf0": [1, 1], "leaf1": [0, 0]}
     for w in ws:

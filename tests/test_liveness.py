@@ -21,13 +21,14 @@ import uuid
 
 import numpy as np
 import pytest
+
 from netagg.apps.probe import probe
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.host import SwitchControl, Worker, liveness
 from netagg.host import numerics as N
 from netagg.host.errors import NetaggRankGone
-from netagg.sim import wire as W
 from netagg.sim.golden import GoldenSwitch
-
 from tests.host_workers import in_threads, workers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,18 +82,18 @@ def _beats_read_back(switch, jobs: int, max_workers: int):
     ctl = SwitchControl(switch)
     try:
         ctl.set_manager()
-        every = [W.beat_reg(j, r) for j in range(jobs) for r in range(max_workers)]
+        every = [R.beat_reg(j, r) for j in range(jobs) for r in range(max_workers)]
         assert ctl.read(*every) == [0] * len(every)
         values = [(0x9E3779B9 * (i + 1)) & 0xFFFFFFFF for i in range(len(every))]
         assert ctl.write(list(zip(every, values))) == values
         assert ctl.read(*every) == values
-        outside = [W.beat_reg(jobs, 0), W.beat_reg(0, max_workers), W.beat_reg(jobs - 1, 31),
-                   W.BEAT_BASE + W.MAX_JOBS * W.BEAT_STRIDE]
+        outside = [R.beat_reg(jobs, 0), R.beat_reg(0, max_workers), R.beat_reg(jobs - 1, 31),
+                   R.BEAT_BASE + W.MAX_JOBS * R.BEAT_STRIDE]
         outside = [a for a in outside if a not in every]
         assert ctl.write([(a, 0x1234) for a in outside]) == [0] * len(outside)
         # a write and a read of one register in one request: the read sees the write
         a = every[-1]
-        assert [v for _, v in ctl.control.request([(W.WRITE | a, 77), (a, 0), (every[0], 0)])] \
+        assert [v for _, v in ctl.control.request([(R.WRITE | a, 77), (a, 0), (every[0], 0)])] \
             == [77, 77, values[0]]
     finally:
         ctl.close()
@@ -105,20 +106,20 @@ def _beats_only_from_their_rank(switch):
     moving."""
     rank, stranger = SwitchControl(switch, ip="10.0.9.1"), SwitchControl(switch, ip="10.0.9.2")
     try:
-        rank.write([(W.worker_reg(0, 1, W.WORKER_IP), W.ip_to_int("10.0.9.1"))])
+        rank.write([(R.worker_reg(0, 1, R.WORKER_IP), W.ip_to_int("10.0.9.1"))])
 
         def denied() -> int:
             return sum(p["control_denied"] for p in rank.counters(jobs=[])["ports"].values())
         before = denied()
-        assert rank.write([(W.beat_reg(0, 1), 0x101)]) == [0x101]       # its own
-        assert stranger.write([(W.beat_reg(0, 1), 0x202)]) == [0x101]   # another's: refused
-        assert stranger.write([(W.beat_reg(0, 2), 0x303)]) == [0]       # no rank there
-        assert rank.write([(W.beat_reg(0, 2), 0x404)]) == [0]           # another rank's
+        assert rank.write([(R.beat_reg(0, 1), 0x101)]) == [0x101]       # its own
+        assert stranger.write([(R.beat_reg(0, 1), 0x202)]) == [0x101]   # another's: refused
+        assert stranger.write([(R.beat_reg(0, 2), 0x303)]) == [0]       # no rank there
+        assert rank.write([(R.beat_reg(0, 2), 0x404)]) == [0]           # another rank's
         assert denied() - before == 3
         stranger.set_manager()
-        assert stranger.write([(W.beat_reg(0, 1), 0x505), (W.beat_reg(0, 2), 0x606)]) \
+        assert stranger.write([(R.beat_reg(0, 1), 0x505), (R.beat_reg(0, 2), 0x606)]) \
             == [0x505, 0x606]                                            # the manager's
-        assert rank.write([(W.beat_reg(0, 1), 0x707)]) == [0x707]       # and its own still
+        assert rank.write([(R.beat_reg(0, 1), 0x707)]) == [0x707]       # and its own still
         assert denied() - before == 3
     finally:
         rank.close()
@@ -195,7 +196,7 @@ def test_a_rank_that_never_beat_is_left_to_the_timeout():
     switch = GoldenSwitch()
     ctl = SwitchControl(switch)
     ctl.set_manager()                                    # (a beat takes the manager's write)
-    ctl.write([(W.beat_reg(0, 2), 0x12345601), (W.REG_MANAGER, 0)])   # left by an earlier run
+    ctl.write([(R.beat_reg(0, 2), 0x12345601), (R.REG_MANAGER, 0)])   # left by an earlier run
     session = uuid.uuid4().hex
     ws = [Worker(r, 3, switch, session=session, timeout=3.0) for r in range(2)]  # 2 never
     try:
@@ -205,7 +206,7 @@ def test_a_rank_that_never_beat_is_left_to_the_timeout():
         assert not isinstance(e.value, NetaggRankGone)
         assert ws[0].counters()["beat_reads"] >= 8
         mark = ws[0].engine.liveness.mark
-        beats = ctl.read(*(W.beat_reg(0, r) for r in range(3)))
+        beats = ctl.read(*(R.beat_reg(0, r) for r in range(3)))
         assert [b >> liveness.COUNT_BITS for b in beats] == [mark, mark, 0x123456]
     finally:
         for w in ws:

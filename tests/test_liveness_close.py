@@ -10,13 +10,14 @@ import uuid
 
 import numpy as np
 import pytest
+
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.host import Worker, liveness
 from netagg.host import numerics as N
 from netagg.host.errors import NetaggRankGone
 from netagg.host.lossy import LossyTransport
-from netagg.sim import wire as W
 from netagg.sim.serve import SimServer, make_backend
-
 from tests.host_workers import in_threads, workers
 
 
@@ -47,7 +48,7 @@ def test_closing_writes_count_zero_with_the_runs_mark():
         mark = ws[0].engine.liveness.mark
     finally:
         ws[0].close()
-    got = ws[1].engine.control.request([(W.beat_reg(0, 0), 0)])[0][1]
+    got = ws[1].engine.control.request([(R.beat_reg(0, 0), 0)])[0][1]
     ws[1].close()
     assert got == mark << liveness.COUNT_BITS
 
@@ -148,7 +149,7 @@ def test_a_claim_sent_again_after_its_answer_was_lost_leaves_the_others_entries(
                         faults=dict(seed=r)) as w:
                 out = w.allreduce(xs[r])
                 [(_, dropped)] = w.engine.control.request(
-                    [(W.job_counter(0, "drop_bad_worker"), 0)])
+                    [(R.job_counter(0, "drop_bad_worker"), 0)])
                 return out, dropped
         answers = in_threads(rank, 2)
     assert made[0].faults["dropped"] == 1 and made[0].setup_psn is not None

@@ -1,8 +1,8 @@
-"""Early loss recovery (host/retransmit.py's `RecentAnswer`): a packet is sent again when a
+"""Early loss recovery (netagg/host/retransmit.py's `RecentAnswer`): a packet is sent again when a
 packet sent after it is answered, or when the tail of those in flight goes unanswered for a
 probe timeout, without waiting for its own timeout; every sum stays exact. The rules on
 their own; the Python window and the engine's message path under heavy loss (the lossy
-transport); the compiled step (host/cpp/step.cpp) over UDP with a switch that loses
+transport); the compiled step (netagg/host/cpp/step.cpp) over UDP with a switch that loses
 datagrams each way; and `Recovery.TIMERS`, which turns the rules off."""
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import uuid
 
 import numpy as np
 import pytest
+
+from netagg.contract import wire as W
 from netagg.host import Worker, compiled_build
 from netagg.host.retransmit import (
     LOSS_MEMORY,
@@ -22,7 +24,6 @@ from netagg.host.retransmit import (
     RetransmitTimer,
     RttEstimator,
 )
-from netagg.sim import wire as W
 from netagg.sim.golden import GoldenSwitch
 from netagg.sim.serve import SimServer
 

@@ -1,4 +1,4 @@
-"""The Ethernet MAC (hw/mac.py) in cocotb on Verilator, against cocotbext-eth's GMII models.
+"""The Ethernet MAC (netagg/hw/mac.py) in cocotb on Verilator, against cocotbext-eth's GMII models.
 
 One small Verilator build (width 64, the switch's port width on the boards) serves every test.
 """
@@ -27,9 +27,10 @@ def test_arp_reply(target):
     """ArpResponder (amaranth.sim): a scapy ARP request for its IP gets scapy's idea of the
     reply; a request for another address, and a UDP frame, get none."""
     from amaranth.sim import Simulator
-    from netagg.hw.mac_arp import ArpResponder
     from scapy.layers.inet import IP, UDP
     from scapy.layers.l2 import ARP, Ether
+
+    from netagg.hw.mac_arp import ArpResponder
 
     mac, ip = 0x024E41474701, "192.168.1.50"
     dut = ArpResponder(64, mac=mac, ip=0xC0A80132)

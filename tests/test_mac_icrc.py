@@ -4,13 +4,13 @@ against scapy's ICRC (scapy.contrib.roce computes it for every frame of tests/fr
 import random
 
 from amaranth.sim import Simulator
-from netagg.hw import headers as H
-from netagg.hw.mac_icrc import IcrcCheck, IcrcFill
-from netagg.sim import wire as W
-from netagg.sim.scapy_frames import roce_frame
 from scapy.layers.inet import IP
 from scapy.layers.l2 import ARP, Ether
 
+from netagg.contract import wire as W
+from netagg.hw import headers as H
+from netagg.hw.mac_icrc import IcrcCheck, IcrcFill
+from netagg.sim.scapy_frames import roce_frame
 from tests import frames as F
 
 
@@ -127,7 +127,6 @@ def test_parser_takes_the_macs_verdict():
     """Parser(icrc="mac") has no ICRC engine: a frame's verdict on the ICRC is the icrc_ok
     its MAC gave with the last beat, whatever the frame's ICRC bytes say."""
     from netagg.hw.parser import Parser
-
     from tests.tb import layout_to_dict
 
     rng = random.Random(4)
@@ -166,8 +165,8 @@ def test_deparser_and_icrc_fill_make_scapys_frames():
     """Deparser(icrc="mac") sends four zero bytes where the ICRC goes; the MAC's IcrcFill
     after it writes the ICRC: together they give scapy's frames byte for byte."""
     from amaranth import Module
-    from netagg.hw.deparser import Deparser
 
+    from netagg.hw.deparser import Deparser
     from tests.tb import pack_header
 
     rng = random.Random(6)

@@ -1,4 +1,4 @@
-"""The Python-driven Verilator model (sim/model.py) on LoopbackTop: frames in, frames out.
+"""The Python-driven Verilator model (netagg/sim/model.py) on LoopbackTop: frames in, frames out.
 
 LoopbackTop sends what comes in on rx{i} out of tx{(i+1)%ports}, untouched. Each width is one
 Verilator build (about half a minute), cached under the build cache.
@@ -7,6 +7,7 @@ Verilator build (about half a minute), cached under the build cache.
 import random
 
 import pytest
+
 from netagg.sim.model import ContractError, SimulationTimeout, SwitchModel, bench, random_traffic
 
 PORTS = 4

@@ -1,5 +1,5 @@
-"""Who may write the switch's registers (hw/regmap.py's rules), on the golden model and the
-RTL alike: writes to an enabled job from neither its owner nor the manager are refused and
+"""Who may write the switch's registers (netagg/contract/regmap.py's rules), on the golden model
+and the RTL alike: writes to an enabled job from neither its owner nor the manager are refused and
 counted while the job aggregates, exactly; the owner and the manager may write; the manager
 is set by its first write; overlapping and too long slot ranges are refused and counted, an
 enabled job's range is fixed, and a disabled job's CONFIG clears no one's slots. Then the
@@ -13,16 +13,17 @@ import uuid
 
 import numpy as np
 import pytest
+from scapy.contrib.roce import BTH
+
 from netagg.apps.probe import probe
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.host import transport as T
 from netagg.host.control import SwitchControl
 from netagg.host.errors import NetaggError
 from netagg.host.worker import Worker
-from netagg.sim import wire as W
 from netagg.sim.golden import GoldenSwitch
 from netagg.sim.serve import SimServer
-from scapy.contrib.roce import BTH
-
 from tests.host_workers import allreduce_all, workers
 from tests.switch_traffic import (
     HOST_IP,
@@ -45,8 +46,8 @@ def request(switch, records, src_ip=HOST_IP, port=0) -> list[int]:
 
 
 def counter(switch, name, index=0) -> int:
-    address = W.port_counter(index, name) if name in W.PORT_COUNTERS else \
-        W.job_counter(index, name)
+    address = R.port_counter(index, name) if name in R.PORT_COUNTERS else \
+        R.job_counter(index, name)
     return request(switch, [(address, 0)])[0]
 
 
@@ -57,9 +58,9 @@ def set_up(switch, job, ws, base, count, credits=0):
 
 
 def job_registers(job) -> list[tuple[int, int]]:
-    return [(W.job_reg(job, f), 0) for f in (W.JOB_CONFIG, W.JOB_SLOT_BASE, W.JOB_SLOT_COUNT,
-                                              W.JOB_CREDITS, W.JOB_QUORUM, W.JOB_OWNER)] + \
-        [(W.worker_reg(job, r, f), 0) for r in range(3) for f in range(W.WORKER_STRIDE)]
+    return [(R.job_reg(job, f), 0) for f in (R.JOB_CONFIG, R.JOB_SLOT_BASE, R.JOB_SLOT_COUNT,
+                                              R.JOB_CREDITS, R.JOB_QUORUM, R.JOB_OWNER)] + \
+        [(R.worker_reg(job, r, f), 0) for r in range(3) for f in range(R.WORKER_STRIDE)]
 
 
 def test_foreign_writes_are_refused_while_the_job_aggregates(switch):
@@ -72,12 +73,12 @@ def test_foreign_writes_are_refused_while_the_job_aggregates(switch):
     set_up(switch, 0, ws, 0, 4, credits=4)
     before = request(switch, job_registers(0))
     assert before[5] == W.ip_to_int(ws[0].ip)                 # the owner: rank 0's address
-    attack = [(W.job_reg(0, W.JOB_CONFIG), 0),
-              (W.job_reg(0, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=1)),
-              (W.job_reg(0, W.JOB_SLOT_BASE), 8), (W.job_reg(0, W.JOB_SLOT_COUNT), 1),
-              (W.job_reg(0, W.JOB_CREDITS), 1), (W.job_reg(0, W.JOB_QUORUM), 1),
-              (W.worker_reg(0, 2, W.WORKER_IP), W.ip_to_int(FOREIGN)),
-              (W.worker_reg(0, 2, W.WORKER_PORT), 0), (W.worker_reg(0, 0, W.WORKER_RKEY), 7)]
+    attack = [(R.job_reg(0, R.JOB_CONFIG), 0),
+              (R.job_reg(0, R.JOB_CONFIG), R.CONFIG.pack(enable=1, workers=1)),
+              (R.job_reg(0, R.JOB_SLOT_BASE), 8), (R.job_reg(0, R.JOB_SLOT_COUNT), 1),
+              (R.job_reg(0, R.JOB_CREDITS), 1), (R.job_reg(0, R.JOB_QUORUM), 1),
+              (R.worker_reg(0, 2, R.WORKER_IP), W.ip_to_int(FOREIGN)),
+              (R.worker_reg(0, 2, R.WORKER_PORT), 0), (R.worker_reg(0, 0, R.WORKER_RKEY), 7)]
     rng = np.random.default_rng(2)
     denied = 0
     for use in range(2):
@@ -87,11 +88,11 @@ def test_foreign_writes_are_refused_while_the_job_aggregates(switch):
                 assert exchange(switch, [(w.port, w.contribution(slot, use % 2, 0, x, 1))]) == []
             port = (use + slot) % 4
             for source in (FOREIGN, ws[1].ip):
-                answer = request(switch, [(a | W.WRITE, v) for a, v in attack], source, port)
+                answer = request(switch, [(a | R.WRITE, v) for a, v in attack], source, port)
                 assert answer == [before[0], before[0], before[1], before[2], before[3],
-                                  before[4], before[6 + 2 * 8 + W.WORKER_IP],
-                                  before[6 + 2 * 8 + W.WORKER_PORT],
-                                  before[6 + W.WORKER_RKEY]]
+                                  before[4], before[6 + 2 * 8 + R.WORKER_IP],
+                                  before[6 + 2 * 8 + R.WORKER_PORT],
+                                  before[6 + R.WORKER_RKEY]]
                 denied += len(attack)
             w = ws[2]
             out = exchange(switch, [(w.port, w.contribution(slot, use % 2, 0, lanes[2], 1))])
@@ -113,33 +114,33 @@ def test_the_owner_and_the_manager_may_write(switch):
     ws = make_workers(0, 1, 4, random.Random(3))
     set_up(switch, 0, ws, 0, 2)
     owner = W.ip_to_int(ws[0].ip)
-    assert request(switch, [(W.REG_MANAGER, 0)]) == [0]
-    assert request(switch, [(W.WRITE | W.REG_MANAGER, W.ip_to_int(MANAGER))], MANAGER) == \
+    assert request(switch, [(R.REG_MANAGER, 0)]) == [0]
+    assert request(switch, [(R.WRITE | R.REG_MANAGER, W.ip_to_int(MANAGER))], MANAGER) == \
         [W.ip_to_int(MANAGER)]
-    assert request(switch, [(W.WRITE | W.REG_MANAGER, W.ip_to_int(FOREIGN)),
-                            (W.WRITE | W.REG_IP, 0x0A000002)], FOREIGN) == \
+    assert request(switch, [(R.WRITE | R.REG_MANAGER, W.ip_to_int(FOREIGN)),
+                            (R.WRITE | R.REG_IP, 0x0A000002)], FOREIGN) == \
         [W.ip_to_int(MANAGER), 0]
-    assert request(switch, [(W.WRITE | W.REG_IP, 0x0A000002)], MANAGER) == [0x0A000002]
+    assert request(switch, [(R.WRITE | R.REG_IP, 0x0A000002)], MANAGER) == [0x0A000002]
     assert counter(switch, "control_denied") == 2
-    assert request(switch, [(W.WRITE | W.job_reg(0, W.JOB_CREDITS), 5)], ws[0].ip) == [5]
-    assert request(switch, [(W.WRITE | W.job_reg(0, W.JOB_QUORUM), 1),
-                            (W.WRITE | W.worker_reg(0, 0, W.WORKER_QPN), 99)], MANAGER) == [1, 99]
-    assert request(switch, [(W.WRITE | W.job_reg(0, W.JOB_CREDITS), 6)], FOREIGN) == [5]
+    assert request(switch, [(R.WRITE | R.job_reg(0, R.JOB_CREDITS), 5)], ws[0].ip) == [5]
+    assert request(switch, [(R.WRITE | R.job_reg(0, R.JOB_QUORUM), 1),
+                            (R.WRITE | R.worker_reg(0, 0, R.WORKER_QPN), 99)], MANAGER) == [1, 99]
+    assert request(switch, [(R.WRITE | R.job_reg(0, R.JOB_CREDITS), 6)], FOREIGN) == [5]
     # a worker's entry: the address it holds writes it, anyone while it holds none
-    assert request(switch, [(W.WRITE | W.worker_reg(0, 0, W.WORKER_QPN), 7)], ws[0].ip) == [7]
-    assert request(switch, [(W.WRITE | W.worker_reg(0, 1, W.WORKER_QPN), 8),
-                            (W.WRITE | W.worker_reg(0, 1, W.WORKER_IP), W.ip_to_int(FOREIGN)),
-                            (W.WRITE | W.worker_reg(0, 1, W.WORKER_QPN), 9),
-                            (W.WRITE | W.worker_reg(0, 0, W.WORKER_QPN), 10)], FOREIGN) == \
+    assert request(switch, [(R.WRITE | R.worker_reg(0, 0, R.WORKER_QPN), 7)], ws[0].ip) == [7]
+    assert request(switch, [(R.WRITE | R.worker_reg(0, 1, R.WORKER_QPN), 8),
+                            (R.WRITE | R.worker_reg(0, 1, R.WORKER_IP), W.ip_to_int(FOREIGN)),
+                            (R.WRITE | R.worker_reg(0, 1, R.WORKER_QPN), 9),
+                            (R.WRITE | R.worker_reg(0, 0, R.WORKER_QPN), 10)], FOREIGN) == \
         [8, W.ip_to_int(FOREIGN), 9, 7]
-    enable = W.CONFIG.pack(enable=1, workers=1)
-    assert request(switch, [(W.WRITE | W.job_reg(0, W.JOB_CONFIG), enable),
-                            (W.job_reg(0, W.JOB_OWNER), 0)], MANAGER) == [enable, owner]
-    assert request(switch, [(W.WRITE | W.job_reg(0, W.JOB_CONFIG), 0),
-                            (W.job_reg(0, W.JOB_OWNER), 0)], MANAGER) == [0, 0]
-    assert request(switch, [(W.WRITE | W.job_reg(0, W.JOB_SLOT_BASE), 4),
-                            (W.WRITE | W.job_reg(0, W.JOB_CONFIG), enable),
-                            (W.job_reg(0, W.JOB_OWNER), 0)], FOREIGN) == \
+    enable = R.CONFIG.pack(enable=1, workers=1)
+    assert request(switch, [(R.WRITE | R.job_reg(0, R.JOB_CONFIG), enable),
+                            (R.job_reg(0, R.JOB_OWNER), 0)], MANAGER) == [enable, owner]
+    assert request(switch, [(R.WRITE | R.job_reg(0, R.JOB_CONFIG), 0),
+                            (R.job_reg(0, R.JOB_OWNER), 0)], MANAGER) == [0, 0]
+    assert request(switch, [(R.WRITE | R.job_reg(0, R.JOB_SLOT_BASE), 4),
+                            (R.WRITE | R.job_reg(0, R.JOB_CONFIG), enable),
+                            (R.job_reg(0, R.JOB_OWNER), 0)], FOREIGN) == \
         [4, enable, W.ip_to_int(FOREIGN)]
     assert counter(switch, "control_denied") == 4 and counter(switch, "config_refused") == 0
 
@@ -152,24 +153,24 @@ def test_overlapping_slot_ranges_are_refused(switch):
     ws = make_workers(0, 2, 4, random.Random(4), slot_count=8)
     set_up(switch, 0, ws, 0, 8)
     [other] = make_workers(1, 1, 4, random.Random(5))
-    enable = W.CONFIG.pack(enable=1, workers=1)
+    enable = R.CONFIG.pack(enable=1, workers=1)
     for base, count in ((4, 8), (60, 8), (0, 1)):
-        assert request(switch, [(W.WRITE | W.job_reg(1, W.JOB_CONFIG), 0),
-                                (W.WRITE | W.job_reg(1, W.JOB_SLOT_BASE), base),
-                                (W.WRITE | W.job_reg(1, W.JOB_SLOT_COUNT), count),
-                                (W.WRITE | W.job_reg(1, W.JOB_CONFIG), enable),
-                                (W.job_reg(1, W.JOB_OWNER), 0)], other.ip) == [0, base, count, 0, 0]
+        assert request(switch, [(R.WRITE | R.job_reg(1, R.JOB_CONFIG), 0),
+                                (R.WRITE | R.job_reg(1, R.JOB_SLOT_BASE), base),
+                                (R.WRITE | R.job_reg(1, R.JOB_SLOT_COUNT), count),
+                                (R.WRITE | R.job_reg(1, R.JOB_CONFIG), enable),
+                                (R.job_reg(1, R.JOB_OWNER), 0)], other.ip) == [0, base, count, 0, 0]
     assert counter(switch, "config_refused", 1) == 3
     set_up(switch, 1, [other], 8, 8)
-    assert request(switch, [(W.WRITE | W.job_reg(1, W.JOB_SLOT_BASE), 16),
-                            (W.WRITE | W.job_reg(1, W.JOB_SLOT_COUNT), 1)], other.ip) == [8, 8]
+    assert request(switch, [(R.WRITE | R.job_reg(1, R.JOB_SLOT_BASE), 16),
+                            (R.WRITE | R.job_reg(1, R.JOB_SLOT_COUNT), 1)], other.ip) == [8, 8]
     assert counter(switch, "config_refused", 1) == 5
     # job 0 has begun a use of slot 3; job 2, disabled, is written over slots 0..7
     x = np.arange(8, dtype=np.int32)
     assert exchange(switch, [(ws[0].port, ws[0].contribution(3, 0, 0, x, 1))]) == []
-    assert request(switch, [(W.WRITE | W.job_reg(2, W.JOB_SLOT_BASE), 0),
-                            (W.WRITE | W.job_reg(2, W.JOB_SLOT_COUNT), 8),
-                            (W.WRITE | W.job_reg(2, W.JOB_CONFIG), 0)], FOREIGN) == [0, 8, 0]
+    assert request(switch, [(R.WRITE | R.job_reg(2, R.JOB_SLOT_BASE), 0),
+                            (R.WRITE | R.job_reg(2, R.JOB_SLOT_COUNT), 8),
+                            (R.WRITE | R.job_reg(2, R.JOB_CONFIG), 0)], FOREIGN) == [0, 8, 0]
     out = exchange(switch, [(ws[1].port, ws[1].contribution(3, 0, 0, x, 1))])
     assert len(out) == 2 and all(np.frombuffer(bytes(dissect(f)[BTH].payload)[20:], "<i4")
                                  .tolist() == (2 * x).tolist() for _, f in out)
@@ -221,8 +222,8 @@ def test_foreign_writes_during_an_allreduce_leave_it_exact():
     switch = GoldenSwitch()
     ws = workers(3, switch)
     ctl = SwitchControl(switch, ip=FOREIGN)
-    attack = [(W.job_reg(0, W.JOB_CONFIG), 0), (W.job_reg(0, W.JOB_CREDITS), 1),
-              (W.job_reg(0, W.JOB_SLOT_COUNT), 1), (W.worker_reg(0, 1, W.WORKER_IP), 1)]
+    attack = [(R.job_reg(0, R.JOB_CONFIG), 0), (R.job_reg(0, R.JOB_CREDITS), 1),
+              (R.job_reg(0, R.JOB_SLOT_COUNT), 1), (R.worker_reg(0, 1, R.WORKER_IP), 1)]
     rng = np.random.default_rng(8)
     inputs = [rng.integers(-2**20, 2**20, 50_000, dtype=np.int32) for _ in ws]
     handles = [w.allreduce_async(x) for w, x in zip(ws, inputs)]

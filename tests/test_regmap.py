@@ -6,7 +6,8 @@ from __future__ import annotations
 import pathlib
 
 import pytest
-from netagg.hw import regmap as R
+
+from netagg.contract import regmap as R
 
 DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "switch.md"
 
@@ -17,7 +18,7 @@ def test_the_documented_register_table_is_the_generated_one():
         "tests/test_regmap.py checks it -->\n")
     end = text.index("<!-- end of the generated table -->")
     assert text[start:end] == R.markdown_table(), \
-        "docs/switch.md's register table is stale: paste `python -m netagg.hw.regmap` into it"
+        "docs/switch.md's register table is stale: paste `python -m netagg.contract.regmap` into it"
 
 
 @pytest.mark.parametrize("fields", [R.PARAMS, R.CONFIG, R.WORKER_ENDPOINT])

@@ -1,10 +1,11 @@
 """The flow-level model of `netagg scale` against closed forms, the loss model's limits, the
-reproduce table and the command's outputs (apps/scale/, docs/scale.md)."""
+reproduce table and the command's outputs (netagg/apps/scale/, docs/scale.md)."""
 
 import json
 import math
 
 import pytest
+
 from netagg.apps.scale import loss, topology
 from netagg.apps.scale.cli import main, parse
 from netagg.apps.scale.cluster import (

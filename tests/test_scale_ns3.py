@@ -1,8 +1,9 @@
 """The flow-level model against the packet-level simulation on ns-3 at 8 and 16 workers
-(apps/scale/ns3.py): within 10 %. Skipped without the `ns3` package (`pip install -e
+(netagg/apps/scale/ns3.py): within 10 %. Skipped without the `ns3` package (`pip install -e
 .[scale]`)."""
 
 import pytest
+
 from netagg.apps.scale import ns3
 from netagg.apps.scale.cluster import Cluster, Model, SwitchCalibration
 from netagg.apps.scale.flow import Scheme, estimate

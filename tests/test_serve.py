@@ -15,14 +15,16 @@ import time
 
 import numpy as np
 import pytest
-from netagg.hw.headers import Verdict
+
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
+from netagg.contract.headers import Verdict
+from netagg.host import udp_offload as U
+from netagg.host.udp_socket import IP_MTU_DISCOVER, IP_PMTUDISC_DO, switch_port_for
 from netagg.sim import udp, udp_runs
-from netagg.sim import udp_offload as U
-from netagg.sim import wire as W
 from netagg.sim.codec import decode
 from netagg.sim.golden import GoldenSwitch
 from netagg.sim.serve import SimServer
-from netagg.sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, switch_port_for
 
 
 def _other_traffic(stop: threading.Event):
@@ -52,7 +54,7 @@ def test_only_datagrams_to_the_switch_are_queued_once():
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         sock.bind(("127.0.0.1", 0))
         src, dst = W.Endpoint(*sock.getsockname()), W.Endpoint(*server.address)
-        request = W.control_request([(W.REG_MAGIC, 0)], 9, src, dst).datagram()
+        request = W.control_request([(R.REG_MAGIC, 0)], 9, src, dst).datagram()
         sock.sendto(request, server.address)
         sock.sendto(request, (server.bound_ip, W.ROCEV2_PORT + 1))   # another port
         sock.sendto(request, ("127.0.0.1", W.ROCEV2_PORT))           # another address
@@ -251,9 +253,9 @@ def _answers_after(server, url: str, errors) -> bool:
     while errors() == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
     control = SwitchControl(url, timeout=5)
-    magic = control.read(W.REG_MAGIC)
+    magic = control.read(R.REG_MAGIC)
     control.transport.close()
-    return errors() == 1 and magic == [W.MAGIC] and server._thread.is_alive()
+    return errors() == 1 and magic == [R.MAGIC] and server._thread.is_alive()
 
 
 def test_a_frame_the_backend_raises_on_is_counted_and_the_switch_goes_on():

@@ -13,9 +13,10 @@ import uuid
 
 import numpy as np
 import pytest
+
+from netagg.contract import regmap as R
 from netagg.host import Worker
 from netagg.host.fabric import hub_for
-from netagg.sim import wire as W
 from netagg.sim.topology import Direction, Notice, Topology
 from netagg.sim.topology_watch import SpineUses, Use, use_of
 
@@ -63,8 +64,8 @@ def test_a_spine_cut_with_uses_in_flight_loses_no_sum_rtl(notice):
     topology.cut(SPINE, notice)         # marked down at the leaves, or their MACs report it
     for h in handles:
         assert np.array_equal(h.wait(60), np.sum(xs, axis=0))
-    counters = {name: dict(zip(W.FABRIC_COUNTERS, (v for _, v in topology.control(
-        name, [(W.job_counter(0, c), 0) for c in W.FABRIC_COUNTERS]))))
+    counters = {name: dict(zip(R.FABRIC_COUNTERS, (v for _, v in topology.control(
+        name, [(R.job_counter(0, c), 0) for c in R.FABRIC_COUNTERS]))))
         for name in topology.nodes}
     assert cut.use in in_flight and len(cut.up[cut.spine]) >= AFTER
     assert counters["leaf1"]["resends"] >= 1            # its UPSTREAM use, sent to spine 0

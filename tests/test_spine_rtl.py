@@ -1,5 +1,5 @@
 """The RTL spine (`hw.switch.Switch(spine=True)`, docs/leafspine.md) against the golden
-spine: the fuzzer's spine mode (sim/fuzz_spine.py: leaves' partials, finals, resent partials
+spine: the fuzzer's spine mode (netagg/sim/fuzz_spine.py: leaves' partials, finals, resent partials
 and their pulls, given-up uses, mutated PARTIAL fields) with no difference, and a single
 switch's RTL caught by it; scapy-built partials through both spines (a final completes as it
 is, a later use gives one up, a resent partial pulls the leaves missing, results and pulls
@@ -10,15 +10,16 @@ import collections
 
 import numpy as np
 import pytest
-from netagg.sim import wire as W
+from scapy.contrib.roce import BTH
+
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.sim.fuzz import Comparer, stream
 from netagg.sim.fuzz_mutations import get_field, set_field
 from netagg.sim.fuzz_spine import PARTIAL_FIELDS
 from netagg.sim.golden_spine import GoldenSpine
 from netagg.sim.scapy_frames import RETH, ImmDt
 from netagg.sim.topology import LinkFaults
-from scapy.contrib.roce import BTH
-
 from tests.leafspine_net import JOB, Job, Net, away_and_back, away_for_2_16
 from tests.switch_traffic import dissect
 from tests.test_fuzz import InOrderGolden
@@ -42,16 +43,11 @@ def rtl_spine():
 
 
 @pytest.fixture(scope="module")
-def small_spine():
-    """An RTL spine as `Net(leaves=LEAVES)`'s topology makes spine 0 (its ports, job,
-    slots, MAC and IP)."""
-    from netagg.sim.model import make_switch
-    from netagg.sim.topology import Role, default_ip, default_mac
-
-    with make_switch(spine=True, ports=LEAVES + 1, jobs=1, max_workers=8, slots=SLOTS,
-                     mac=default_mac(Role.SPINE, 0),
-                     ip=W.ip_to_int(default_ip(Role.SPINE, 0))) as rtl:
-        yield rtl
+def small_spine(rtl_spine):
+    """The RTL spine as `Net(leaves=LEAVES)`'s topology makes spine 0: the fuzzer's build
+    (4 ports: the three leaves' and the host's), its addresses written by the topology and its
+    one job (JOB, SLOTS slots) by the test's control records, so one build serves both."""
+    return rtl_spine
 
 
 def with_rtl_spine(rtl):
@@ -141,8 +137,8 @@ def _read(frame: bytes):
 def _counters(sw) -> dict:
     from tests.leafspine_net import control
 
-    names = [*W.JOB_COUNTERS, *W.FABRIC_COUNTERS]
-    return dict(zip(names, control(sw, [(W.job_counter(JOB, n), 0) for n in names])))
+    names = [*R.JOB_COUNTERS, *R.FABRIC_COUNTERS]
+    return dict(zip(names, control(sw, [(R.job_counter(JOB, n), 0) for n in names])))
 
 
 def test_a_spine_takes_finals_gives_up_and_pulls(spine):

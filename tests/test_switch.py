@@ -1,5 +1,5 @@
 """The switch's cocotb testbench (tests/cocotb_switch.py) and its line-rate benchmark
-(sim/bench_switch.py) under pytest."""
+(netagg/sim/bench_switch.py) under pytest."""
 
 import json
 

@@ -24,6 +24,8 @@ import uuid
 
 import numpy as np
 import pytest
+
+from netagg.contract import wire as W
 from netagg.host import Worker, liveness
 from netagg.host import numerics as N
 from netagg.host import transport as T
@@ -35,10 +37,8 @@ from netagg.host.errors import (
     NetaggTimeout,
     NetaggUnreachable,
 )
-from netagg.sim import wire as W
 from netagg.sim.golden import GoldenSwitch
 from netagg.sim.serve import SimServer, make_backend
-
 from tests.host_workers import in_threads, workers
 from tests.test_liveness import ROOT, STALL, Stalls, WorkerProcess
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import random
 
 import pytest
+
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.host.errors import NetaggError
 from netagg.host.fabric import Fabric, Placement
-from netagg.sim import wire as W
 from netagg.sim.topology import Direction, Link, LinkFaults, Topology
-
 from tests.frames import scapy_frame
 
 
@@ -20,24 +21,24 @@ def test_the_rack_is_cabled_and_addressed():
     ips = set()
     for leaf in topo.leaf_nodes:
         [(_, uplinks), (_, down), (_, ip)] = topo.control(
-            leaf.name, [(W.REG_UPLINKS, 0), (W.REG_UPLINK_DOWN, 0), (W.REG_IP, 0)])
+            leaf.name, [(R.REG_UPLINKS, 0), (R.REG_UPLINK_DOWN, 0), (R.REG_IP, 0)])
         assert (uplinks, down) == (3, 0)
         ips.add(ip)
         for i, spine in enumerate(topo.spine_nodes):
-            table = [v for _, v in topo.control(leaf.name, [(W.uplink_reg(i, f), 0) for f in (
-                W.UPLINK_PORT, W.UPLINK_MAC_HI, W.UPLINK_MAC_LO, W.UPLINK_IP,
-                W.UPLINK_UDP_PORT)])]
+            table = [v for _, v in topo.control(leaf.name, [(R.uplink_reg(i, f), 0) for f in (
+                R.UPLINK_PORT, R.UPLINK_MAC_HI, R.UPLINK_MAC_LO, R.UPLINK_IP,
+                R.UPLINK_UDP_PORT)])]
             assert table == [4 + i, spine.mac >> 32, spine.mac & 0xFFFFFFFF,
                              W.ip_to_int(spine.ip), W.ROCEV2_PORT]
             link, direction = topo.links[leaf.name, 4 + i]
             assert (link.b, link.b_port, direction) == (spine.name, leaf.index, Direction.UP)
     for spine in topo.spine_nodes:
-        [(_, uplinks), (_, ip)] = topo.control(spine.name, [(W.REG_UPLINKS, 0), (W.REG_IP, 0)])
+        [(_, uplinks), (_, ip)] = topo.control(spine.name, [(R.REG_UPLINKS, 0), (R.REG_IP, 0)])
         assert uplinks == 0
         ips.add(ip)
     assert len(ips) == 5                                    # an address of its own each
     for name in topo.nodes:                                 # nothing of any job
-        [(_, config)] = topo.control(name, [(W.job_reg(0, W.JOB_CONFIG), 0)])
+        [(_, config)] = topo.control(name, [(R.job_reg(0, R.JOB_CONFIG), 0)])
         assert config == 0
 
 
@@ -59,13 +60,13 @@ def _toward_spine(topo: Topology, uplink: int, copies: int = 1) -> list[bytes]:
     worker = W.Endpoint("10.9.0.1", 5000, 0x02_00_00_00_09_01)
     leaf = topo.nodes["leaf0"]
     key = 0x1234
-    records = [(W.job_reg(0, W.JOB_SLOT_BASE), 0), (W.job_reg(0, W.JOB_SLOT_COUNT), 4),
-               (W.worker_reg(0, 0, W.WORKER_PORT), W.WORKER_ENDPOINT.pack(
+    records = [(R.job_reg(0, R.JOB_SLOT_BASE), 0), (R.job_reg(0, R.JOB_SLOT_COUNT), 4),
+               (R.worker_reg(0, 0, R.WORKER_PORT), R.WORKER_ENDPOINT.pack(
                    switch_port=topo.downlinks + uplink, udp_port=W.ROCEV2_PORT)),
-               (W.worker_reg(0, 0, W.WORKER_IP), W.ip_to_int(worker.ip)),
-               (W.job_reg(0, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=1)),
-               (W.job_reg(0, W.JOB_KEY), key)]
-    topo.control("leaf0", [(a | W.WRITE, v) for a, v in records])
+               (R.worker_reg(0, 0, R.WORKER_IP), W.ip_to_int(worker.ip)),
+               (R.job_reg(0, R.JOB_CONFIG), R.CONFIG.pack(enable=1, workers=1)),
+               (R.job_reg(0, R.JOB_KEY), key)]
+    topo.control("leaf0", [(a | R.WRITE, v) for a, v in records])
     switch = W.Endpoint(leaf.ip, W.ROCEV2_PORT, leaf.mac)
     return [scapy_frame(W.OP_CONTRIBUTION, 2, 1, bytes(range(16)), worker, switch,
                         reth=(W.contribution_va(msn, 0), key, 16),
@@ -74,7 +75,7 @@ def _toward_spine(topo: Topology, uplink: int, copies: int = 1) -> list[bytes]:
 
 
 def _spine_rx(topo: Topology, spine: str, port: int) -> int:
-    return topo.control(spine, [(W.port_counter(port, "rx"), 0)])[0][1]
+    return topo.control(spine, [(R.port_counter(port, "rx"), 0)])[0][1]
 
 
 @pytest.mark.parametrize("faults,arrive", [(LinkFaults(), 3), (LinkFaults(drop=1.0), 0),
@@ -104,7 +105,7 @@ def test_a_cut_spine_loses_its_frames_and_every_leaf_marks_its_uplink_down():
     frames = _toward_spine(topo, uplink=1)
     topo.cut(1)
     for leaf in topo.leaf_nodes:
-        assert topo.control(leaf.name, [(W.REG_UPLINK_DOWN, 0)])[0][1] == 0b10
+        assert topo.control(leaf.name, [(R.REG_UPLINK_DOWN, 0)])[0][1] == 0b10
     topo.send(topo.host_port("leaf0", 0), frames[0])
     topo.run()
     assert topo.links["leaf0", 5][0].lost == 1 and topo.links["leaf0", 5][0].cut
@@ -115,13 +116,13 @@ def test_the_rtl_backend_is_cabled_as_the_golden_one():
     """The RTL's leaves (one build) and spines (another) read back the addresses and uplink
     tables the topology wrote, as the golden switches do; an unknown backend is refused."""
     rtl, golden = Topology(2, 2, backend="rtl"), Topology(2, 2)
-    regs = [W.REG_UPLINKS, W.REG_IP, W.REG_MAC_LO, W.REG_UPLINK_DOWN] + [
-        W.uplink_reg(i, f) for i in range(2)
-        for f in (W.UPLINK_PORT, W.UPLINK_IP, W.UPLINK_MAC_LO, W.UPLINK_UDP_PORT)]
+    regs = [R.REG_UPLINKS, R.REG_IP, R.REG_MAC_LO, R.REG_UPLINK_DOWN] + [
+        R.uplink_reg(i, f) for i in range(2)
+        for f in (R.UPLINK_PORT, R.UPLINK_IP, R.UPLINK_MAC_LO, R.UPLINK_UDP_PORT)]
     for name in golden.nodes:
         got = rtl.control(name, [(r, 0) for r in regs])
         assert got == golden.control(name, [(r, 0) for r in regs]), name
-    assert [v for _, v in rtl.control("leaf1", [(W.REG_UPLINKS, 0)])] == [2]
+    assert [v for _, v in rtl.control("leaf1", [(R.REG_UPLINKS, 0)])] == [2]
     with pytest.raises(ValueError, match="golden or rtl"):
         Topology(2, 2, backend="vhdl")
 

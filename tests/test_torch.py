@@ -3,7 +3,7 @@
 A torchrun job of 2 processes (tests/torch_job.py) runs `init_process_group("netagg")`
 against `netagg sim serve` (golden model), once as one node of 2 (hierarchical) and once as
 2 nodes of 1 (two torchrun agents: flat), and checks all_reduce against a gloo group (int32
-bit for bit, floats within the fixed-point bound of host/numerics.py), that what the switch
+bit for bit, floats within the fixed-point bound of netagg/host/numerics.py), that what the switch
 cannot do is gloo's (right results, no packet sent), the other collectives, Work futures,
 DDP with and without the netagg hook beside gloo's DDP, and an inf on one rank reaching
 every rank (GradScaler skips the step on every rank alike); the job's all_reduce over a
@@ -20,6 +20,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="pip install -e .[torch]")
 import torch.distributed as dist  # noqa: E402
+
 from netagg.apps import torch_runs  # noqa: E402
 from netagg.apps.cli import main  # noqa: E402
 
@@ -207,9 +208,9 @@ def test_a_gone_rank_fails_the_torch_work():
     """A rank gone in an allreduce (in process: its engine no longer driven) fails the torch
     Work the group's completer waits on: `Work.wait()` raises, naming the rank and the job."""
     import numpy as np
+
     from netagg.host import numerics as N
     from netagg.host.torch_work import Completer, NetaggWork, Pending
-
     from tests.host_workers import workers
 
     ws = workers(2, timeout=20)

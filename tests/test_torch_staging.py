@@ -1,4 +1,4 @@
-"""The staging of accelerator tensors through pinned host memory (host/torch_staging.py), run
+"""The staging of accelerator tensors through pinned host memory (netagg/host/torch_staging.py), run
 on CPU tensors through a stand-in device whose streams are threads (tests/staging_standin.py):
 the chunk plan, sums bit for bit those of the host path (int32 exact against numpy) with the
 producer's writes landing late on its stream, the order of copies, events and allreduces
@@ -20,11 +20,11 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="pip install -e .[torch]")
 import torch.distributed as dist  # noqa: E402
+
 from netagg.host import numerics as N  # noqa: E402
 from netagg.host.errors import NetaggError, NetaggTimeout  # noqa: E402
 from netagg.host.torch_staging import Piece, Staging, plan  # noqa: E402
 from netagg.host.torch_work import Completer, Done, Pending  # noqa: E402
-
 from tests.host_workers import in_threads, workers  # noqa: E402
 from tests.staging_standin import StandIn  # noqa: E402
 
@@ -281,9 +281,10 @@ def test_the_backend_stages_device_tensors_and_refuses_what_nothing_takes(served
     the DDP hook's buckets through it, float64 still gloo's, AVG of int32 or float64 an
     error naming the dtype, the op and the device, nothing sent; send, recv and
     all_reduce_coalesced of a tensor off the CPU refused, naming its device."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
     from netagg.host.torch_backend import NetaggOptions
     from netagg.host.torch_hook import register
-    from torch.nn.parallel import DistributedDataParallel as DDP
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("netagg", store=dist.HashStore(), rank=0, world_size=1,

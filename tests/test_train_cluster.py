@@ -6,6 +6,7 @@ import math
 import os
 
 import pytest
+
 from netagg.apps import torch_runs, train_cluster
 from netagg.apps.cli import main
 from netagg.sim.cluster import namespaces

@@ -12,17 +12,18 @@ import time
 
 import numpy as np
 import pytest
-from netagg.host import SwitchControl, Worker
-from netagg.host.numerics import LANES as N_LANES
-from netagg.sim import udp_offload as U
-from netagg.sim import wire as W
-from netagg.sim.golden import GoldenSwitch
-from netagg.sim.serve import SimServer
-from netagg.sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO
-from netagg.sim.wire_icrc import IcrcCheck
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
+
+from netagg.contract import wire as W
+from netagg.contract.wire_icrc import IcrcCheck
+from netagg.host import SwitchControl, Worker
+from netagg.host import udp_offload as U
+from netagg.host.numerics import LANES as N_LANES
+from netagg.host.udp_socket import IP_MTU_DISCOVER, IP_PMTUDISC_DO
+from netagg.sim.golden import GoldenSwitch
+from netagg.sim.serve import SimServer
 
 SRC = W.Endpoint("10.1.0.2", 40000, 0x020000000002)
 DST = W.Endpoint("10.1.0.1", W.ROCEV2_PORT, 0x020000000001)

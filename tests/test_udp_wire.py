@@ -16,15 +16,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from netagg.host import SwitchControl, Worker
-from netagg.host.transport import UdpTransport
-from netagg.sim import wire as W
-from netagg.sim.golden import GoldenSwitch
-from netagg.sim.serve import SimServer
-from netagg.sim.udp import attach_filter, datagrams_to
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP
 from scapy.layers.l2 import Ether
+
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
+from netagg.host import SwitchControl, Worker
+from netagg.host.transport import UdpTransport
+from netagg.sim.golden import GoldenSwitch
+from netagg.sim.serve import SimServer
+from netagg.sim.udp import attach_filter, datagrams_to
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="capturing on loopback and reading IPv4 "
@@ -75,7 +77,7 @@ def test_kernel_sends_the_ipv4_header_the_icrc_covers():
     listener.bind((dst, 4791))
     t = UdpTransport(f"udp://{dst}:4791")
     try:
-        for pkt in (_contribution(t), W.control_request([(W.REG_MAGIC, 0)], 3, t.local,
+        for pkt in (_contribution(t), W.control_request([(R.REG_MAGIC, 0)], 3, t.local,
                                                         t.switch)):
             t.send(pkt.datagram())
             frame = next_frame()
@@ -106,7 +108,7 @@ def test_results_come_from_the_switch_udp_port_not_4791():
     takes them, and counts a datagram from any other address as stray."""
     with SimServer(GoldenSwitch()).start() as server:
         ctl = SwitchControl(server.url)
-        ctl.write([(W.REG_UDP_SPORT, 0xD0D0)])
+        ctl.write([(R.REG_UDP_SPORT, 0xD0D0)])
         ctl.close()
         session = uuid.uuid4().hex
         ws = [Worker(r, 2, server.url, session=session, timeout=10) for r in range(2)]
@@ -141,7 +143,7 @@ def test_sim_serve_checks_the_icrc_over_the_header_as_received(as_received):
         dst = W.Endpoint(*server.address)
         answered = 0
         for psn in range(3):
-            request = W.control_request([(W.REG_PORT, 0)], psn, src, dst)
+            request = W.control_request([(R.REG_PORT, 0)], psn, src, dst)
             connected.send(request.datagram())
             try:
                 connected.recv(2048)

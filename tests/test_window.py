@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+
 from netagg.host import Worker
 from netagg.host import numerics as N
 from netagg.host.window import PlainWindow

@@ -1,13 +1,14 @@
-"""sim/wire.py against scapy's RoCEv2: contributions, results and control packets are the
-bytes scapy builds (ICRC included), and parse_frame rejects truncated and corrupted frames."""
+"""netagg/contract/wire.py against scapy's RoCEv2: contributions, results and control packets are
+the bytes scapy builds (ICRC included), and parse_frame rejects truncated and corrupted frames."""
 
 from __future__ import annotations
 
 import random
 
 import pytest
-from netagg.sim import wire as W
 
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from tests.frames import scapy_frame
 
 WORKER = W.Endpoint("10.1.0.7", 0xC123, 0x02AB00000007)
@@ -53,8 +54,8 @@ def test_result_is_scapys():
 
 
 def test_control_request_and_reply_are_scapys():
-    records = [(W.WRITE | W.worker_reg(1, 3, W.WORKER_IP), W.ip_to_int(WORKER.ip)),
-               (W.REG_MAGIC, 0), (W.job_counter(2, "results"), 0)]
+    records = [(R.WRITE | R.worker_reg(1, 3, R.WORKER_IP), W.ip_to_int(WORKER.ip)),
+               (R.REG_MAGIC, 0), (R.job_counter(2, "results"), 0)]
     req = W.control_request(records, 5, WORKER, SWITCH)
     expected = scapy_frame(W.OP_CONTROL, W.CONTROL_QPN, 5, W.pack_records(records), WORKER,
                            SWITCH)
@@ -85,7 +86,7 @@ def test_msn_and_offset_are_the_halves_of_the_va():
 
 def test_priority_dscp():
     assert [W.priority_dscp(c) for c in range(8)] == [0, 8, 16, 24, 32, 40, 48, 56]
-    assert all(W.priority_dscp(c) >> 3 == c for c in range(W.PRIORITY_CLASSES))
+    assert all(W.priority_dscp(c) >> 3 == c for c in range(R.PRIORITY_CLASSES))
     for bad in (-1, 8):
         with pytest.raises(ValueError):
             W.priority_dscp(bad)
@@ -167,6 +168,7 @@ def test_a_steps_contributions_as_arrays_are_the_packets_one_at_a_time():
     `wire.contribution(...).datagram()` writes, field for field (whose frames scapy reads
     above)."""
     import numpy as np
+
     from netagg.host.wire_arrays import ContributionWriter
     other = W.Endpoint(WORKER.ip, WORKER.port + 1, WORKER.mac)
     rng = np.random.default_rng(3)

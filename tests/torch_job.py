@@ -14,12 +14,13 @@ import sys
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
 from netagg.apps.torch_train import exit_now
 from netagg.host import numerics as N
 from netagg.host import torch_backend as tb
 from netagg.host.torch_hook import register
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 VALUES = 5000          # 20 packets: more than one per hierarchical leader
 FORMAT = {torch.float32: N.FLOAT32, torch.float16: N.FLOAT16, torch.bfloat16: N.BFLOAT16}

@@ -34,8 +34,8 @@ import subprocess
 import sys
 import time
 
+from netagg.contract import wire as W
 from netagg.host import numerics as N
-from netagg.sim import wire as W
 from netagg.sim.cluster import Cluster
 from netagg.sim.cluster_links import rate_text
 

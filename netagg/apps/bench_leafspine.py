@@ -13,7 +13,7 @@ evenly it spreads the load.
   up and a result down per leaf) and the link hops on its path (worker -> leaf -> spine ->
   leaf -> worker: 4, against 2), and the wall time per allreduce of each (the golden model's
   Python time, which says what the level costs in frames handled, not a switch's latency).
-- **The RTL** (`rtl_figures`, Verilator under cocotb, `sim/bench_leaf.py`): the leaf
+- **The RTL** (`rtl_figures`, Verilator under cocotb, `netagg/sim/bench_leaf.py`): the leaf
   (`Switch(uplinks=2)`, 2 downlinks, 2 uplinks) with both downlinks at line rate and golden
   spines answering in zero simulated time: beats per cycle out and in on each uplink and
   downlink, and the cycles a port stalled, with one local worker per job (1:1, every

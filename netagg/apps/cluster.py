@@ -16,48 +16,24 @@ import signal
 import sys
 import time
 
-from netagg.apps import arguments as A
 from netagg.sim import cluster as C
 from netagg.sim.cluster_fabric import FabricCluster, Topology
 from netagg.sim.cluster_links import rate_text
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("cluster", help="an emulated rack of hosts on shaped links (needs root)")
-    cmd = p.add_subparsers(dest="cluster_command", required=True)
-    up = cmd.add_parser("up", help="make the cluster and hold it until Ctrl-C")
-    up.add_argument("--hosts", type=A.positive, default=4)
-    up.add_argument("--rate", default="100mbit", help="each host link's rate, both ways")
-    up.add_argument("--queue", default=None,
-                    help="bytes of queue at each end of a link (default: 10 ms of the rate)")
-    up.add_argument("--switch", default="fast", choices=["fast", "golden", "rtl", "none"],
-                    help="netagg's switch on the rack's port ('none': no switch)")
-    up.add_argument("--name", default="nagg", help="the prefix of everything it makes")
-    up.add_argument("--topology", default=None,
-                    help="LEAVESxSPINES: a leaf and spine fabric instead of one rack")
-    up.add_argument("--hosts-per-leaf", type=A.positive, default=2, help="fabric: hosts a leaf")
-    up.add_argument("--oversubscription", type=float, default=1.0,
-                    help="fabric: a leaf's host links' rate over its uplinks'")
-    up.add_argument("--spray", action="store_true",
-                    help="fabric: spray netagg's packets over the spines (else ECMP's hash)")
-    down = cmd.add_parser("down", help="remove a cluster (what a crash left behind)")
-    down.add_argument("--name", default="nagg")
+def down(args) -> int:
+    """`netagg cluster down`: remove what cluster `args.name` left."""
+    try:
+        removed = C.remove(args.name)
+    except PermissionError:
+        print("netagg cluster down needs root", file=sys.stderr)
+        return 1
+    print(f"removed {', '.join(removed)}" if removed else f"no cluster {args.name!r} here")
+    return 0
 
 
-def main(args) -> int:
-    if args.cluster_command == "down":
-        try:
-            removed = C.remove(args.name)
-        except PermissionError:
-            print("netagg cluster down needs root", file=sys.stderr)
-            return 1
-        print(f"removed {', '.join(removed)}" if removed else
-              f"no cluster {args.name!r} here")
-        return 0
-    return _up(args)
-
-
-def _up(args) -> int:
+def up(args) -> int:
+    """`netagg cluster up`: make the cluster, serve its switch, hold it until told to stop."""
     owner = os.getpid()
 
     def stop(signum, frame):

@@ -31,6 +31,7 @@ import time
 import numpy as np
 
 from netagg.apps.demo import run_workers
+from netagg.contract import regmap as R
 
 
 def _port_contributions(ctl) -> list[int]:
@@ -166,7 +167,6 @@ def _priority_run(workers, values, steps, loss_budget, credits, chosen, link_par
     import uuid
 
     from netagg.host import SwitchControl
-    from netagg.sim import wire as W
     from netagg.sim.bottleneck import Bottleneck
     from netagg.sim.golden import GoldenSwitch
     from netagg.sim.serve import SimServer
@@ -174,8 +174,8 @@ def _priority_run(workers, values, steps, loss_budget, credits, chosen, link_par
     link = Bottleneck(GoldenSwitch(), **link_params)
     with SimServer(link).start() as server:
         ctl = SwitchControl(server.url)
-        ctl.write([(W.drop_threshold(c), chosen.get(c, W.NEVER_DROP))
-                   for c in range(W.PRIORITY_CLASSES)])
+        ctl.write([(R.drop_threshold(c), chosen.get(c, R.NEVER_DROP))
+                   for c in range(R.PRIORITY_CLASSES)])
         ctx = mp.get_context("spawn")
         results, start = ctx.Queue(), ctx.Barrier(workers)
         session = uuid.uuid4().hex

@@ -197,11 +197,11 @@ def demo(workers: int = 4, nodes: int = 2, values: int = 2_000_000, backend: str
 
     from netagg.apps.probe import sources
     from netagg.host.control import SwitchControl
-    from netagg.sim.serve import SimServer, make_backend
 
     console = Console(stderr=True, quiet=as_json)
     server = None
     if switch is None:
+        from netagg.sim.serve import SimServer, make_backend
         with console.status(f"starting the {backend} switch" + (
                 " (the first run builds its Verilator model: a few minutes, then cached)"
                 if backend == "rtl" else "")):

@@ -35,15 +35,15 @@ import uuid
 import numpy as np
 
 from netagg.apps.demo import check_result, demo_data
+from netagg.contract import regmap as R
 
 
 def fabric_counters(topology, job: int = 0) -> dict:
     """Every switch's fabric counters (and completed uses) of `job`, by switch name."""
-    from netagg.sim import wire as W
-    names = ("completed", "contributions", "replays") + W.FABRIC_COUNTERS
+    names = ("completed", "contributions", "replays") + R.FABRIC_COUNTERS
     out = {}
     for name in topology.nodes:
-        values = topology.control(name, [(W.job_counter(job, n), 0) for n in names])
+        values = topology.control(name, [(R.job_counter(job, n), 0) for n in names])
         out[name] = {n: v for n, (_, v) in zip(names, values) if v}
     return out
 

@@ -1,4 +1,4 @@
-"""One process of `netagg gpu-check` (apps/gpu_check.py), under torchrun, on cuda:0 (every
+"""One process of `netagg gpu-check` (netagg/apps/gpu_check.py), under torchrun, on cuda:0 (every
 rank shares it): `init_process_group("netagg")` against `netagg sim serve`, then
 
 - `all_reduce`: each dtype and op the switch takes, a CUDA tensor against the same values

@@ -15,17 +15,17 @@ import ipaddress
 import socket
 import time
 
+from netagg.contract import regmap as R
 from netagg.host import netif
 from netagg.host.control import SwitchControl, ip_str
 from netagg.host.engine import NetaggError
 from netagg.host.transport import UdpTransport, parse_udp_url
-from netagg.sim import wire as W
 
-JOB_FIELDS = (("config", W.JOB_CONFIG), ("slot_base", W.JOB_SLOT_BASE),
-              ("slot_count", W.JOB_SLOT_COUNT), ("credits", W.JOB_CREDITS),
-              ("quorum", W.JOB_QUORUM), ("completed", W.JOB_COMPLETED),
-              ("epoch", W.JOB_EPOCH),    # its KEY reads 0: no control read learns it
-              ("owner", W.JOB_OWNER), ("deadline", W.JOB_DEADLINE))
+JOB_FIELDS = (("config", R.JOB_CONFIG), ("slot_base", R.JOB_SLOT_BASE),
+              ("slot_count", R.JOB_SLOT_COUNT), ("credits", R.JOB_CREDITS),
+              ("quorum", R.JOB_QUORUM), ("completed", R.JOB_COMPLETED),
+              ("epoch", R.JOB_EPOCH),    # its KEY reads 0: no control read learns it
+              ("owner", R.JOB_OWNER), ("deadline", R.JOB_DEADLINE))
 
 
 def probe(url: str, timeout: float = 3.0) -> dict:
@@ -39,20 +39,20 @@ def probe(url: str, timeout: float = 3.0) -> dict:
         p["mac"] = _mac_str(p["mac"])
         jobs = {}
         for j in range(p["jobs"]):
-            values = ctl.read(*(W.job_reg(j, off) for _, off in JOB_FIELDS))
+            values = ctl.read(*(R.job_reg(j, off) for _, off in JOB_FIELDS))
             job = dict(zip((name for name, _ in JOB_FIELDS), values))
             config = job.pop("config")
             job.update(enabled=bool(config >> 31), workers=config & 0x3F,
                        owner=ip_str(job["owner"]) if job["owner"] else None)
             ranks = min(job["workers"], p["max_workers"])
-            job["beats"] = ctl.read(*(W.beat_reg(j, r) for r in range(ranks))) if ranks else []
+            job["beats"] = ctl.read(*(R.beat_reg(j, r) for r in range(ranks))) if ranks else []
             jobs[j] = job
         manager = ctl.manager()
         counters = ctl.counters()
         local = ctl.transport.local
     finally:
         ctl.close()
-    return {"url": url, "answers": True, "rtt_ms": round(rtt_ms, 3), "magic": f"{W.MAGIC:#x}",
+    return {"url": url, "answers": True, "rtt_ms": round(rtt_ms, 3), "magic": f"{R.MAGIC:#x}",
             "params": p, "host": {"ip": local.ip, "mac": _mac_str(local.mac),
                                   "switch_port": p["port"]}, "manager": manager,
             "jobs": jobs, "port_counters": counters["ports"], "job_counters": counters["jobs"]}
@@ -105,8 +105,8 @@ def print_probe(report: dict, console) -> None:
                                if c == "owner" else str(job[c]) for c in columns),
                      " ".join(f"{b:08x}" for b in job["beats"]))
     console.print(jobs)
-    for title, rows, names in (("port counters", report["port_counters"], W.PORT_COUNTERS),
-                               ("job counters", report["job_counters"], W.JOB_COUNTERS)):
+    for title, rows, names in (("port counters", report["port_counters"], R.PORT_COUNTERS),
+                               ("job counters", report["job_counters"], R.JOB_COUNTERS)):
         table = Table(title=title)
         table.add_column("counter")
         for key in rows:
@@ -118,6 +118,7 @@ def print_probe(report: dict, console) -> None:
 
 def probe_main(url: str, as_json: bool, timeout: float = 3.0) -> int:
     import json
+    import sys
 
     from rich.console import Console
 
@@ -127,8 +128,8 @@ def probe_main(url: str, as_json: bool, timeout: float = 3.0) -> int:
     except (NetaggError, OSError, ValueError) as e:
         if as_json:
             print(json.dumps({"url": url, "answers": False, "error": str(e)}))
-        else:
-            Console(stderr=True).print(f"netagg probe: {e}")
+        else:       # one line, unwrapped: it names the switch and what it did
+            print(f"netagg probe: {e}", file=sys.stderr)
         return 1
     if as_json:
         print(json.dumps(report))

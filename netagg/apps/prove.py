@@ -31,7 +31,6 @@ from pathlib import Path
 
 from amaranth.back import rtlil
 
-from netagg.apps import arguments as A
 from netagg.hw.formal.aggregate import AggregateHarness, Bug, Property
 from netagg.hw.formal.control import ControlBug, ControlHarness, ControlProperty
 from netagg.hw.formal.sums import SumsBug, SumsHarness
@@ -210,14 +209,6 @@ def table(results: list[Result]) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("prove", help="prove the switch's invariants (SymbiYosys, Yices 2)")
-    p.add_argument("--only", default="", help="run the checks whose name contains this")
-    p.add_argument("--jobs", type=A.positive, default=2, help="checks run at once (2)")
-    p.add_argument("--build", type=Path, default=BUILD,
-                   help="the build folder (default build/formal)")
 
 
 def main(args) -> int:

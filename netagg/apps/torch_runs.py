@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from netagg.sim import wire as W
+from netagg.contract import regmap as R
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +129,7 @@ def _drop_classes(url: str, classes, saved: list[int] | None = None) -> list[int
 
     ctl = SwitchControl(url)
     try:
-        regs = [W.drop_threshold(c) for c in classes]
+        regs = [R.drop_threshold(c) for c in classes]
         old = ctl.read(*regs)
         ctl.write(list(zip(regs, [0] * len(regs) if saved is None else saved)))
         return old
@@ -143,7 +143,7 @@ def _here(call):
 
 def train_run(run: Run, *, url: str, tmp: Path, nodes: int, per_node: int, epochs: int,
               seed: int, loss_budget: float, timeout: float, console, model=(),
-              at_switch=_here, drop_classes=range(W.PRIORITY_CLASSES), **launch) -> dict:
+              at_switch=_here, drop_classes=range(R.PRIORITY_CLASSES), **launch) -> dict:
     """One run of `apps.torch_train` under torchrun (`torchrun`, `launch` its placement:
     binds, master, ifname, start) on the digits in `tmp`; `model` more arguments of it
     (``--channels 64``). For the drop run the drop threshold of each of `drop_classes` (every

@@ -29,9 +29,9 @@ import uuid
 
 import numpy as np
 
+from netagg.contract import regmap as R
 from netagg.host.control import SwitchControl
 from netagg.host.worker import Worker
-from netagg.sim import wire as W
 
 # Layer priorities: the first layer's weights (most of the gradient) in the default class,
 # its biases and the output layer higher.
@@ -128,7 +128,7 @@ def train(switch=None, *, workers: int = 4, steps: int = 100, batch: int = 32,
     features, classes = data.x_train.shape[1], int(data.y_train.max()) + 1
     if drop_classes:
         ctl = SwitchControl(switch)
-        ctl.write([(W.drop_threshold(c), 0) for c in drop_classes])
+        ctl.write([(R.drop_threshold(c), 0) for c in drop_classes])
         ctl.close()
     before = switch_counters(switch)
     session = f"train-{uuid.uuid4().hex}"

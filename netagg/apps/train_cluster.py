@@ -54,8 +54,8 @@ import numpy as np
 import psutil
 
 from netagg.apps import torch_runs
+from netagg.contract import regmap as R
 from netagg.sim import netns
-from netagg.sim import wire as W
 from netagg.sim.cluster import Cluster
 from netagg.sim.cluster_fabric import FabricCluster, Topology
 from netagg.sim.cluster_links import rate_text
@@ -151,7 +151,7 @@ def train_cluster(hosts: int = 4, rate: str = "100mbit", switch: str = "fast",
                 result = torch_runs.train_run(
                     run, url=url, tmp=tmp, nodes=hosts, per_node=1, epochs=epochs, seed=seed,
                     loss_budget=loss_budget, timeout=timeout, console=console, model=model,
-                    drop_classes=() if cross_traffic else range(W.PRIORITY_CLASSES),
+                    drop_classes=() if cross_traffic else range(R.PRIORITY_CLASSES),
                     **place)
                 if cross_traffic:
                     result["cross_goodput_bps"] = other.stop()["goodput_bps"]

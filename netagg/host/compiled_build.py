@@ -1,4 +1,4 @@
-"""The compiled step's library (`host/cpp/step.cpp`): its interface, built and loaded.
+"""The compiled step's library (`netagg/host/cpp/step.cpp`): its interface, built and loaded.
 
 The interface is declared here once: `Run`, the ctypes structure a call fills (every
 number and array of the plain window the C++ reads or updates: integers, times, and the
@@ -21,8 +21,8 @@ import enum
 import functools
 from pathlib import Path
 
-from netagg.sim import wire as W
-from netagg.sim.cpp_build import FLAGS, Unavailable, build_and_load, enabled
+from netagg.contract import wire as W
+from netagg.host.cpp_build import FLAGS, Unavailable, build_and_load, enabled
 
 SOURCE = Path(__file__).resolve().parent / "cpp" / "step.cpp"
 

@@ -39,10 +39,11 @@ import math
 import time
 from typing import Callable
 
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.host import transport as T
 from netagg.host.errors import NetaggError, NetaggSwitchGone, NetaggTimeout
 from netagg.host.retransmit import RetransmitTimer, RttEstimator
-from netagg.sim import wire as W
 
 CONTROL_RTO_MIN = 0.05      # the shortest wait for a control answer, in seconds
 # The longest a copy of a control request may take from its sending to the switch: the
@@ -261,13 +262,13 @@ def read_params(control: ControlChannel) -> dict:
     names = ("magic", "params", "slots", "max_payload", "mac_hi", "mac_lo", "ip", "udp_sport",
              "port")
     values = dict(zip(names, (v for _, v in control.request(
-        [(a, 0) for a in (W.REG_MAGIC, W.REG_PARAMS, W.REG_SLOTS, W.REG_MAX_PAYLOAD,
-                          W.REG_MAC_HI, W.REG_MAC_LO, W.REG_IP, W.REG_UDP_SPORT,
-                          W.REG_PORT)]))))
-    if values["magic"] != W.MAGIC:
+        [(a, 0) for a in (R.REG_MAGIC, R.REG_PARAMS, R.REG_SLOTS, R.REG_MAX_PAYLOAD,
+                          R.REG_MAC_HI, R.REG_MAC_LO, R.REG_IP, R.REG_UDP_SPORT,
+                          R.REG_PORT)]))))
+    if values["magic"] != R.MAGIC:
         raise NetaggError(f"the switch answered with magic {values['magic']:#x}, not "
-                          f"netagg's {W.MAGIC:#x}")
-    params = W.PARAMS.unpack(values["params"])
+                          f"netagg's {R.MAGIC:#x}")
+    params = R.PARAMS.unpack(values["params"])
     return {"ports": params["ports"], "jobs": params["jobs"],
             "max_workers": params["max_workers"], "width": 64 * params["width64"],
             "slots": values["slots"], "max_payload": values["max_payload"],
@@ -301,21 +302,21 @@ class SwitchControl:
 
     def write(self, pairs) -> list[int]:
         """Write (address, value) pairs; returns the values read back."""
-        return [v for _, v in self.control.request([(a | W.WRITE, v) for a, v in pairs])]
+        return [v for _, v in self.control.request([(a | R.WRITE, v) for a, v in pairs])]
 
     def read_params(self) -> dict:
         return read_params(self.control)
 
     def manager(self) -> str | None:
         """The switch's manager's address (REG_MANAGER), None while it has none."""
-        [value] = self.read(W.REG_MANAGER)
+        [value] = self.read(R.REG_MANAGER)
         return ip_str(value) if value else None
 
     def set_manager(self, ip: str | None = None):
         """Make `ip` (default: this end's address) the switch's manager; NetaggError if
         another address is (only it may change REG_MANAGER)."""
         value = W.ip_to_int(ip or self.transport.local.ip)
-        [back] = self.write([(W.REG_MANAGER, value)])
+        [back] = self.write([(R.REG_MANAGER, value)])
         if back != value:
             raise NetaggError(f"the switch's manager is {ip_str(back)}: only it may change "
                               f"REG_MANAGER")
@@ -323,14 +324,14 @@ class SwitchControl:
     def owners(self) -> dict[int, str | None]:
         """Each job's owner's address (JOB_OWNER: whose request enabled it), None while it is
         disabled."""
-        values = self.read(*(W.job_reg(j, W.JOB_OWNER) for j in range(self.params["jobs"])))
+        values = self.read(*(R.job_reg(j, R.JOB_OWNER) for j in range(self.params["jobs"])))
         return {j: ip_str(v) if v else None for j, v in enumerate(values)}
 
     def release(self, job: int):
         """Disable `job` (from its owner or the switch's manager): another address may then
         set it up. NetaggError if the switch refuses (naming the owner)."""
         config, owner = (v for _, v in self.control.request(
-            [(W.job_reg(job, W.JOB_CONFIG) | W.WRITE, 0), (W.job_reg(job, W.JOB_OWNER), 0)]))
+            [(R.job_reg(job, R.JOB_CONFIG) | R.WRITE, 0), (R.job_reg(job, R.JOB_OWNER), 0)]))
         if config >> 31:
             raise NetaggError(f"job {job} is enabled by {ip_str(owner)}: the switch refused "
                               f"this host's ({self.transport.local.ip}) write of its CONFIG; "
@@ -342,11 +343,11 @@ class SwitchControl:
         jobs = range(self.params["jobs"]) if jobs is None else jobs
         out = {"ports": {}, "jobs": {}}
         for p in ports:
-            vals = self.read(*[W.port_counter(p, n) for n in W.PORT_COUNTERS])
-            out["ports"][p] = dict(zip(W.PORT_COUNTERS, vals))
+            vals = self.read(*[R.port_counter(p, n) for n in R.PORT_COUNTERS])
+            out["ports"][p] = dict(zip(R.PORT_COUNTERS, vals))
         for j in jobs:
-            vals = self.read(*[W.job_counter(j, n) for n in W.JOB_COUNTERS])
-            out["jobs"][j] = dict(zip(W.JOB_COUNTERS, vals))
+            vals = self.read(*[R.job_counter(j, n) for n in R.JOB_COUNTERS])
+            out["jobs"][j] = dict(zip(R.JOB_COUNTERS, vals))
         return out
 
     def close(self):

@@ -68,6 +68,8 @@ import time
 
 import numpy as np
 
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.host import numerics as N
 from netagg.host import transport as T
 from netagg.host.checklane import MEMBERSHIP_MAX_WORKERS, CheckLane, poke_delay
@@ -93,12 +95,11 @@ from netagg.host.session import JobKeys
 from netagg.host.taking import Taking
 from netagg.host.window import PlainWindow
 from netagg.host.wire_arrays import ContributionWriter
-from netagg.sim import wire as W
 
 __all__ = ["Engine", "JoinCheck", "Work", "NetaggError", "NetaggTimeout", "DEFAULT_PRIORITY",
            "plan_droppable"]
 
-_DSCP = [W.priority_dscp(c) for c in range(W.PRIORITY_CLASSES)]   # by priority class
+_DSCP = [W.priority_dscp(c) for c in range(R.PRIORITY_CLASSES)]   # by priority class
 
 
 def _shared(part: str, name: str) -> property:
@@ -545,9 +546,9 @@ class Engine(Taking):
     def _diagnose(self) -> str:
         """Whether the switch still answers a control read (then a peer is missing, and
         which ranks have not joined this run, as far as their heartbeats tell)."""
-        answer = self.control.probe([(W.job_counter(self.job, "contributions"), 0),
-                                     (W.job_counter(self.job, "duplicates"), 0),
-                                     (W.job_counter(self.job, "drop_stale"), 0)])
+        answer = self.control.probe([(R.job_counter(self.job, "contributions"), 0),
+                                     (R.job_counter(self.job, "duplicates"), 0),
+                                     (R.job_counter(self.job, "drop_stale"), 0)])
         if answer is None:
             return "the switch does not answer control requests either: the switch (or the " \
                    "path to it) is down"

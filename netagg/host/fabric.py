@@ -40,9 +40,10 @@ import dataclasses
 import json
 import os
 
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.host import transport as T
 from netagg.host.errors import NetaggError
-from netagg.sim import wire as W
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +74,7 @@ def _mac(value) -> int:
 
 def _switch(d: dict) -> FabricSwitch:
     return FabricSwitch(
-        d["name"], d["url"], d["ip"], _mac(d["mac"]), int(d.get("udp_port", W.UDP_SPORT_RESET)),
+        d["name"], d["url"], d["ip"], _mac(d["mac"]), int(d.get("udp_port", R.UDP_SPORT_RESET)),
         tuple(d.get("host_ports", ())),
         tuple(Uplink(int(u["uplink"]), int(u["port"]), u["spine"], u["ip"], _mac(u["mac"]),
                      int(u.get("udp_port", W.ROCEV2_PORT))) for u in d.get("uplinks", ())),

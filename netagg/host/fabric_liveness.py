@@ -27,6 +27,7 @@ import dataclasses
 import math
 import time
 
+from netagg.contract import regmap as R
 from netagg.host.control import ControlChannel
 from netagg.host.errors import NetaggRankGone
 from netagg.host.liveness import (
@@ -40,7 +41,6 @@ from netagg.host.liveness import (
     gone_ranks,
     take_beats,
 )
-from netagg.sim import wire as W
 
 
 @dataclasses.dataclass
@@ -132,7 +132,7 @@ class FabricLiveness(Liveness):
             w.reading = False
             self.reading = False
             self.judge_leaf(w, now, time.monotonic(), [v for _, v in records])
-        w.control.request_async([(W.beat_reg(self.job, r), 0) for r in range(w.workers)],
+        w.control.request_async([(R.beat_reg(self.job, r), 0) for r in range(w.workers)],
                                 answer)
 
     def start(self, tag: int, epoch: int | None = None):

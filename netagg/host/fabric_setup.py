@@ -72,6 +72,8 @@ from __future__ import annotations
 
 import time
 
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.host.control import ControlChannel, ip_str, read_params
 from netagg.host.engine import Engine
 from netagg.host.errors import NetaggError
@@ -85,12 +87,11 @@ from netagg.host.messages import Send
 from netagg.host.session import JobKeys, fresh_epoch
 from netagg.host.transport import worker_ip
 from netagg.host.wire_arrays import ContributionWriter
-from netagg.sim import wire as W
 
 
 def spray_all(uplinks: int) -> int:
     """JOB_SPRAY with the slots dealt round robin over every uplink."""
-    return W.spray_word([e % uplinks for e in range(W.SPRAY_ENTRIES)])
+    return R.spray_word([e % uplinks for e in range(R.SPRAY_ENTRIES)])
 
 
 class FabricEngine(Engine):
@@ -223,7 +224,7 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
     if where.leaf_workers > p["max_workers"]:
         raise NetaggError(f"{at}: {leaf.name} takes at most {p['max_workers']} workers per job,"
                           f" not {where.leaf_workers}")
-    [(_, uplinks)] = engine.control.request([(W.REG_UPLINKS, 0)])
+    [(_, uplinks)] = engine.control.request([(R.REG_UPLINKS, 0)])
     if uplinks != len(fabric.spines):
         raise NetaggError(f"{at}: {leaf.name} ({leaf.url}) has {uplinks} uplinks, the fabric "
                           f"{len(fabric.spines)} spines" + (": it is not a leaf (a switch "
@@ -231,8 +232,8 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
                                                            if uplinks == 0 else ""))
     worker.lanes = engine.lanes = min(W.MAX_PAYLOAD, p["max_payload"]) // 4 - 1
     if p["ip"] == "0.0.0.0":        # a board's leaf not yet addressed: the description's
-        worker.write_registers([(W.REG_IP, W.ip_to_int(leaf.ip)), (W.REG_MAC_HI, leaf.mac >> 32),
-                       (W.REG_MAC_LO, leaf.mac & 0xFFFFFFFF)])
+        worker.write_registers([(R.REG_IP, W.ip_to_int(leaf.ip)), (R.REG_MAC_HI, leaf.mac >> 32),
+                       (R.REG_MAC_LO, leaf.mac & 0xFFFFFFFF)])
         p["ip"] = leaf.ip
     _check_leaf(engine.control, leaf, p, at)
     worker.switch_params = p
@@ -272,17 +273,17 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
     setup.base, setup.count, setup.credits = base, count, credits
     setup.quorum, setup.deadline = quorums.local[where.leaf], worker.deadline_ticks
     setup.epoch = epoch
-    setup.parent = W.PARENT.pack(enable=1, rank=where.leaf)
-    setup.extra = [(W.job_reg(j, W.JOB_PARENT_KEY), keys.key),
-                   (W.job_reg(j, W.JOB_SPRAY), spray_all(len(fabric.spines)))]
+    setup.parent = R.PARENT.pack(enable=1, rank=where.leaf)
+    setup.extra = [(R.job_reg(j, R.JOB_PARENT_KEY), keys.key),
+                   (R.job_reg(j, R.JOB_SPRAY), spray_all(len(fabric.spines)))]
     keys = setup.claim()
     engine.set_job(count, credits, quorums.local[where.leaf], keys=keys)
     return True
 
 
-UPLINK_FIELDS = {W.UPLINK_PORT: "UPLINK_PORT", W.UPLINK_MAC_HI: "UPLINK_MAC_HI",
-                 W.UPLINK_MAC_LO: "UPLINK_MAC_LO", W.UPLINK_IP: "UPLINK_IP",
-                 W.UPLINK_UDP_PORT: "UPLINK_UDP_PORT"}
+UPLINK_FIELDS = {R.UPLINK_PORT: "UPLINK_PORT", R.UPLINK_MAC_HI: "UPLINK_MAC_HI",
+                 R.UPLINK_MAC_LO: "UPLINK_MAC_LO", R.UPLINK_IP: "UPLINK_IP",
+                 R.UPLINK_UDP_PORT: "UPLINK_UDP_PORT"}
 
 
 def _check_leaf(control: ControlChannel, leaf, p: dict, at: str):
@@ -292,23 +293,23 @@ def _check_leaf(control: ControlChannel, leaf, p: dict, at: str):
     if p["ip"] != leaf.ip:
         raise NetaggError(f"{at}: {leaf.name} ({leaf.url}) holds REG_IP {p['ip']}, the "
                           f"fabric's description {leaf.ip}")
-    reads = [(W.uplink_reg(u.uplink, f), 0) for u in leaf.uplinks for f in UPLINK_FIELDS]
+    reads = [(R.uplink_reg(u.uplink, f), 0) for u in leaf.uplinks for f in UPLINK_FIELDS]
     values = iter(v for _, v in control.request(reads))
     for u in leaf.uplinks:
         held = {f: next(values) for f in UPLINK_FIELDS}
-        described = {W.UPLINK_PORT: u.port, W.UPLINK_MAC_HI: u.mac >> 32,
-                     W.UPLINK_MAC_LO: u.mac & 0xFFFFFFFF, W.UPLINK_IP: W.ip_to_int(u.ip),
-                     W.UPLINK_UDP_PORT: u.udp_port}
+        described = {R.UPLINK_PORT: u.port, R.UPLINK_MAC_HI: u.mac >> 32,
+                     R.UPLINK_MAC_LO: u.mac & 0xFFFFFFFF, R.UPLINK_IP: W.ip_to_int(u.ip),
+                     R.UPLINK_UDP_PORT: u.udp_port}
         for f, name in UPLINK_FIELDS.items():
             if held[f] != described[f]:
-                show = ip_str if f == W.UPLINK_IP else hex
+                show = ip_str if f == R.UPLINK_IP else hex
                 raise NetaggError(f"{at}: {leaf.name} ({leaf.url}) holds {name} "
                                   f"{show(held[f])} of uplink {u.uplink} (to {u.spine}), the "
                                   f"fabric's description {show(described[f])}")
 
 
 SPINE_PORTS = W.ROCEV2_PORT + 1                 # in process: a worker's UDP port to spine s
-LEAF_PORTS = SPINE_PORTS + W.MAX_UPLINKS        # and to leaf l (its beats)
+LEAF_PORTS = SPINE_PORTS + R.MAX_UPLINKS        # and to leaf l (its beats)
 
 
 def _channel(worker, fabric: Fabric, switch, ip: str, udp_port: int) -> ControlChannel:
@@ -350,7 +351,7 @@ def _release(job: int, fabric: Fabric, channels: list[ControlChannel]) -> str:
     for s, channel in enumerate(channels):
         name = fabric.spines[s].name
         try:
-            [(_, config)] = channel.request([(W.job_reg(job, W.JOB_CONFIG) | W.WRITE, 0)])
+            [(_, config)] = channel.request([(R.job_reg(job, R.JOB_CONFIG) | R.WRITE, 0)])
             names.append(name if not config >> 31 else f"{name} (refused)")
         except NetaggError:
             names.append(f"{name} (no answer)")
@@ -389,8 +390,8 @@ def _spines_epoch(worker, fabric: Fabric, spines: list[ControlChannel], at: str)
     rank 0's beat stands still (its process is gone); this run's rank 0 beats with the mark
     only after it configured every spine with its fresh epoch."""
     j, first = worker.switch_job, first_rank(worker.placement)
-    reads = [(W.job_reg(j, W.JOB_CONFIG), 0), (W.job_reg(j, W.JOB_EPOCH), 0),
-             (W.worker_reg(j, 0, W.WORKER_RKEY), 0)]
+    reads = [(R.job_reg(j, R.JOB_CONFIG), 0), (R.job_reg(j, R.JOB_EPOCH), 0),
+             (R.worker_reg(j, 0, R.WORKER_RKEY), 0)]
     leaf0 = next(w.control for w in worker.engine.liveness.watches if w.leaf == 0)
     deadline = time.monotonic() + worker.timeout
     waiting = "no answer"
@@ -399,7 +400,7 @@ def _spines_epoch(worker, fabric: Fabric, spines: list[ControlChannel], at: str)
         epochs = set()
         for s, channel in enumerate(spines):
             cfg, epoch, rkey = (v for _, v in channel.request(reads))
-            fields = W.CONFIG.unpack(cfg)
+            fields = R.CONFIG.unpack(cfg)
             if not fields["enable"] or not fields["partials"] or \
                     rkey != JobKeys.derive(worker.session, j, epoch).key:
                 waiting = (f"{fabric.spines[s].name}'s job {j} was not configured for this "
@@ -410,7 +411,7 @@ def _spines_epoch(worker, fabric: Fabric, spines: list[ControlChannel], at: str)
             if len(epochs) == 1:
                 epoch = next(iter(epochs))
                 mark = JobKeys.derive(worker.session, j, epoch).tag & MARK or 1
-                [(_, now)] = leaf0.request([(W.beat_reg(j, 0), 0)])
+                [(_, now)] = leaf0.request([(R.beat_reg(j, 0), 0)])
                 if now >> COUNT_BITS != mark:
                     beat = None
                     waiting = (f"the spines hold epoch {epoch:#010x}, but {first} does not "

@@ -45,10 +45,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from netagg.contract import regmap as R
 from netagg.host.control import ControlChannel, ip_str
 from netagg.host.errors import NetaggError
 from netagg.host.session import JobKeys, fresh_epoch
-from netagg.sim import wire as W
 
 Pairs = list[tuple[int, int]]
 
@@ -85,7 +85,7 @@ class JobView:
                 f"{ip_str(self.owner)})")
 
 
-VIEW_FIELDS = (W.JOB_CONFIG, W.JOB_SLOT_BASE, W.JOB_SLOT_COUNT, W.JOB_OWNER)
+VIEW_FIELDS = (R.JOB_CONFIG, R.JOB_SLOT_BASE, R.JOB_SLOT_COUNT, R.JOB_OWNER)
 
 
 def slot_range(params: dict, job: int, slots: int | None, slot_base: int | None,
@@ -101,7 +101,7 @@ def slot_range(params: dict, job: int, slots: int | None, slot_base: int | None,
 
 
 def view_records(jobs) -> Pairs:
-    return [(W.job_reg(j, f), 0) for j in jobs for f in VIEW_FIELDS]
+    return [(R.job_reg(j, f), 0) for j in jobs for f in VIEW_FIELDS]
 
 
 def views(jobs, values) -> list[JobView]:
@@ -149,8 +149,8 @@ class JobSetup:
 
     def _config(self, enable: int) -> int:
         if self.partials:
-            return W.CONFIG.pack(enable=enable, workers=self.workers, partials=1)
-        return W.CONFIG.pack(enable=enable, workers=self.workers)
+            return R.CONFIG.pack(enable=enable, workers=self.workers, partials=1)
+        return R.CONFIG.pack(enable=enable, workers=self.workers)
 
     @property
     def at(self) -> str:
@@ -158,10 +158,10 @@ class JobSetup:
         return f" at {self.switch}" if self.switch else ""
 
     def _rkey(self, rank: int) -> int:
-        return W.worker_reg(self.job, rank, W.WORKER_RKEY)
+        return R.worker_reg(self.job, rank, R.WORKER_RKEY)
 
     def _reg(self, offset: int) -> int:
-        return W.job_reg(self.job, offset)
+        return R.job_reg(self.job, offset)
 
     # --- rank 0 -------------------------------------------------------------------------
 
@@ -179,16 +179,16 @@ class JobSetup:
                               f"{clash}: pass slot_base= and slots= of a free range, or another "
                               f"job")
         keys = JobKeys.derive(self.session, j, self.epoch or fresh_epoch())
-        setup = ([(self._reg(W.JOB_CONFIG), self._config(enable=0)),
-                  (self._reg(W.JOB_SLOT_BASE), base), (self._reg(W.JOB_SLOT_COUNT), count),
-                  (self._reg(W.JOB_CREDITS), self.credits),
-                  (self._reg(W.JOB_QUORUM), self.quorum),
-                  (self._reg(W.JOB_DEADLINE), self.deadline),
-                  (self._reg(W.JOB_PARENT), self.parent)]
-                 + [(W.worker_reg(j, r, W.WORKER_IP), 0) for r in range(1, self.workers)]
+        setup = ([(self._reg(R.JOB_CONFIG), self._config(enable=0)),
+                  (self._reg(R.JOB_SLOT_BASE), base), (self._reg(R.JOB_SLOT_COUNT), count),
+                  (self._reg(R.JOB_CREDITS), self.credits),
+                  (self._reg(R.JOB_QUORUM), self.quorum),
+                  (self._reg(R.JOB_DEADLINE), self.deadline),
+                  (self._reg(R.JOB_PARENT), self.parent)]
+                 + [(R.worker_reg(j, r, R.WORKER_IP), 0) for r in range(1, self.workers)]
                  + self.entry + self.extra
-                 + [(self._reg(W.JOB_CONFIG), self.config),   # clears slots and COMPLETED
-                    (self._reg(W.JOB_EPOCH), keys.epoch), (self._reg(W.JOB_KEY), keys.key)])
+                 + [(self._reg(R.JOB_CONFIG), self.config),   # clears slots and COMPLETED
+                    (self._reg(R.JOB_EPOCH), keys.epoch), (self._reg(R.JOB_KEY), keys.key)])
         go = [(self._rkey(r), keys.key if self.partials else keys.tag)
               for r in range(self.workers)]
         pairs = setup + go
@@ -197,15 +197,15 @@ class JobSetup:
         # for before they write their entries and contribute, go only once no copy of the
         # set-up can reach the switch again (`settle`: a copy applied after them would clear
         # their entries and slots); the KEY reads back 0.
-        answers = (self._read([(a | W.WRITE, v) for a, v in setup], settle=True)
-                   + self._read([(a | W.WRITE, v) for a, v in go]
-                                + [(self._reg(W.JOB_OWNER), 0)]))
+        answers = (self._read([(a | R.WRITE, v) for a, v in setup], settle=True)
+                   + self._read([(a | R.WRITE, v) for a, v in go]
+                                + [(self._reg(R.JOB_OWNER), 0)]))
         if refused(pairs[:1], answers):
             raise NetaggError(
                 f"job {j}{at} is enabled by {ip_str(answers[-1])}: the switch refused rank 0's "
                 f"configuration of it (its CONFIG, slot range and worker entries); its owner "
                 f"or the switch's manager may disable it (CONFIG 0)")
-        write_only = {self._reg(W.JOB_KEY), self._reg(W.JOB_PARENT_KEY)}
+        write_only = {self._reg(R.JOB_KEY), self._reg(R.JOB_PARENT_KEY)}
         if refused([pair for pair in pairs if pair[0] not in write_only],
                    [v for (a, _), v in zip(pairs, answers) if a not in write_only]):
             clash = self._clash(views(others, self._read(view_records(others))))
@@ -227,13 +227,13 @@ class JobSetup:
         arguments, the keys derived from the epoch among them. A credit count, quorum or
         deadline (ticks) this rank asks for (not None, not 0) must be rank 0's."""
         j, r, at = self.job, self.rank, self.at
-        reads = [(self._reg(W.JOB_CONFIG), 0), (self._reg(W.JOB_SLOT_COUNT), 0),
-                 (self._reg(W.JOB_CREDITS), 0), (self._reg(W.JOB_QUORUM), 0),
-                 (self._reg(W.JOB_COMPLETED), 0), (self._reg(W.JOB_EPOCH), 0),
-                 (self._rkey(r), 0), (W.worker_reg(j, r, W.WORKER_IP), 0),
-                 (self._reg(W.JOB_OWNER), 0), (self._reg(W.JOB_DEADLINE), 0)]
+        reads = [(self._reg(R.JOB_CONFIG), 0), (self._reg(R.JOB_SLOT_COUNT), 0),
+                 (self._reg(R.JOB_CREDITS), 0), (self._reg(R.JOB_QUORUM), 0),
+                 (self._reg(R.JOB_COMPLETED), 0), (self._reg(R.JOB_EPOCH), 0),
+                 (self._rkey(r), 0), (R.worker_reg(j, r, R.WORKER_IP), 0),
+                 (self._reg(R.JOB_OWNER), 0), (self._reg(R.JOB_DEADLINE), 0)]
         check = JoinCheck(reads, None, f"job {j}{at} was not configured for this run by its rank 0")
-        ip = next(v for a, v in self.entry if a == W.worker_reg(j, r, W.WORKER_IP))
+        ip = next(v for a, v in self.entry if a == R.worker_reg(j, r, R.WORKER_IP))
         written = []                    # this rank wrote its entry into this run's job
 
         def look(values):
@@ -246,7 +246,7 @@ class JobSetup:
                 return None
             if not (written and held == ip):
                 if held == 0:           # the entry, then the reads again: one round trip
-                    return JoinCheck([(a | W.WRITE, v) for a, v in self.entry] + reads, wrote,
+                    return JoinCheck([(a | R.WRITE, v) for a, v in self.entry] + reads, wrote,
                                      check.waiting)
                 check.waiting = (f"job {j}{at} was not configured for this run by its rank 0 "
                                  f"(rank {r}'s entry holds {ip_str(held)}, an earlier run's)")

@@ -70,9 +70,9 @@ import dataclasses
 import math
 import time
 
+from netagg.contract import regmap as R
 from netagg.host.control import ip_str
 from netagg.host.errors import NetaggError, NetaggJobTakenOver, NetaggRankGone, NetaggSwitchGone
-from netagg.sim import wire as W
 
 BEAT_PERIOD = 0.25      # seconds between a worker's heartbeats
 READ_PERIOD = 0.25      # seconds between reads of the job's heartbeats while works wait
@@ -237,7 +237,7 @@ class Liveness:
         if self.beat_psn is not None:
             self.control.forget(self.beat_psn)
         self.beat_psn = self.control.request_async(
-            [(W.WRITE | W.beat_reg(self.job, self.rank), value)], self._beaten, "a beat write")
+            [(R.WRITE | R.beat_reg(self.job, self.rank), value)], self._beaten, "a beat write")
 
     def closing(self):
         """The worker closes: a last beat with the count 0, retransmitted until the switch
@@ -250,7 +250,7 @@ class Liveness:
             self.beat_psn = None
         answered, deadline = [], time.monotonic() + CLOSING_WAIT
         try:                            # (only this channel's answers: no engine steps)
-            self.control.request_async([(W.WRITE | W.beat_reg(self.job, self.rank),
+            self.control.request_async([(R.WRITE | R.beat_reg(self.job, self.rank),
                                          self.mark << COUNT_BITS)], answered.append,
                                        "a closing beat")
             while not answered and time.monotonic() < deadline:
@@ -277,10 +277,10 @@ class Liveness:
                     self.taken = (epoch, owner)
                 values = values[:-2]
             self.judge(now, time.monotonic(), values)
-        config = [] if self.epoch is None else [(W.job_reg(self.job, W.JOB_EPOCH), 0),
-                                                (W.job_reg(self.job, W.JOB_OWNER), 0)]
+        config = [] if self.epoch is None else [(R.job_reg(self.job, R.JOB_EPOCH), 0),
+                                                (R.job_reg(self.job, R.JOB_OWNER), 0)]
         self.control.request_async(
-            [(W.beat_reg(self.job, r), 0) for r in range(self.workers)] + config, answer,
+            [(R.beat_reg(self.job, r), 0) for r in range(self.workers)] + config, answer,
             "a beat read")
 
     def judge(self, sent: float, answered: float, beats: list[int]):

@@ -7,9 +7,9 @@ import heapq
 import random
 import time
 
+from netagg.contract import wire as W
 from netagg.host.control import CONTROL_LIFETIME
 from netagg.host.transport import Transport
-from netagg.sim import wire as W
 
 
 class LossyTransport(Transport):

@@ -54,15 +54,15 @@ import math
 
 import numpy as np
 
+from netagg.contract import regmap as R
 from netagg.host import nonfinite as NF
 from netagg.host import numerics as N
 from netagg.host.nonfinite import Phase
 from netagg.host.retransmit import RetransmitTimer
-from netagg.sim import wire as W
 
 DEFAULT_PRIORITY = 4
-EXPONENT_CLASS = W.PRIORITY_CLASSES - 1
-GIVE_UP_CLASS = W.PRIORITY_CLASSES - 1     # a droppable contribution sent again
+EXPONENT_CLASS = R.PRIORITY_CLASSES - 1
+GIVE_UP_CLASS = R.PRIORITY_CLASSES - 1     # a droppable contribution sent again
 
 
 class MessageKind(enum.Enum):

@@ -55,8 +55,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from netagg.contract import wire as W
 from netagg.host import numerics as N
-from netagg.sim import wire as W
 
 if TYPE_CHECKING:
     from netagg.host.messages import Work

@@ -40,7 +40,7 @@ import math
 
 import numpy as np
 
-from netagg.sim import wire as W
+from netagg.contract import wire as W
 
 LANES = W.MAX_PAYLOAD // 4 - 1      # data lanes per packet; the last lane is the check lane
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1

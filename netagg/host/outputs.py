@@ -15,7 +15,7 @@ rounds after a quorum or a deadline closed its use, a non-finite block's KINDS a
 rounds); a retransmission resends the packet kept; the sums are written when the chunk
 completes, after which nothing reads its values (a block quantised later, when the window
 hands over, recomputes rows of completed chunks from the sums, and takes only the rows of
-chunks not complete). The compiled step (host/cpp/step.cpp) quantises a chunk into its
+chunks not complete). The compiled step (netagg/host/cpp/step.cpp) quantises a chunk into its
 datagram when it starts it and writes its sums when it takes its result, the same order.
 The hierarchical path copies the inputs into the node's shared memory at the call, and
 writes `out` from the shared result at the end.

@@ -29,12 +29,12 @@ import time
 
 import numpy as np
 
+from netagg.contract import wire as W
 from netagg.host import numerics as N
 from netagg.host.checklane import Match, Outcome
 from netagg.host.messages import Message, MessageKind, Result, Send, SlotState, Work, deliver
 from netagg.host.nonfinite import Phase
 from netagg.host.wire_arrays import read_results
-from netagg.sim import wire as W
 
 
 class Taking:

@@ -50,14 +50,14 @@ import time
 import urllib.parse
 import weakref
 
-from netagg.host import netif
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
+from netagg.contract.wire import CONTROL_FIRST_BYTE
+from netagg.contract.wire_icrc import IcrcCheck
+from netagg.host import netif, udp_offload
 from netagg.host.errors import NetaggError, NetaggUnreachable
-from netagg.sim import udp_offload
-from netagg.sim import wire as W
-from netagg.sim.ticks import WallClock
-from netagg.sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, request_on, switch_port_for
-from netagg.sim.wire import CONTROL_FIRST_BYTE
-from netagg.sim.wire_icrc import IcrcCheck
+from netagg.host.ticks import WallClock
+from netagg.host.udp_socket import IP_MTU_DISCOVER, IP_PMTUDISC_DO, request_on, switch_port_for
 
 SWITCH_IP = "10.0.0.1"          # the switch's address for in-process workers
 
@@ -132,7 +132,7 @@ class Transport:
 
     def __init__(self):
         self.bad = 0               # packets dropped here: bad ICRC, malformed
-        self.result_source = W.Endpoint("0.0.0.0", W.UDP_SPORT_RESET)
+        self.result_source = W.Endpoint("0.0.0.0", R.UDP_SPORT_RESET)
 
     def send(self, datagram: bytes, path: int = 0, dscp: int = 0):
         """Send a datagram (BTH .. ICRC, its ICRC for path `path`'s source address) from path
@@ -426,7 +426,7 @@ class UdpTransport(Transport):
 
     def ingress_port(self, sock, source: W.Endpoint, tries: int = 5) -> int:
         """REG_PORT as read by a control request from `sock` (its answer comes back there)."""
-        [(_, port)] = request_on(sock, self._addr, source, self.switch, [(W.REG_PORT, 0)],
+        [(_, port)] = request_on(sock, self._addr, source, self.switch, [(R.REG_PORT, 0)],
                                  tries=tries)
         return port
 

@@ -36,6 +36,7 @@ import time
 
 import numpy as np
 
+from netagg.contract import wire as W
 from netagg.host import numerics as N
 from netagg.host.compiled import CompiledStep, carries
 from netagg.host.messages import (
@@ -48,7 +49,6 @@ from netagg.host.messages import (
     message_at,
 )
 from netagg.host.retransmit import RetransmitTimer
-from netagg.sim import wire as W
 
 _NO_PSN = -(1 << 62)            # the credit limit of a slot that has taken no result
 TAG_USES = 16                   # the check lane's tags computed ahead, per slot

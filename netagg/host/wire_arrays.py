@@ -28,13 +28,15 @@ import functools
 
 import numpy as np
 
+from netagg.contract import headers as H
+from netagg.contract import wire as W
 from netagg.host import numerics as N
 from netagg.host.messages import Result
-from netagg.sim import wire as W
 
-_HEAD = [("opcode", "u1"), ("flags", "u1"), ("pkey", ">u2"), ("dqpn", ">u4"), ("psn", ">u4"),
-         ("va", ">u8"), ("rkey", ">u4"), ("dma_length", ">u4"), ("imm", ">u4")]
-assert np.dtype(_HEAD).itemsize == W.WRITE_IMM_HEAD_LEN
+# BTH, RETH and ImmDt as the contract's words: opcode, se_migreq_padcnt_tver (the BTH's
+# flags), pkey, dqpn, psn, va, rkey, dma_length, data (the ImmDt)
+_HEAD = H.numpy_fields(H.BTH, H.RETH, H.IMMDT)
+_FLAGS = "se_migreq_padcnt_tver"
 
 
 @functools.lru_cache(maxsize=64)
@@ -106,7 +108,7 @@ class ContributionWriter:
         recs["va"] = msn_ << np.uint64(W.VA_MSN_SHIFT) | offset_
         recs["rkey"] = self.key
         field = {name: shift for name, (shift, _) in _REQUEST.items()}
-        recs["imm"] = (self.imm | np.asarray(version, np.int64) << field["version"]
+        recs["data"] = (self.imm | np.asarray(version, np.int64) << field["version"]
                        | slot_ << field["slot"] | (exponent_ & 0xFF) << field["exponent"]
                        | np.asarray(droppable, np.int64) << field["droppable"])
         recs["lanes"] = lanes
@@ -157,9 +159,9 @@ def read_results(datagrams: list[bytes], *, lanes: int, qpn: int, rkey: int, job
     if not mine or not slots:
         return None, datagrams
     recs = np.frombuffer(joined, dtype)
-    imm = recs["imm"].astype(np.int64)
+    imm = recs["data"].astype(np.int64)
     f = {name: imm >> shift & ((1 << width) - 1) for name, shift, width in W.RESULT_IMM}
-    ok = ((recs["flags"] & 0x3F) == 0) & ((recs["dqpn"] & 0xFFFFFF) == qpn) \
+    ok = ((recs[_FLAGS] & 0x3F) == 0) & ((recs["dqpn"] & 0xFFFFFF) == qpn) \
         & (recs["rkey"] == rkey) & (f["job"] == job) & (f["slot"] < slots)
     if not ok.all():
         rest += [d for d, good in zip(mine, ok.tolist()) if not good]

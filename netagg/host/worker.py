@@ -87,6 +87,8 @@ import time
 
 import numpy as np
 
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.host import compiled, netif
 from netagg.host import numerics as N
 from netagg.host import transport as T
@@ -101,7 +103,6 @@ from netagg.host.messages import DEFAULT_PRIORITY, Work
 from netagg.host.outputs import outputs, racing
 from netagg.host.progress import Progress
 from netagg.host.retransmit import Recovery
-from netagg.sim import wire as W
 
 __all__ = ["Worker", "Handle", "SwitchControl", "NetaggError", "NetaggTimeout"]
 
@@ -109,9 +110,9 @@ __all__ = ["Worker", "Handle", "SwitchControl", "NetaggError", "NetaggTimeout"]
 def deadline_ticks(seconds: float) -> int:
     """A job's DEADLINE register for a deadline of `seconds` (0: none), at most 1 s
     (`hw.regmap.MAX_DEADLINE`: a longer one may never be hit by a retransmission)."""
-    ticks = math.ceil(seconds / W.TICK_SECONDS)
-    if not 0 <= ticks <= W.MAX_DEADLINE:
-        raise ValueError(f"deadline must be 0..{W.MAX_DEADLINE * W.TICK_SECONDS:g} s, not "
+    ticks = math.ceil(seconds / R.TICK_SECONDS)
+    if not 0 <= ticks <= R.MAX_DEADLINE:
+        raise ValueError(f"deadline must be 0..{R.MAX_DEADLINE * R.TICK_SECONDS:g} s, not "
                          f"{seconds}")
     return ticks
 
@@ -249,8 +250,8 @@ class Worker:
             # the switch's own addresses are unset: results leave from the address the
             # workers reach it at (the MAC as the kernel resolved it, if it did)
             mac = netif.neighbour_mac(t.switch.ip)
-            self.write_registers([(W.REG_IP, W.ip_to_int(t.switch.ip)),
-                                  (W.REG_MAC_HI, mac >> 32), (W.REG_MAC_LO, mac & 0xFFFFFFFF)])
+            self.write_registers([(R.REG_IP, W.ip_to_int(t.switch.ip)),
+                                  (R.REG_MAC_HI, mac >> 32), (R.REG_MAC_LO, mac & 0xFFFFFFFF)])
             p["ip"] = t.switch.ip
         self.switch_params = p
         t.attach_switch(p["ports"], p["port"])   # the port of its job-table entry
@@ -278,7 +279,7 @@ class Worker:
     def write_registers(self, pairs):
         """Write the switch's registers (address, value pairs) by a control request; a value
         the switch did not keep is a `NetaggError`."""
-        got = self.engine.control.request([(a | W.WRITE, v) for a, v in pairs])
+        got = self.engine.control.request([(a | R.WRITE, v) for a, v in pairs])
         for (a, v), (_, back) in zip(pairs, got):
             if back != v & 0xFFFFFFFF:
                 raise NetaggError(f"the switch kept {back:#x} at register {a:#x}, not {v:#x}")
@@ -319,8 +320,8 @@ class Worker:
             if b > 0 and f.kind == "int":
                 raise ValueError("int32 sums are exact or nothing: loss_budget must be 0 for "
                                  "an int32 tensor")
-            if int(p) != p or not 0 <= p < W.PRIORITY_CLASSES:
-                raise ValueError(f"priority must be a class 0..{W.PRIORITY_CLASSES - 1}, "
+            if int(p) != p or not 0 <= p < R.PRIORITY_CLASSES:
+                raise ValueError(f"priority must be a class 0..{R.PRIORITY_CLASSES - 1}, "
                                  f"not {p}")
         loss = list(zip((float(b) for b in budgets), (int(p) for p in priorities)))
         outs = outputs(arrays, out, single)     # C order: reshape(-1) is a view

@@ -52,7 +52,8 @@ from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from . import regmap as R
+from netagg.contract import regmap as R
+
 from .aggregator_clearing import Clearing
 from .aggregator_command import command, egress_beat, slot_state
 from .aggregator_decide import Decide

@@ -9,12 +9,14 @@ import enum
 from amaranth import signed
 from amaranth.lib import data
 
+from netagg.contract import headers as C
+from netagg.contract import regmap as R
+
 from . import headers as H
-from . import regmap as R
 from .beat import BeatLayout
 from .fabric import NO_FABRIC, Fabric, copy_fields, descriptor_fields, msn_bits
 
-MAX_CONTROL_PAYLOAD = H.MAX_CONTROL_RECORDS * H.CONTROL_RECORD.length     # 512 bytes
+MAX_CONTROL_PAYLOAD = C.MAX_CONTROL_RECORDS * H.CONTROL_RECORD.length     # 512 bytes
 
 
 class Action(enum.IntEnum):

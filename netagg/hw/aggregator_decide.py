@@ -30,8 +30,9 @@ from amaranth import Array, Const, Module, Mux, Signal, Value, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from netagg.contract import regmap as R
+
 from . import headers as H
-from . import regmap as R
 from .aggregator_command import Action, command, slot_state
 from .aggregator_lookup import Look, looked_up
 from .control import JOB_EVENTS, PORT_EVENTS, JobTable

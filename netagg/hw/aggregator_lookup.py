@@ -26,8 +26,10 @@ from amaranth import Array, Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from netagg.contract import headers as C
+from netagg.contract import regmap as R
+
 from . import headers as H
-from . import regmap as R
 from .aggregator_command import MAX_CONTROL_PAYLOAD
 from .control import JobTable
 from .fabric import NO_FABRIC, Fabric
@@ -168,7 +170,7 @@ class Lookup(wiring.Component):
         length = a.payload_length
         job_number = imm.job
         worker_ip = Array(self.table.worker_ip)[job_number * MW + imm.rank]
-        contribution = a.bth.opcode == H.OP_CONTRIBUTION
+        contribution = a.bth.opcode == C.OP_CONTRIBUTION
         control = H.is_control(a.bth)
         length_ok = ((length >= 4) & (length <= self.max_payload) & (length[:2] == 0)
                      & (a.reth.dma_length == length))

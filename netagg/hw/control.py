@@ -50,11 +50,12 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
-from . import regmap as R
+from netagg.contract import regmap as R
+from netagg.contract.headers import Verdict
+
 from .control_registers import RecordAddress, Register, region
 from .counters import CounterBank
 from .fabric import NO_FABRIC, SENT_COUNTERS, UPLINK, Fabric, job_layout, leaf_registers
-from .headers import Verdict
 
 JOB = data.StructLayout({
     "enable": 1, "workers": 6, "slot_base": 16, "slot_count": 16,
@@ -168,8 +169,8 @@ class Control(wiring.Component):
         m.d.comb += self.addresses.udp_sport.eq(udp_sport)
         mac, ip = Signal(48, init=self.reset_mac), Signal(32, init=self.reset_ip)
         m.d.comb += [self.addresses.mac.eq(mac), self.addresses.ip.eq(ip)]
-        params = ((self.ports << 24) | (self.jobs << 16) | (self.max_workers << 8)
-                  | (self.width // 64))
+        params = R.PARAMS.pack(ports=self.ports, jobs=self.jobs, max_workers=self.max_workers,
+                               width64=self.width // 64)
         regs = [
             Register(R.REG_MAGIC, Const(R.MAGIC, 32)),
             Register(R.REG_PARAMS, Const(params, 32)),

@@ -18,6 +18,8 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
+from netagg.contract import headers as C
+
 from . import headers as H
 from .beat import FrameStream, beat_index, check_icrc, check_width
 from .icrc import IcrcEngine
@@ -45,7 +47,7 @@ class Deparser(wiring.Component):
         # Lengths of the frame being sent. `shift`: the lane where the payload starts, and
         # the bytes of the previous payload beat in each out beat.
         ext_length, header_beats, shift = H.payload_start(m, entry.opclass, nb)
-        no_payload = (entry.opclass == H.OpClass.READ_REQ) | (entry.opclass == H.OpClass.ACK)
+        no_payload = (entry.opclass == C.OpClass.READ_REQ) | (entry.opclass == C.OpClass.ACK)
         payload_length = Mux(no_payload, 0, entry.payload_length)
         pad = Signal(2)
         header_end = Signal(unsigned(17))
@@ -54,10 +56,10 @@ class Deparser(wiring.Component):
         frame_end = Signal(unsigned(17))
         m.d.comb += [
             pad.eq(-payload_length),
-            header_end.eq(H.EXT_OFFSET + ext_length),
+            header_end.eq(C.EXT_OFFSET + ext_length),
             payload_end.eq(header_end + payload_length),
             icrc_start.eq(payload_end + pad),
-            frame_end.eq(icrc_start + H.ICRC_LENGTH),
+            frame_end.eq(icrc_start + C.ICRC_LENGTH),
         ]
 
         # The headers, with the fields the deparser owns filled in.
@@ -66,25 +68,25 @@ class Deparser(wiring.Component):
         bth = Signal(H.BTH)
         m.d.comb += [
             ip.eq(entry.ip), ip.checksum.eq(0),
-            ip.total_length.eq(frame_end - H.IPV4_OFFSET),
-            udp.eq(entry.udp), udp.length.eq(frame_end - H.UDP_OFFSET),
+            ip.total_length.eq(frame_end - C.IPV4_OFFSET),
+            udp.eq(entry.udp), udp.length.eq(frame_end - C.UDP_OFFSET),
             bth.eq(entry.bth), bth.padcnt.eq(pad),
         ]
         ip_wire = H.to_wire(ip)
         checksum = ~H.ipv4_checksum_sum([ip_wire[8 * i : 8 * i + 8] for i in range(H.IPV4.length)])
         ip_sent = Signal(H.IPV4)
         m.d.comb += [ip_sent.eq(ip), ip_sent.checksum.eq(checksum)]
-        ext = Signal(unsigned(8 * H.MAX_EXT_LENGTH))
+        ext = Signal(unsigned(8 * C.MAX_EXT_LENGTH))
         with m.Switch(entry.opclass):
-            with m.Case(H.OpClass.RETH, H.OpClass.READ_REQ):
+            with m.Case(C.OpClass.RETH, C.OpClass.READ_REQ):
                 m.d.comb += ext.eq(H.to_wire(entry.reth))
-            with m.Case(H.OpClass.RETH_IMM):
+            with m.Case(C.OpClass.RETH_IMM):
                 m.d.comb += ext.eq(Cat(H.to_wire(entry.reth), H.to_wire(entry.immdt)))
-            with m.Case(H.OpClass.IMM):
+            with m.Case(C.OpClass.IMM):
                 m.d.comb += ext.eq(H.to_wire(entry.immdt))
-            with m.Case(H.OpClass.AETH, H.OpClass.ACK):
+            with m.Case(C.OpClass.AETH, C.OpClass.ACK):
                 m.d.comb += ext.eq(H.to_wire(entry.aeth))
-        wire = Signal(unsigned(8 * H.MAX_HEADER_LENGTH))
+        wire = Signal(unsigned(8 * C.MAX_HEADER_LENGTH))
         m.d.comb += wire.eq(
             Cat(H.to_wire(entry.eth), H.to_wire(ip_sent), H.to_wire(udp), H.to_wire(bth), ext))
 
@@ -109,7 +111,7 @@ class Deparser(wiring.Component):
         keep = Signal(nb)
         header_lanes = Signal(unsigned(self.width))
         with m.Switch(index):
-            for k in range(-(-H.MAX_HEADER_LENGTH // nb)):
+            for k in range(-(-C.MAX_HEADER_LENGTH // nb)):
                 with m.Case(k):
                     chunk = wire[k * self.width : (k + 1) * self.width]
                     m.d.comb += header_lanes.eq(chunk)
@@ -153,7 +155,7 @@ class Deparser(wiring.Component):
             ]
             for lane in range(nb):
                 offset = base + lane - icrc_start
-                for n in range(H.ICRC_LENGTH):
+                for n in range(C.ICRC_LENGTH):
                     with m.If(offset == n):
                         m.d.comb += sent[8 * lane : 8 * lane + 8].eq(
                             icrc_value[8 * n : 8 * n + 8])

@@ -22,6 +22,8 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from netagg.contract import headers as C
+
 from . import headers as H
 from .aggregator_command import egress_beat, result_descriptor
 from .beat import BeatLayout, FrameStream
@@ -117,11 +119,11 @@ class Egress(wiring.Component):
         header = Signal(H.PACKET_HEADER)
         reply_to = self.reply_to
         m.d.comb += [
-            header.eth.ethertype.eq(H.ETHERTYPE_IPV4),
-            header.ip.version.eq(H.IPV4_VERSION), header.ip.ihl.eq(H.IPV4_IHL),
-            header.ip.flags.eq(H.IP_FLAGS_DF),
-            header.ip.ttl.eq(H.RESULT_TTL), header.ip.protocol.eq(H.IP_PROTO_UDP),
-            header.bth.pkey.eq(H.PKEY_DEFAULT), header.payload_length.eq(desc.length),
+            header.eth.ethertype.eq(C.ETHERTYPE_IPV4),
+            header.ip.version.eq(C.IPV4_VERSION), header.ip.ihl.eq(C.IPV4_IHL),
+            header.ip.flags.eq(C.IP_FLAGS_DF),
+            header.ip.ttl.eq(C.RESULT_TTL), header.ip.protocol.eq(C.IP_PROTO_UDP),
+            header.bth.pkey.eq(C.PKEY_DEFAULT), header.payload_length.eq(desc.length),
         ]
         m.d.comb += header.bth.psn.eq(desc.psn)
         with m.If(desc.control):
@@ -129,8 +131,8 @@ class Egress(wiring.Component):
                 header.eth.dst.eq(reply_to.eth_src), header.eth.src.eq(reply_to.eth_dst),
                 header.ip.src.eq(reply_to.ip_dst), header.ip.dst.eq(reply_to.ip_src),
                 header.udp.src_port.eq(reply_to.udp_dst), header.udp.dst_port.eq(reply_to.udp_src),
-                header.bth.opcode.eq(H.OP_CONTROL), header.bth.dqpn.eq(H.CONTROL_QPN),
-                header.opclass.eq(H.OpClass.NONE),
+                header.bth.opcode.eq(C.OP_CONTROL), header.bth.dqpn.eq(C.CONTROL_QPN),
+                header.opclass.eq(C.OpClass.NONE),
             ]
         with m.Else():
             imm = Signal(H.RESULT_IMM)
@@ -142,8 +144,8 @@ class Egress(wiring.Component):
                 header.ip.src.eq(self.addresses.ip), header.ip.dst.eq(worker.ip),
                 header.udp.src_port.eq(self.addresses.udp_sport),
                 header.udp.dst_port.eq(worker.udp_port),
-                header.bth.opcode.eq(H.OP_RESULT), header.bth.dqpn.eq(worker.qpn),
-                header.opclass.eq(H.OpClass.RETH_IMM),
+                header.bth.opcode.eq(C.OP_RESULT), header.bth.dqpn.eq(worker.qpn),
+                header.opclass.eq(C.OpClass.RETH_IMM),
                 header.reth.va.eq(worker.va + desc.offset), header.reth.rkey.eq(worker.rkey),
                 header.reth.dma_length.eq(desc.length), header.immdt.data.eq(imm.as_value()),
             ]
@@ -220,7 +222,7 @@ class Egress(wiring.Component):
             imm.job.eq(desc.job), imm.rank.eq(job.parent[:5]), imm.version.eq(desc.version),
             imm.slot.eq(desc.slot), imm.exponent.eq(desc.exponent),
             header.eth.dst.eq(up.mac), header.ip.dst.eq(up.ip),
-            header.ip.dscp.eq(H.PARTIAL_DSCP), header.udp.dst_port.eq(up.udp_port),
+            header.ip.dscp.eq(C.PARTIAL_DSCP), header.udp.dst_port.eq(up.udp_port),
             header.bth.dqpn.eq(0), header.bth.psn.eq(part.as_value()),
             header.reth.va.eq(Cat(desc.offset, desc.msn)), header.reth.rkey.eq(job.parent_key),
             header.immdt.data.eq(imm.as_value()),

@@ -34,7 +34,7 @@ import dataclasses
 
 from amaranth.lib import data
 
-from . import regmap as R
+from netagg.contract import regmap as R
 
 # The decide stage's events of a spine's job and a leaf's, each counted by the FABRIC_COUNTER
 # of its name.

@@ -28,8 +28,9 @@ from amaranth import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from netagg.contract.headers import ICRC_MASKED_BYTES, ICRC_START
+
 from .beat import beat_index, check_width
-from .headers import ICRC_MASKED_BYTES, ICRC_START
 
 POLY = 0xEDB88320
 

@@ -28,8 +28,10 @@ from amaranth import Array, Cat, Module, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from netagg.contract import headers as C
+from netagg.contract import regmap as R
+
 from . import headers as H
-from . import regmap as R
 from .beat import FrameStream, check_width
 from .fabric import NO_FABRIC, UPLINK, Fabric, parent_fields
 from .gearbox import Widen
@@ -95,7 +97,7 @@ class Ingress(wiring.Component):
             "thresholds": In(16).array(R.PRIORITY_CLASSES),
             "header": Out(stream.Signature(layout)),
             "payload": Out(FrameStream(width * factor)),
-            "dropped": Out(len(H.Verdict)),       # a frame dropped, by verdict (a pulse)
+            "dropped": Out(len(C.Verdict)),       # a frame dropped, by verdict (a pulse)
             "committed": Out(1),
             "nulled": Out(1),
             "reply_to": Out(REPLY_TO),     # the control request in flight from this port
@@ -120,7 +122,7 @@ class Ingress(wiring.Component):
         entry = queue.i_header.payload
         header = parser.header.payload
         _copy(m, entry, header)
-        droppable = ((header.bth.opcode == H.OP_CONTRIBUTION)
+        droppable = ((header.bth.opcode == C.OP_CONTRIBUTION)
                      & H.REQUEST_IMM(header.immdt.data).droppable)
         if self.fabric.uplinks:
             droppable = droppable & ~self._parent(m, entry, header)
@@ -162,8 +164,8 @@ class Ingress(wiring.Component):
         ip = [up.ip == header.ip.src for up in self.uplinks]
         by = [i & (up.port == self.port) for i, up in zip(ip, self.uplinks)]
         m.d.comb += [
-            entry.parent.eq((header.bth.opcode == H.OP_RESULT)
-                            & (header.bth.dqpn == H.UPLINK_QPN) & Cat(*ip).any()),
+            entry.parent.eq((header.bth.opcode == C.OP_RESULT)
+                            & (header.bth.dqpn == C.UPLINK_QPN) & Cat(*ip).any()),
             entry.by.eq(Cat(*by).any()),
         ]
         for i in reversed(range(len(by))):      # the first uplink it came by

@@ -28,7 +28,7 @@ With ``icrc=True`` (the boards), `IcrcCheck` checks each received frame's RoCEv2
 `IcrcFill` before GmiiTx writes the ICRC of each RoCEv2 frame sent, a byte at a time: a few
 hundred LUTs per port instead of the switch's 64-bit ICRC engines.
 
-`RgmiiPhy` (hw/mac_rgmii.py) turns the GMII side into RGMII on an ECP5; simulation drives GMII.
+`RgmiiPhy` (netagg.hw.mac_rgmii) turns the GMII side into RGMII on an ECP5; simulation drives GMII.
 This file holds the GMII stages and the MAC that ties the others: the buffers and byte
 gearboxes are in `hw.mac_buffers`, the ICRC stages in `hw.mac_icrc`, the byte layouts and the
 byte-serial CRC-32 in `hw.mac_bytes`.

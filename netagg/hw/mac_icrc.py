@@ -9,15 +9,16 @@ from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from . import headers as H
+from netagg.contract import headers as C
+
 from .icrc import PREFIX_STATE, RESIDUE
 from .mac_bytes import BYTE, CHECKED_BYTE, ICRC_CHECKED_BYTE, crc32_byte
 
 # Bytes an IPv4 (without options) UDP frame has at these offsets. Every UDP frame the switch
 # sends is RoCEv2: its results and control replies, from its own UDP port to the worker's,
 # so no port marks them (ARP replies, the board's only other frames, do not match).
-UDP_SIGNATURE = {12: H.ETHERTYPE_IPV4 >> 8, 13: H.ETHERTYPE_IPV4 & 0xFF, 14: 0x45,
-                 23: H.IP_PROTO_UDP}
+UDP_SIGNATURE = {12: C.ETHERTYPE_IPV4 >> 8, 13: C.ETHERTYPE_IPV4 & 0xFF, 14: 0x45,
+                 23: C.IP_PROTO_UDP}
 
 
 # What the ICRC stages need to know of a frame offset, kept in flip-flops one byte ahead (each
@@ -37,13 +38,13 @@ OFFSET_FLAGS = data.StructLayout({
 def _flags_after(m, position, name):
     """OFFSET_FLAGS of offset `position` + 1, from compares on `position`."""
     flags = Signal(OFFSET_FLAGS, name=name)
-    following = [position == offset - 1 for offset in H.ICRC_MASKED_BYTES]
+    following = [position == offset - 1 for offset in C.ICRC_MASKED_BYTES]
     m.d.comb += [
-        flags.header.eq(position < H.ICRC_START - 1),
-        flags.start.eq(position == H.ICRC_START - 1),
+        flags.header.eq(position < C.ICRC_START - 1),
+        flags.start.eq(position == C.ICRC_START - 1),
         flags.variant.eq(Cat(*following).any()),
-        flags.total_high.eq(position == H.IPV4_OFFSET + 1),
-        flags.total_low.eq(position == H.IPV4_OFFSET + 2),
+        flags.total_high.eq(position == C.IPV4_OFFSET + 1),
+        flags.total_low.eq(position == C.IPV4_OFFSET + 2),
         flags.signature.eq(Cat(*(position == offset - 1 for offset in UDP_SIGNATURE))),
         flags.after_signature.eq(position >= max(UDP_SIGNATURE)),
     ]
@@ -98,7 +99,7 @@ class IcrcCheck(wiring.Component):
             with m.If(at.total_high):
                 m.d.sync += total_high.eq(byte)
             with m.If(at.total_low):
-                m.d.sync += region_last.eq(H.IPV4_OFFSET - 1 + Cat(byte, total_high))
+                m.d.sync += region_last.eq(C.IPV4_OFFSET - 1 + Cat(byte, total_high))
             with m.If(self.i.payload.last):
                 m.d.sync += [position.eq(0), at.eq(FIRST_BYTE), covered.eq(0),
                              region_last.eq(region_last.init)]
@@ -158,8 +159,8 @@ class IcrcFill(wiring.Component):
                 m.d.sync += total_high.eq(byte)
             with m.If(at.total_low):
                 total = Cat(byte, total_high)
-                m.d.sync += [fill_from.eq(H.IPV4_OFFSET - 5 + total),
-                             fill_to.eq(H.IPV4_OFFSET - 2 + total)]
+                m.d.sync += [fill_from.eq(C.IPV4_OFFSET - 5 + total),
+                             fill_to.eq(C.IPV4_OFFSET - 2 + total)]
             with m.If(self.i.payload.last):
                 m.d.sync += [position.eq(0), at.eq(FIRST_BYTE), filling.eq(0), roce.eq(1),
                              fill_from.eq(fill_from.init), fill_to.eq(fill_to.init)]

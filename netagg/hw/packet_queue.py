@@ -22,6 +22,8 @@ from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from netagg.contract import headers as C
+
 from . import headers as H
 from .beat import BeatLayout, FrameStream, check_wide_width
 
@@ -48,8 +50,8 @@ class PacketQueue(wiring.Component):
             "passed": Out(unsigned(COUNTER_WIDTH)),
             "committed": Out(1),   # high in the cycle a frame is committed
             "level": Out(range(capacity + 1)),
-            "drops": Out(unsigned(COUNTER_WIDTH)).array(len(H.Verdict)),
-            "dropped": Out(len(H.Verdict)),    # a frame dropped this cycle, by verdict
+            "drops": Out(unsigned(COUNTER_WIDTH)).array(len(C.Verdict)),
+            "dropped": Out(len(C.Verdict)),    # a frame dropped this cycle, by verdict
         })
 
     def elaborate(self, platform):
@@ -69,7 +71,7 @@ class PacketQueue(wiring.Component):
 
         # Header in: commit, rewind or wait (for room in the header FIFO).
         header = self.i_header.payload
-        good = header.verdict == H.Verdict.OK
+        good = header.verdict == C.Verdict.OK
         m.d.comb += self.i_header.ready.eq(~good | overflowed | header_fifo.w_rdy)
         take_header = self.i_header.valid & self.i_header.ready
         queued = take_header & good & ~overflowed
@@ -114,10 +116,10 @@ class PacketQueue(wiring.Component):
             m.d.sync += self.passed.eq(self.passed + 1)
         with m.If(rewind & ~queued):
             with m.Switch(header.verdict):
-                for v in H.Verdict:
+                for v in C.Verdict:
                     with m.Case(v):
                         # An OK frame is only rewound when it overflowed.
-                        reason = H.Verdict.OVERSIZE if v == H.Verdict.OK else v
+                        reason = C.Verdict.OVERSIZE if v == C.Verdict.OK else v
                         m.d.comb += self.dropped[reason].eq(1)
                         m.d.sync += self.drops[reason].eq(self.drops[reason] + 1)
 

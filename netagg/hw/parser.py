@@ -28,6 +28,8 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from netagg.contract import headers as C
+
 from . import headers as H
 from .beat import BeatLayout, FrameStream, beat_index, check_icrc, check_width
 from .icrc import IcrcEngine
@@ -59,12 +61,12 @@ class Parser(wiring.Component):
         # header entry are made from these in the cycle after the frame's last beat
         # (`judging`), when all of them are in. The payload's placement needs a few of them
         # earlier (`live`: from the beat that brings them, else from the registers).
-        cap_beats = -(-H.MAX_HEADER_LENGTH // nb)
+        cap_beats = -(-C.MAX_HEADER_LENGTH // nb)
         captured = Signal(unsigned(cap_beats * nb * 8), reset_less=True)
         for k in range(cap_beats):
             with m.If(fire & (index == k)):
                 m.d.sync += captured[k * self.width : (k + 1) * self.width].eq(beat.data)
-        held = [captured[8 * p : 8 * p + 8] for p in range(H.MAX_HEADER_LENGTH)]
+        held = [captured[8 * p : 8 * p + 8] for p in range(C.MAX_HEADER_LENGTH)]
 
         def live(p):
             return Mux(index == p // nb, beat.data.word_select(p % nb, 8), held[p])
@@ -92,10 +94,10 @@ class Parser(wiring.Component):
             ]
             return padded, payload_length, ext_length, start_first, shift
 
-        fixed = H.UDP.length + H.BTH.length + H.ICRC_LENGTH
+        fixed = H.UDP.length + H.BTH.length + C.ICRC_LENGTH
 
         # For the payload, as the frame's beats pass.
-        udp_live, bth_live = view(H.UDP, H.UDP_OFFSET, live), view(H.BTH, H.BTH_OFFSET, live)
+        udp_live, bth_live = view(H.UDP, C.UDP_OFFSET, live), view(H.BTH, C.BTH_OFFSET, live)
         _, opclass_live = opcode_class(bth_live.opcode, "live")
         _, payload_length, _, start_first, shift = lengths(
             udp_live, bth_live, opclass_live, "live")
@@ -104,10 +106,10 @@ class Parser(wiring.Component):
             icrc_good = beat.icrc_ok
         else:
             m.submodules.icrc = icrc = IcrcEngine(self.width)
-            ip_live = view(H.IPV4, H.IPV4_OFFSET, live)
+            ip_live = view(H.IPV4, C.IPV4_OFFSET, live)
             region_end = Signal(unsigned(17))
-            m.d.comb += region_end.eq(H.IPV4_OFFSET + ip_live.total_length)
-            total_length_known = index >= (H.IPV4_OFFSET + 3) // nb
+            m.d.comb += region_end.eq(C.IPV4_OFFSET + ip_live.total_length)
+            total_length_known = index >= (C.IPV4_OFFSET + 3) // nb
             m.d.comb += [
                 icrc.valid.eq(fire),
                 icrc.data.eq(beat.data),
@@ -127,8 +129,8 @@ class Parser(wiring.Component):
         ip_sum = Signal(unsigned(20))           # ten words: at most 10 x 0xFFFF < 2 ** 20
         ip_words = []
         for lane in range(nb // 2):
-            beats = [k for k in range(-(-H.UDP_OFFSET // nb))
-                     if H.IPV4_OFFSET <= k * nb + 2 * lane < H.UDP_OFFSET]
+            beats = [k for k in range(-(-C.UDP_OFFSET // nb))
+                     if C.IPV4_OFFSET <= k * nb + 2 * lane < C.UDP_OFFSET]
             if beats:
                 word = Cat(beat.data.word_select(2 * lane + 1, 8),
                            beat.data.word_select(2 * lane, 8))
@@ -146,38 +148,38 @@ class Parser(wiring.Component):
             m.d.sync += [frame_length.eq(index * nb + sum(beat.keep)),
                          too_long.eq(index == 0xFFFF), icrc_ok.eq(icrc_good)]
 
-        eth = view(H.ETHERNET, H.ETH_OFFSET)
-        ip = view(H.IPV4, H.IPV4_OFFSET)
-        udp = view(H.UDP, H.UDP_OFFSET)
-        bth = view(H.BTH, H.BTH_OFFSET)
+        eth = view(H.ETHERNET, C.ETH_OFFSET)
+        ip = view(H.IPV4, C.IPV4_OFFSET)
+        udp = view(H.UDP, C.UDP_OFFSET)
+        bth = view(H.BTH, C.BTH_OFFSET)
         supported, opclass = opcode_class(bth.opcode, "opclass")
         padded, judged_length, ext_length, _, _ = lengths(udp, bth, opclass, "judged")
 
-        verdict = Signal(H.Verdict)
+        verdict = Signal(C.Verdict)
         checksum_ok = H.ones_complement_fold(ip_sum) == 0xFFFF
         fragmented = ip.flags[0] | (ip.fragment_offset != 0)   # MF bit, or an offset
         ip_end = Signal(unsigned(17))
-        m.d.comb += ip_end.eq(H.IPV4_OFFSET + ip.total_length)
+        m.d.comb += ip_end.eq(C.IPV4_OFFSET + ip.total_length)
         length_ok = (frame_length == ip_end) | (
             (frame_length == MIN_ETHERNET_FRAME) & (ip_end < MIN_ETHERNET_FRAME))
-        no_payload = (opclass == H.OpClass.READ_REQ) | (opclass == H.OpClass.ACK)
-        V = H.Verdict
-        with m.If(frame_length < H.IPV4_OFFSET):
+        no_payload = (opclass == C.OpClass.READ_REQ) | (opclass == C.OpClass.ACK)
+        V = C.Verdict
+        with m.If(frame_length < C.IPV4_OFFSET):
             m.d.comb += verdict.eq(V.TRUNCATED)
-        with m.Elif(eth.ethertype != H.ETHERTYPE_IPV4):
+        with m.Elif(eth.ethertype != C.ETHERTYPE_IPV4):
             m.d.comb += verdict.eq(V.NOT_ROCE)
-        with m.Elif(frame_length < H.UDP_OFFSET):
+        with m.Elif(frame_length < C.UDP_OFFSET):
             m.d.comb += verdict.eq(V.TRUNCATED)
         with m.Elif((ip.version != 4) | (ip.ihl != 5) | fragmented |
-                    (ip.protocol != H.IP_PROTO_UDP)):
+                    (ip.protocol != C.IP_PROTO_UDP)):
             m.d.comb += verdict.eq(V.NOT_ROCE)
         with m.Elif(~checksum_ok):
             m.d.comb += verdict.eq(V.BAD_IP_CHECKSUM)
-        with m.Elif(frame_length < H.BTH_OFFSET):
+        with m.Elif(frame_length < C.BTH_OFFSET):
             m.d.comb += verdict.eq(V.TRUNCATED)
-        with m.Elif(udp.dst_port != H.ROCEV2_PORT):
+        with m.Elif(udp.dst_port != C.ROCEV2_PORT):
             m.d.comb += verdict.eq(V.NOT_ROCE)
-        with m.Elif(frame_length < H.EXT_OFFSET):
+        with m.Elif(frame_length < C.EXT_OFFSET):
             m.d.comb += verdict.eq(V.TRUNCATED)
         with m.Elif(bth.tver != 0):
             m.d.comb += verdict.eq(V.NOT_ROCE)
@@ -202,15 +204,15 @@ class Parser(wiring.Component):
             entry.payload_length.eq(Mux(verdict == V.OK, judged_length, 0)),
         ]
         with m.Switch(opclass):
-            with m.Case(H.OpClass.RETH, H.OpClass.READ_REQ):
-                m.d.comb += entry.reth.eq(view(H.RETH, H.EXT_OFFSET))
-            with m.Case(H.OpClass.RETH_IMM):
-                m.d.comb += entry.reth.eq(view(H.RETH, H.EXT_OFFSET))
-                m.d.comb += entry.immdt.eq(view(H.IMMDT, H.EXT_OFFSET + H.RETH.length))
-            with m.Case(H.OpClass.IMM):
-                m.d.comb += entry.immdt.eq(view(H.IMMDT, H.EXT_OFFSET))
-            with m.Case(H.OpClass.AETH, H.OpClass.ACK):
-                m.d.comb += entry.aeth.eq(view(H.AETH, H.EXT_OFFSET))
+            with m.Case(C.OpClass.RETH, C.OpClass.READ_REQ):
+                m.d.comb += entry.reth.eq(view(H.RETH, C.EXT_OFFSET))
+            with m.Case(C.OpClass.RETH_IMM):
+                m.d.comb += entry.reth.eq(view(H.RETH, C.EXT_OFFSET))
+                m.d.comb += entry.immdt.eq(view(H.IMMDT, C.EXT_OFFSET + H.RETH.length))
+            with m.Case(C.OpClass.IMM):
+                m.d.comb += entry.immdt.eq(view(H.IMMDT, C.EXT_OFFSET))
+            with m.Case(C.OpClass.AETH, C.OpClass.ACK):
+                m.d.comb += entry.aeth.eq(view(H.AETH, C.EXT_OFFSET))
 
         # Payload realignment. Payload byte q is frame byte start + q; output beat j is
         # frame beats first+j (from lane `shift`) and first+j+1 (below `shift`), sent with

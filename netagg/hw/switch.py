@@ -30,7 +30,8 @@ from amaranth import Array, Cat, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from . import headers as H
+from netagg.contract import headers as C
+
 from .aggregator import Aggregator
 from .beat import FrameStream, check_icrc, check_width
 from .control import PORT_EVENTS, Control
@@ -77,15 +78,15 @@ class Arbiter(wiring.Component):
 
 class Switch(wiring.Component):
     def __init__(self, *, ports: int = 4, width: int = 64, jobs: int = 4, max_workers: int = 8,
-                 slots: int = 64, max_payload: int = H.MAX_PAYLOAD, queue_capacity: int = 4096,
+                 slots: int = 64, max_payload: int = C.MAX_PAYLOAD, queue_capacity: int = 4096,
                  egress_capacity: int = 4096, header_entries: int = 32, icrc: str = "engine",
                  mac: int = 0, ip: int = 0, spine: bool = False, uplinks: int = 0):
         if not 2 <= ports <= 16:
             raise ValueError(f"ports must be 2..16, not {ports}")
-        if (not 1 <= jobs <= H.MAX_JOBS or not 1 <= max_workers <= H.MAX_WORKERS
-                or not 1 <= slots <= H.MAX_SLOTS):
-            raise ValueError(f"jobs must be 1..{H.MAX_JOBS}, max_workers 1..{H.MAX_WORKERS} "
-                             f"and slots 1..{H.MAX_SLOTS}")
+        if (not 1 <= jobs <= C.MAX_JOBS or not 1 <= max_workers <= C.MAX_WORKERS
+                or not 1 <= slots <= C.MAX_SLOTS):
+            raise ValueError(f"jobs must be 1..{C.MAX_JOBS}, max_workers 1..{C.MAX_WORKERS} "
+                             f"and slots 1..{C.MAX_SLOTS}")
         self.ports, self.width = ports, check_width(width)
         self.factor = 1 << (ports - 1).bit_length()      # ports, rounded up to a power of 2
         self.jobs, self.max_workers, self.slots = jobs, max_workers, slots

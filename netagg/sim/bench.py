@@ -30,16 +30,17 @@ import time
 
 import psutil
 
-from netagg.sim import udp_offload
-from netagg.sim import wire as W
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
+from netagg.host import udp_offload
+from netagg.host.udp_socket import IP_MTU_DISCOVER, IP_PMTUDISC_DO, request_on
 from netagg.sim.model import BENCH_KEY
-from netagg.sim.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO, request_on
 
 # BTH, RETH and ImmDt of a contribution: the header the senders write for each use.
-_HEAD = struct.Struct("!BBHIIQIII")
+_HEAD = W.WRITE_IMM_HEAD
 _DQPN = 2                       # contributions' destination QP (the switch ignores it)
-_ICRC = struct.Struct("<I")
-_IMM = struct.Struct("!I")      # a result's ImmDt, after its BTH and RETH
+_ICRC = W.ICRC_STRUCT
+_IMM = W.IMM_STRUCT      # a result's ImmDt, after its BTH and RETH
 _IMM_OFFSET = W.BTH_LEN + W.RETH_LEN
 _LANE = struct.Struct("<i")     # a result's first lane, after its ImmDt
 # (shift, mask) of the result ImmDt's fields the senders read
@@ -134,9 +135,9 @@ def _configure(senders: list[_Sender], job: int, slots: int):
     """The job: every sender a rank (its address, the switch port its requests enter), slots
     0..slots-1, no credit limit, all workers."""
     first = senders[0]
-    params, max_payload, switch_ip = first.control([(W.REG_PARAMS, 0), (W.REG_MAX_PAYLOAD, 0),
-                                                    (W.REG_IP, 0)])
-    fields = W.PARAMS.unpack(params)
+    params, max_payload, switch_ip = first.control([(R.REG_PARAMS, 0), (R.REG_MAX_PAYLOAD, 0),
+                                                    (R.REG_IP, 0)])
+    fields = R.PARAMS.unpack(params)
     ports, jobs, max_workers = fields["ports"], fields["jobs"], fields["max_workers"]
     if job >= jobs or len(senders) > max_workers:
         raise ValueError(f"the switch has {jobs} jobs of at most {max_workers} workers: not "
@@ -145,19 +146,19 @@ def _configure(senders: list[_Sender], job: int, slots: int):
         raise ValueError(f"the switch takes payloads of at most {max_payload} bytes, not "
                          f"{len(first.payload)}")
     if switch_ip == 0:
-        first.control([(W.WRITE | W.REG_IP, W.ip_to_int(first.switch[0]))])
+        first.control([(R.WRITE | R.REG_IP, W.ip_to_int(first.switch[0]))])
     # disabled while its rows are written (an enabled job's block is its owner's alone)
-    first.control([(W.WRITE | W.job_reg(job, W.JOB_CONFIG), 0)])
+    first.control([(R.WRITE | R.job_reg(job, R.JOB_CONFIG), 0)])
     for s in senders:
-        [port] = s.control([(W.REG_PORT, 0)])
+        [port] = s.control([(R.REG_PORT, 0)])
         if port >= ports:
             raise RuntimeError(f"REG_PORT {port} beyond the switch's {ports} ports")
-        s.control([(W.WRITE | a, v) for a, v in W.entry_records(
+        s.control([(R.WRITE | a, v) for a, v in W.entry_records(
             job, s.rank, port, s.local, s.qpn, rkey=s.rkey)])
-    first.control([(W.WRITE | W.job_reg(job, reg), value) for reg, value in (
-        (W.JOB_SLOT_BASE, 0), (W.JOB_SLOT_COUNT, slots), (W.JOB_CREDITS, 0),
-        (W.JOB_QUORUM, 0), (W.JOB_CONFIG, W.CONFIG.pack(enable=1, workers=len(senders))),
-        (W.JOB_KEY, BENCH_KEY))])
+    first.control([(R.WRITE | R.job_reg(job, reg), value) for reg, value in (
+        (R.JOB_SLOT_BASE, 0), (R.JOB_SLOT_COUNT, slots), (R.JOB_CREDITS, 0),
+        (R.JOB_QUORUM, 0), (R.JOB_CONFIG, R.CONFIG.pack(enable=1, workers=len(senders))),
+        (R.JOB_KEY, BENCH_KEY))])
 
 
 def contributions_per_second(backend: str = "golden", senders: int = 4, seconds: float = 2.0,

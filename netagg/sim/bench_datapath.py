@@ -8,7 +8,7 @@ frames, and come out into a sink that is always ready. The testcase checks that 
 comes out unchanged, that the input never stalls, and that the output ends at most one frame
 (and the pipeline's latency) after the input; with NETAGG_BENCH_OUT set it writes its figures
 there as JSON: beats per cycle in and out, the first output beat's cycle, simulated cycles
-per second. `netagg bench datapath` runs it (`apps/bench_line_rate.py`), and so do the tests.
+per second. `netagg bench datapath` runs it (`netagg/apps/bench_line_rate.py`), and so do the tests.
 """
 
 import json

@@ -25,7 +25,8 @@ import time
 
 import numpy as np
 
-from netagg.sim import wire as W
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.sim.model import BENCH_KEY
 
 SWITCH = W.Endpoint("10.0.0.1", W.ROCEV2_PORT, 0x02AA00000001)
@@ -43,18 +44,18 @@ def _control(switch, records):
 
 def _configure(switch, workers: int, slots: int):
     """One job (job 0) of `workers` workers over slots 0 .. slots - 1, no credit limit."""
-    _control(switch, [(W.WRITE | W.REG_MAC_HI, SWITCH.mac >> 32),
-                      (W.WRITE | W.REG_MAC_LO, SWITCH.mac & 0xFFFFFFFF),
-                      (W.WRITE | W.REG_IP, W.ip_to_int(SWITCH.ip)),
-                      (W.WRITE | W.job_reg(0, W.JOB_CONFIG), 0)])
+    _control(switch, [(R.WRITE | R.REG_MAC_HI, SWITCH.mac >> 32),
+                      (R.WRITE | R.REG_MAC_LO, SWITCH.mac & 0xFFFFFFFF),
+                      (R.WRITE | R.REG_IP, W.ip_to_int(SWITCH.ip)),
+                      (R.WRITE | R.job_reg(0, R.JOB_CONFIG), 0)])
     for rank in range(workers):
-        _control(switch, [(W.WRITE | a, v) for a, v in W.entry_records(
+        _control(switch, [(R.WRITE | a, v) for a, v in W.entry_records(
             0, rank, rank % switch.ports, _worker(rank), 0x100 + rank, va=rank << 40,
             rkey=0x5EED0000 + rank)])
-    _control(switch, [(W.WRITE | W.job_reg(0, reg), value) for reg, value in (
-        (W.JOB_SLOT_BASE, 0), (W.JOB_SLOT_COUNT, slots), (W.JOB_CREDITS, 0),
-        (W.JOB_QUORUM, 0), (W.JOB_KEY, BENCH_KEY),
-        (W.JOB_CONFIG, W.CONFIG.pack(enable=1, workers=workers)))])
+    _control(switch, [(R.WRITE | R.job_reg(0, reg), value) for reg, value in (
+        (R.JOB_SLOT_BASE, 0), (R.JOB_SLOT_COUNT, slots), (R.JOB_CREDITS, 0),
+        (R.JOB_QUORUM, 0), (R.JOB_KEY, BENCH_KEY),
+        (R.JOB_CONFIG, R.CONFIG.pack(enable=1, workers=workers)))])
 
 
 def _windows(workers: int, slots: int, lanes: int, uses: int) -> list[list[tuple]]:

@@ -28,7 +28,7 @@ single switch's.
 
 With NETAGG_BENCH_OUT set each writes its figures there as JSON; else `line_rate` checks that
 the 1:1 uplinks carried one beat per cycle out and in. `netagg bench leafspine` runs them
-(`apps/bench_leafspine.py`), and so do the tests.
+(`netagg/apps/bench_leafspine.py`), and so do the tests.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ import os
 import cocotb
 import numpy as np
 
-from netagg.sim import wire as W
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.sim.bench_switch import HOST, NB, PARAMS, PORTS, SWITCH, SwitchTB
 from netagg.sim.golden_spine import GoldenSpine
 from netagg.sim.model import BENCH_KEY
@@ -74,15 +75,15 @@ def requests(records, me: W.Endpoint) -> list[bytes]:
 
 
 def address_records(me: W.Endpoint) -> list[tuple[int, int]]:
-    return [(W.WRITE | W.REG_MAC_HI, me.mac >> 32), (W.WRITE | W.REG_MAC_LO, me.mac & 0xFFFFFFFF),
-            (W.WRITE | W.REG_IP, W.ip_to_int(me.ip))]
+    return [(R.WRITE | R.REG_MAC_HI, me.mac >> 32), (R.WRITE | R.REG_MAC_LO, me.mac & 0xFFFFFFFF),
+            (R.WRITE | R.REG_IP, W.ip_to_int(me.ip))]
 
 
 def uplink_records(uplinks: int, first_port: int) -> list[tuple[int, int]]:
     """A leaf's uplink table: uplink i leaves by port `first_port + i` to spine i."""
     records = [record for i in range(uplinks)
                for record in W.uplink_records(i, first_port + i, spine(i))]
-    return [(W.WRITE | a, v) for a, v in records] + [(W.WRITE | W.REG_UPLINK_DOWN, 0)]
+    return [(R.WRITE | a, v) for a, v in records] + [(R.WRITE | R.REG_UPLINK_DOWN, 0)]
 
 
 def job_records(job: int, members: list[tuple[W.Endpoint, int, int]], slot_base: int,
@@ -91,20 +92,20 @@ def job_records(job: int, members: list[tuple[W.Endpoint, int, int]], slot_base:
     """`job` over `slot_count` slots from `slot_base`, its members (endpoint, switch port,
     R_Key) in rank order; a spine's (`partials`: the members are leaves at `qpn`), or a
     leaf's with `parent` (rank, spray word)."""
-    records = [(W.WRITE | W.job_reg(job, W.JOB_CONFIG), 0),
-               (W.WRITE | W.job_reg(job, W.JOB_SLOT_BASE), slot_base),
-               (W.WRITE | W.job_reg(job, W.JOB_SLOT_COUNT), slot_count)]
+    records = [(R.WRITE | R.job_reg(job, R.JOB_CONFIG), 0),
+               (R.WRITE | R.job_reg(job, R.JOB_SLOT_BASE), slot_base),
+               (R.WRITE | R.job_reg(job, R.JOB_SLOT_COUNT), slot_count)]
     for r, (ep, port, rkey) in enumerate(members):
-        records += [(W.WRITE | a, v) for a, v in W.entry_records(job, r, port, ep, qpn,
+        records += [(R.WRITE | a, v) for a, v in W.entry_records(job, r, port, ep, qpn,
                                                                   rkey=rkey)]
-    records.append((W.WRITE | W.job_reg(job, W.JOB_CONFIG),
-                    W.CONFIG.pack(enable=1, partials=int(partials), workers=len(members))))
-    records.append((W.WRITE | W.job_reg(job, W.JOB_KEY), key))
+    records.append((R.WRITE | R.job_reg(job, R.JOB_CONFIG),
+                    R.CONFIG.pack(enable=1, partials=int(partials), workers=len(members))))
+    records.append((R.WRITE | R.job_reg(job, R.JOB_KEY), key))
     if parent is not None:
-        records += [(W.WRITE | W.job_reg(job, W.JOB_PARENT_KEY), SPINE_KEY),
-                    (W.WRITE | W.job_reg(job, W.JOB_SPRAY), parent["spray"]),
-                    (W.WRITE | W.job_reg(job, W.JOB_PARENT),
-                     W.PARENT.pack(enable=1, rank=parent["rank"]))]
+        records += [(R.WRITE | R.job_reg(job, R.JOB_PARENT_KEY), SPINE_KEY),
+                    (R.WRITE | R.job_reg(job, R.JOB_SPRAY), parent["spray"]),
+                    (R.WRITE | R.job_reg(job, R.JOB_PARENT),
+                     R.PARENT.pack(enable=1, rank=parent["rank"]))]
     return records
 
 
@@ -117,7 +118,7 @@ def spine_job_records(job: int, leaves: int, slot_base: int, slot_count: int):
 
 def alternate(swap: bool = False) -> int:
     """SPRAY over 2 uplinks, slot by slot (swapped: the other uplink first)."""
-    return W.spray_word([(e + swap) % 2 for e in range(W.SPRAY_ENTRIES)])
+    return R.spray_word([(e + swap) % 2 for e in range(R.SPRAY_ENTRIES)])
 
 
 class Spines:
@@ -151,7 +152,7 @@ async def configure(tb: SwitchTB, spines: Spines, jobs: list[list[int]], sprays:
     slots = SLOTS // len(jobs)
     records = address_records(leaf()) + uplink_records(UPLINKS, DOWNLINKS)
     for j in range(JOBS):
-        records.append((W.WRITE | W.job_reg(j, W.JOB_CONFIG), 0))
+        records.append((R.WRITE | R.job_reg(j, R.JOB_CONFIG), 0))
     for j, ports in enumerate(jobs):
         members = [(worker(j, p), p, 0) for p in ports]
         records += job_records(j, members, j * slots, slots, BENCH_KEY,

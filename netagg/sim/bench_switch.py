@@ -9,7 +9,7 @@ each slot (4 by default), as a host builds them (`sim.wire`). The testcase check
 result comes out; with NETAGG_BENCH_OUT set it writes its figures there as JSON (beats per
 cycle taken on each port, the latency, cycles and simulated cycles per second), else it
 checks that every port took one beat per cycle. `netagg bench switch` runs it
-(`apps/bench_line_rate.py`), and so do the tests.
+(`netagg/apps/bench_line_rate.py`), and so do the tests.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 
-from netagg.sim import wire as W
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.sim.model import BENCH_KEY
 
 PARAMS = json.loads(os.environ.get("NETAGG_SWITCH", "{}"))
@@ -170,23 +171,23 @@ def workers() -> list[W.Endpoint]:
 def config_frames(ws: list[W.Endpoint], slots: int) -> list[bytes]:
     """Control requests that give the switch its addresses and configure job 0 over `slots`
     slots with one worker per port (CONFIG last, which clears the job's slots)."""
-    records = [(W.WRITE | W.REG_MAC_HI, SWITCH.mac >> 32),
-               (W.WRITE | W.REG_MAC_LO, SWITCH.mac & 0xFFFFFFFF),
-               (W.WRITE | W.REG_IP, W.ip_to_int(SWITCH.ip)),
-               (W.WRITE | W.job_reg(0, W.JOB_CONFIG), 0),   # its range is fixed while enabled
-               (W.WRITE | W.job_reg(0, W.JOB_SLOT_BASE), 0),
-               (W.WRITE | W.job_reg(0, W.JOB_SLOT_COUNT), slots)]
+    records = [(R.WRITE | R.REG_MAC_HI, SWITCH.mac >> 32),
+               (R.WRITE | R.REG_MAC_LO, SWITCH.mac & 0xFFFFFFFF),
+               (R.WRITE | R.REG_IP, W.ip_to_int(SWITCH.ip)),
+               (R.WRITE | R.job_reg(0, R.JOB_CONFIG), 0),   # its range is fixed while enabled
+               (R.WRITE | R.job_reg(0, R.JOB_SLOT_BASE), 0),
+               (R.WRITE | R.job_reg(0, R.JOB_SLOT_COUNT), slots)]
     for r, w in enumerate(ws):
         records += [
-            (W.WRITE | W.worker_reg(0, r, W.WORKER_PORT),
-             W.WORKER_ENDPOINT.pack(switch_port=r, udp_port=w.port)),
-            (W.WRITE | W.worker_reg(0, r, W.WORKER_MAC_HI), w.mac >> 32),
-            (W.WRITE | W.worker_reg(0, r, W.WORKER_MAC_LO), w.mac & 0xFFFFFFFF),
-            (W.WRITE | W.worker_reg(0, r, W.WORKER_IP), W.ip_to_int(w.ip)),
+            (R.WRITE | R.worker_reg(0, r, R.WORKER_PORT),
+             R.WORKER_ENDPOINT.pack(switch_port=r, udp_port=w.port)),
+            (R.WRITE | R.worker_reg(0, r, R.WORKER_MAC_HI), w.mac >> 32),
+            (R.WRITE | R.worker_reg(0, r, R.WORKER_MAC_LO), w.mac & 0xFFFFFFFF),
+            (R.WRITE | R.worker_reg(0, r, R.WORKER_IP), W.ip_to_int(w.ip)),
         ]
-    records.append((W.WRITE | W.job_reg(0, W.JOB_CONFIG),
-                    W.CONFIG.pack(enable=1, workers=len(ws))))
-    records.append((W.WRITE | W.job_reg(0, W.JOB_KEY), BENCH_KEY))
+    records.append((R.WRITE | R.job_reg(0, R.JOB_CONFIG),
+                    R.CONFIG.pack(enable=1, workers=len(ws))))
+    records.append((R.WRITE | R.job_reg(0, R.JOB_KEY), BENCH_KEY))
     step = W.MAX_CONTROL_RECORDS
     return [W.control_request(records[i:i + step], i // step, HOST, SWITCH).frame()
             for i in range(0, len(records), step)]

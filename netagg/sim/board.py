@@ -4,7 +4,7 @@
 
 `BoardSim` is the board's `bitstreams.top.BoardCore` (`sim.tops.BoardTop`: the same MACs,
 ARP responders, frame muxes and switch as its bitstream, with the parameters and addresses
-of its `bitstreams.top.Target`) clocked by the C++ loop of ``sim/cpp/board.cpp``, which
+of its `bitstreams.top.Target`) clocked by the C++ loop of ``netagg/sim/cpp/board.cpp``, which
 turns each port's GMII into whole Ethernet frames and back (preamble, SFD, padding, FCS)
 and reads and writes them on file descriptors. With a TAP device per port (`sim.tap`) the
 kernel's own ARP, IPv4 and UDP talk to the board as to one cabled to a NIC: port 0 is
@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from netagg.hw.headers import ROCEV2_PORT
+from netagg.contract.headers import ROCEV2_PORT
 
 from .verilated import (
     ContractError,
@@ -61,7 +61,7 @@ WIRE_OVERHEAD = 8 + 4 + 12
 
 
 def _board_header(signals: Signals, top: str) -> str:
-    """netagg_board.h for sim/cpp/board.cpp, after checking the top's ports."""
+    """netagg_board.h for netagg/sim/cpp/board.cpp, after checking the top's ports."""
     for name in ("clk", "eth_clk", "rst"):
         check_port(signals, top, name, "IN", 1)
     count = 0

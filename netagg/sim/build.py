@@ -12,7 +12,8 @@ cocotb testbenches' simulator (cocotb's ``verilator.cpp`` and VPI library, built
 links into a shared library (`sim.model`, `sim.board`).
 
 Cache, under `cache_dir()` (``~/.cache/netagg``; ``NETAGG_CACHE`` moves it):
-``verilog/<key>.v`` (and ``.vlt``, the public-ports control file), a top's Verilog;
+``verilog/<key>.v`` (and ``.vlt``, the public-ports control file), a top's Verilog, written
+under ``verilog/<key>.v.lock`` (two test workers that want the same top elaborate it once);
 ``builds/<key>/``, a build: Verilator's and make's output, the program, ``build.log`` and
 ``build.json`` (written last: the build is complete); ``builds/<key>.lock``, held while it
 is built, so parallel processes build each once; ``verilator-runtime/``, Verilator's own
@@ -33,7 +34,6 @@ second.
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import importlib.metadata
@@ -44,12 +44,13 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .toolchain import VERILATOR_VERSION, cache_dir, ensure_verilator, verilator_root
+from netagg.cache import cache_dir, locked
+
+from .toolchain import VERILATOR_VERSION, ensure_verilator, verilator_root
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPLEVEL = "top"
@@ -85,9 +86,10 @@ class Program:
 
 
 def _design_sources(top: str) -> list[Path]:
-    """The Python files whose Amaranth makes up `top`: the gateware, the tops, and for the
-    board top its design and targets in bitstreams/ (not the bitstream flow)."""
-    paths = [*(ROOT / "hw").rglob("*.py"), ROOT / "sim" / "tops.py"]
+    """The Python files whose Amaranth makes up `top`: the contract, the gateware, the tops,
+    and for the board top its design and targets in bitstreams/ (not the bitstream flow)."""
+    paths = [*(ROOT / "contract").rglob("*.py"), *(ROOT / "hw").rglob("*.py"),
+             ROOT / "sim" / "tops.py"]
     if top == "board":
         from netagg.bitstreams import BOARDS
 
@@ -139,16 +141,6 @@ def build_key(top: str, params: dict, program: str, build: object = None) -> str
     return f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
-@contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``<path>.lock`` for the block: while one process builds
-    `path`, another that wants it waits, then finds it built."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / f"{path.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
 def _write(path: Path, text: str, mode: int | None = None) -> None:
     """Write `path` atomically (parallel writers write the same text)."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -179,9 +171,11 @@ def verilog(top: str, **params) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{build_key(top, params, 'v')}.v"
     if not path.exists():
-        design = TOPS[top](**params)
-        _write(path, constant_processes(
-            amaranth_verilog.convert(design, name=TOPLEVEL, ports=design.ports())))
+        with locked(path):
+            if not path.exists():   # or written while this process waited
+                design = TOPS[top](**params)
+                _write(path, constant_processes(
+                    amaranth_verilog.convert(design, name=TOPLEVEL, ports=design.ports())))
     return path
 
 

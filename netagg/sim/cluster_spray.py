@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from netagg.sim import wire as W
+from netagg.contract import wire as W
 
 BUCKETS = 64                    # a packet goes by its slot's low 6 bits
 IMM_OFFSET = W.IP_LEN + W.UDP_LEN + W.BTH_LEN + W.RETH_LEN     # the ImmDt, from IPv4's start

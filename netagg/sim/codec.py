@@ -23,10 +23,10 @@ import functools
 import struct
 from typing import NamedTuple
 
-from netagg.hw import headers as H
-from netagg.hw.headers import Verdict
+from netagg.contract import headers as H
+from netagg.contract import wire as W
+from netagg.contract.headers import Verdict
 from netagg.hw.parser import MIN_ETHERNET_FRAME
-from netagg.sim import wire as W
 
 OK = Verdict.OK         # the verdict every frame is compared with, bound once
 
@@ -38,10 +38,10 @@ NO_PAYLOAD = {op for op, cls in H.OPCODE_CLASSES.items() if cls in H.NO_PAYLOAD}
 # The headers the parser's checks read: from the EtherType to the BTH's destination QP
 # (IPv4 as ten 16-bit words). The checks read these and the frame's length, nothing else (the
 # ICRC aside): their outcome is cached per (headers, length), which a sender's frames share.
-HEADERS = struct.Struct("!H 10H HHHH BBHI")
+HEADERS = struct.Struct(f"!H {W.IP_LEN // 2}H" + H.struct_codes(H.UDP) + H.struct_codes(H.BTH)[:-1])
 CHECKED = slice(W.IP_OFFSET - 2, W.BTH_OFFSET + 8)
-RETH_IMM = struct.Struct("!QIII")          # RETH (va, rkey, dma_length) and ImmDt
-ICRC_WORD = struct.Struct("<I")
+RETH_IMM = struct.Struct("!" + H.struct_codes(H.RETH, H.IMMDT))   # RETH (va, rkey, length), ImmDt
+ICRC_WORD = W.ICRC_STRUCT
 
 
 class Header(NamedTuple):
@@ -149,7 +149,7 @@ def result_imm(job: int, count: int, version: int, slot: int, exponent: int,
 
 
 # What follows the first 8 bytes of a result's BTH: its PSN, the RETH and the ImmDt.
-_RESULT_TAIL = struct.Struct("!IQIII")
+_RESULT_TAIL = struct.Struct("!" + H.struct_codes(H.BTH)[-1] + H.struct_codes(H.RETH, H.IMMDT))
 
 
 class ResultTemplate:

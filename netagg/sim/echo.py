@@ -44,8 +44,9 @@ import dataclasses
 
 import numpy as np
 
+from netagg.contract import wire as W
+from netagg.host.udp_offload import FrameRun
 from netagg.sim import echo_run
-from netagg.sim import wire as W
 from netagg.sim.codec import (
     CHECKED,
     ICRC_WORD,
@@ -58,7 +59,6 @@ from netagg.sim.codec import (
     result_imm,
 )
 from netagg.sim.golden import GoldenSwitch, Job, signed
-from netagg.sim.udp_offload import FrameRun
 
 _RETH_AT = W.BTH_OFFSET + W.BTH_LEN                     # the RETH's offset in a frame
 _SHORTEST = _RETH_AT + RETH_IMM.size + 4 + ICRC_WORD.size   # a contribution of one lane

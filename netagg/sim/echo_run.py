@@ -37,10 +37,10 @@ import itertools
 
 import numpy as np
 
-from netagg.hw import headers as H
-from netagg.sim import wire as W
+from netagg.contract import headers as H
+from netagg.contract import wire as W
+from netagg.host.udp_offload import FrameRun
 from netagg.sim.codec import CHECKED, OK, checks
-from netagg.sim.udp_offload import FrameRun
 
 _HEAD = W.ICRC_HEADERS - W.IP_LEN - W.UDP_LEN      # the BTH's bytes the ICRC's state covers
 _PSN = next((bit, width) for name, bit, width in H.BTH.field_offsets() if name == "psn")

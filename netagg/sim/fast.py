@@ -2,7 +2,7 @@
 
 `FastSwitch` is `sim.golden.GoldenSwitch` (the specification) with its slot copies, its job
 table as the compiled core reads it and its counters in flat numpy arrays, and a C++ core
-(`sim/cpp/fast_switch.h`, built by `sim.fast_build`, the GIL released) that takes the common
+(`netagg/sim/cpp/fast_switch.h`, built by `sim.fast_build`, the GIL released) that takes the common
 frame. Everything else is the golden model's own code, on the same arrays: the control path
 (registers, job table, keys, owners, heartbeats, the manager), the parser's drops, the job
 table's refusals, forced priority decisions. The differential fuzzer holds it to the golden
@@ -41,11 +41,13 @@ import dataclasses
 
 import numpy as np
 
-from netagg.sim import cpp_build, fast_build
-from netagg.sim import wire as W
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
+from netagg.host import cpp_build
+from netagg.host.udp_offload import FrameRun
+from netagg.sim import fast_build
 from netagg.sim.fast_build import JOB_WORDS, TEMPLATE_BYTES, WORKER_WORDS, State, Stop
 from netagg.sim.golden import GoldenSwitch, Job, SlotCopy
-from netagg.sim.udp_offload import FrameRun
 
 _COMPLETED = JOB_WORDS.index("completed")
 ARENA_BYTES = 4 << 20       # the buffer the C++ writes the frames it sends into, a call after
@@ -201,15 +203,15 @@ class FastSwitch(GoldenSwitch):
         self.copies = SlotCopies(self.slots, lanes)
         self.state = [[CopyView(self.copies, 2 * s), CopyView(self.copies, 2 * s + 1)]
                       for s in range(self.slots)]
-        self._port_counts = np.zeros((self.ports, len(W.PORT_COUNTERS)), np.int64)
-        self._job_counts = np.zeros((self.jobs, len(W.JOB_COUNTERS)), np.int64)
-        self.port_counters = [Counters(row, W.PORT_COUNTERS) for row in self._port_counts]
-        self.job_counters = [Counters(row, W.JOB_COUNTERS) for row in self._job_counts]
+        self._port_counts = np.zeros((self.ports, len(R.PORT_COUNTERS)), np.int64)
+        self._job_counts = np.zeros((self.jobs, len(R.JOB_COUNTERS)), np.int64)
+        self.port_counters = [Counters(row, R.PORT_COUNTERS) for row in self._port_counts]
+        self.job_counters = [Counters(row, R.JOB_COUNTERS) for row in self._job_counts]
         self._table = np.zeros((self.jobs, len(JOB_WORDS)), np.int64)
         self._workers = np.zeros((self.jobs, self.max_workers, len(WORKER_WORDS)), np.int64)
         # each job's workers' result headers (their templates' heads), as the C++ reads them
         self.result_heads = np.zeros((self.jobs, self.max_workers, TEMPLATE_BYTES), np.uint8)
-        self._thresholds = np.zeros(W.PRIORITY_CLASSES, np.int64)
+        self._thresholds = np.zeros(R.PRIORITY_CLASSES, np.int64)
         self._most = 1                  # the most results one contribution sends
         c = self.copies
         self.core = State(                  # the C++'s arguments: its arrays, and a call's

@@ -1,4 +1,4 @@
-"""The fast switch's compiled core and socket loop (`sim/cpp/fast.cpp`, `fast_switch.h`,
+"""The fast switch's compiled core and socket loop (`netagg/sim/cpp/fast.cpp`, `fast_switch.h`,
 `fast_io.h`): their interface, built and loaded.
 
 The interface is declared here once: `State`, the ctypes structure a call fills (the
@@ -26,10 +26,12 @@ import enum
 import functools
 from pathlib import Path
 
-from netagg.hw import headers as H
-from netagg.sim import udp, udp_offload
-from netagg.sim import wire as W
-from netagg.sim.cpp_build import FLAGS, Unavailable, build_and_load, enabled
+from netagg.contract import headers as H
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
+from netagg.host import udp_offload
+from netagg.host.cpp_build import FLAGS, Unavailable, build_and_load, enabled
+from netagg.sim import udp
 
 SOURCE = Path(__file__).resolve().parent / "cpp" / "fast.cpp"
 INCLUDES = [SOURCE.with_name("fast_switch.h"), SOURCE.with_name("fast_io.h")]
@@ -135,9 +137,9 @@ def constants() -> dict[str, int]:
         "ARRIVAL_HEAD": udp.ARRIVAL_HEAD, "VNET_GSO_NONE": udp.VNET_GSO_NONE,
         "OP_CONTRIBUTION": W.OP_CONTRIBUTION, "OP_RESULT": W.OP_RESULT,
         "EXT_CONTRIBUTION": H.EXT_LENGTH[H.OPCODE_CLASSES[W.OP_CONTRIBUTION]],
-        "VA_MSN_SHIFT": W.VA_MSN_SHIFT, "DEADLINE_BITS": W.DEADLINE_BITS,
-        "PRIORITY_CLASSES": W.PRIORITY_CLASSES, "TEMPLATE_BYTES": TEMPLATE_BYTES,
-        "N_PORT_COUNTERS": len(W.PORT_COUNTERS), "N_JOB_COUNTERS": len(W.JOB_COUNTERS),
+        "VA_MSN_SHIFT": W.VA_MSN_SHIFT, "DEADLINE_BITS": R.DEADLINE_BITS,
+        "PRIORITY_CLASSES": R.PRIORITY_CLASSES, "TEMPLATE_BYTES": TEMPLATE_BYTES,
+        "N_PORT_COUNTERS": len(R.PORT_COUNTERS), "N_JOB_COUNTERS": len(R.JOB_COUNTERS),
         "JOB_WORDS": len(JOB_WORDS), "WORKER_WORDS": len(WORKER_WORDS),
         "ETH_LEN": W.ETH_LEN, "WRITE_IMM_HEAD_LEN": W.WRITE_IMM_HEAD_LEN,
         "MAX_SEGMENTS": udp_offload.MAX_SEGMENTS, "MAX_RUN_BYTES": udp_offload.MAX_RUN_BYTES,
@@ -162,7 +164,7 @@ def abi_header() -> str:
     masked = sorted(b - W.IP_OFFSET for b in H.ICRC_MASKED_BYTES)
     lines.append("// bytes of the ICRC's headers (from the IPv4 header) masked to ones")
     lines.append("constexpr int ICRC_MASKED[] = {" + ", ".join(map(str, masked)) + "};")
-    for prefix, names in (("PC", W.PORT_COUNTERS), ("JC", W.JOB_COUNTERS), ("J", JOB_WORDS),
+    for prefix, names in (("PC", R.PORT_COUNTERS), ("JC", R.JOB_COUNTERS), ("J", JOB_WORDS),
                           ("WK", WORKER_WORDS), ("SD", SENDER_WORDS), ("RT", ROUTE_WORDS)):
         lines.append("enum {" + ", ".join(f"{prefix}_{n.upper()} = {i}"
                                           for i, n in enumerate(names)) + "};")

@@ -1,6 +1,6 @@
 """The fast switch behind `netagg sim serve`, its socket loop compiled.
 
-`FastIo` drives `fast_serve` (`sim/cpp/fast_io.h`): the C++ reads the server's packet socket
+`FastIo` drives `fast_serve` (`netagg/sim/cpp/fast_io.h`): the C++ reads the server's packet socket
 (`udp.arrivals_socket`) a batch at a time, makes each packet the frames the switch sees as
 `sim.udp_runs` does (a GSO run cut into the kernel's segments, each entering with its
 sender's Ethernet header from the senders' table), takes them through the fast switch's core
@@ -28,8 +28,8 @@ import socket
 
 import numpy as np
 
+from netagg.contract import wire as W
 from netagg.sim import fast_build, udp
-from netagg.sim import wire as W
 from netagg.sim.fast import FastSwitch
 from netagg.sim.fast_build import ROUTE_WORDS, RX_BATCH, SENDER_WORDS, Io, Served
 

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from netagg.sim import wire as W
+from netagg.contract import wire as W
 from netagg.sim.codec import OK, contribution, decode
 from netagg.sim.fuzz_mutations import Mutator
 from netagg.sim.fuzz_spine import partial_of

@@ -31,7 +31,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from netagg.sim import wire as W
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.sim.codec import ResultTemplate, result_imm
 from netagg.sim.fuzz_mutations import Mutator
 from netagg.sim.fuzz_traffic import HOST, OPERATOR, SWITCH, Frame, Kind, Member, Traffic
@@ -92,7 +93,7 @@ class LeafTraffic(Traffic):
     def _uplink_table(self) -> Frame:
         records = [record for i in range(UPLINKS)
                    for record in W.uplink_records(i, (i + 1) % self.ports, spine_endpoint(i))]
-        return Frame(0, W.control_request([(W.WRITE | a, v) for a, v in records], 0, HOST,
+        return Frame(0, W.control_request([(R.WRITE | a, v) for a, v in records], 0, HOST,
                                           SWITCH).frame(), Kind.CONTROL)
 
     def _configure(self, job: int, members: list[Member], *args) -> Iterator[Frame]:
@@ -100,14 +101,14 @@ class LeafTraffic(Traffic):
         rng = self.rng
         if rng.random() < 0.85:
             self.parent_keys[job] = rng.getrandbits(32)
-            spray = W.spray_word([rng.randrange(W.MAX_UPLINKS) for _ in range(W.SPRAY_ENTRIES)])
+            spray = R.spray_word([rng.randrange(R.MAX_UPLINKS) for _ in range(R.SPRAY_ENTRIES)])
             yield self._control(members[0], [
-                (W.job_reg(job, W.JOB_PARENT_KEY), self.parent_keys[job]),
-                (W.job_reg(job, W.JOB_SPRAY), spray),
-                (W.job_reg(job, W.JOB_PARENT), W.PARENT.pack(enable=1,
+                (R.job_reg(job, R.JOB_PARENT_KEY), self.parent_keys[job]),
+                (R.job_reg(job, R.JOB_SPRAY), spray),
+                (R.job_reg(job, R.JOB_PARENT), R.PARENT.pack(enable=1,
                                                              rank=rng.randrange(32)))])
         if rng.random() < PARTIALS:
-            yield self._control(members[0], [(W.job_reg(job, W.JOB_CONFIG), W.CONFIG.pack(
+            yield self._control(members[0], [(R.job_reg(job, R.JOB_CONFIG), R.CONFIG.pack(
                 enable=1, partials=1, workers=len(members)))])
 
     def epoch(self) -> Iterator[Frame]:
@@ -121,7 +122,7 @@ class LeafTraffic(Traffic):
             if frame.kind is Kind.CONTRIBUTION and rng.random() < 0.03:
                 down = rng.choice((0, 0, 1, 2, (1 << UPLINKS) - 1, (1 << UPLINKS) - 1))
                 yield Frame(rng.randrange(self.ports), W.control_request(
-                    [(W.WRITE | W.REG_UPLINK_DOWN, down)], 0, OPERATOR, SWITCH).frame(),
+                    [(R.WRITE | R.REG_UPLINK_DOWN, down)], 0, OPERATOR, SWITCH).frame(),
                     Kind.CONTROL)
             if frame.kind is Kind.CONTRIBUTION and rng.random() < 0.02:
                 # an uplink's port (now and then another) loses its link, or gets it back

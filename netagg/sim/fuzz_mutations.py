@@ -28,8 +28,9 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from netagg.hw import headers as H
-from netagg.sim import wire as W
+from netagg.contract import headers as H
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.sim.fuzz_traffic import Kind
 
 
@@ -233,15 +234,15 @@ class Mutator:
         rng, jobs, workers = self.rng, self.jobs, self.max_workers
         return rng.choice((
             rng.randrange(0x20),
-            W.job_reg(rng.randrange(jobs + 1), rng.randrange(W.JOB_SPRAY + 2)),
-            W.uplink_reg(rng.randrange(W.MAX_UPLINKS + 1), rng.randrange(W.UPLINK_STRIDE)),
-            W.worker_reg(rng.randrange(jobs + 1), rng.randrange(workers + 1), rng.randrange(8)),
-            W.BEAT_BASE + W.BEAT_STRIDE * rng.randrange(jobs + 1) + rng.randrange(workers + 2),
-            W.PORT_COUNTERS_BASE + W.PORT_COUNTERS_STRIDE * rng.randrange(self.ports + 1)
+            R.job_reg(rng.randrange(jobs + 1), rng.randrange(R.JOB_SPRAY + 2)),
+            R.uplink_reg(rng.randrange(R.MAX_UPLINKS + 1), rng.randrange(R.UPLINK_STRIDE)),
+            R.worker_reg(rng.randrange(jobs + 1), rng.randrange(workers + 1), rng.randrange(8)),
+            R.BEAT_BASE + R.BEAT_STRIDE * rng.randrange(jobs + 1) + rng.randrange(workers + 2),
+            R.PORT_COUNTERS_BASE + R.PORT_COUNTERS_STRIDE * rng.randrange(self.ports + 1)
             + rng.randrange(0x20),
-            W.JOB_COUNTERS_BASE + W.JOB_COUNTERS_STRIDE * rng.randrange(jobs + 1)
+            R.JOB_COUNTERS_BASE + R.JOB_COUNTERS_STRIDE * rng.randrange(jobs + 1)
             + rng.randrange(0x20),
-            rng.getrandbits(31))) | (W.WRITE if rng.random() < 0.5 else 0)
+            rng.getrandbits(31))) | (R.WRITE if rng.random() < 0.5 else 0)
 
     def _records(self, buf: bytearray) -> str:
         rng = self.rng
@@ -249,8 +250,8 @@ class Mutator:
         records = [(self._address(), rng.choice((
             0, 1, 0xFFFFFFFF, rng.getrandbits(32), rng.randrange(16),
             0x80000000 | rng.randrange(64), rng.randrange(0x10000),
-            W.CONFIG.pack(enable=1, partials=1, workers=rng.randrange(64)),
-            W.PARENT.pack(enable=1, rank=rng.randrange(32))))) for _ in range(n)]
+            R.CONFIG.pack(enable=1, partials=1, workers=rng.randrange(64)),
+            R.PARENT.pack(enable=1, rank=rng.randrange(32))))) for _ in range(n)]
         payload = W.pack_records(records)
         if rng.random() < 0.1:
             payload = payload[:rng.randrange(len(payload) + 1)] + rng.randbytes(rng.randrange(8))

@@ -23,8 +23,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from netagg.hw import headers as H
-from netagg.sim import wire as W
+from netagg.contract import headers as H
+from netagg.contract import wire as W
 from netagg.sim.fuzz_mutations import Field, Mutator, get_field, repair_icrc, set_field
 from netagg.sim.fuzz_traffic import SWITCH, Frame, Kind, Member, Traffic
 

@@ -29,7 +29,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from netagg.sim import wire as W
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 
 SWITCH = W.Endpoint("10.0.0.1", W.ROCEV2_PORT, 0x02AA00000001)
 HOST = W.Endpoint("10.0.255.254", 0xD000, 0x02BB000000FE)     # where register reads come from
@@ -126,19 +127,19 @@ class Member:
 def register_names(ports: int, jobs: int, max_workers: int) -> dict[int, str]:
     """Every register a checkpoint reads, by address: the global ones, each job's and its
     ranks' heartbeats, and the port and job counters."""
-    names = {a: f"global {a:#06x}" for a in range(W.REG_UPLINK_LOST + 1)}
-    names |= {W.drop_threshold(c): f"drop threshold {c}" for c in range(W.PRIORITY_CLASSES)}
-    names |= {W.uplink_reg(i, f): f"uplink {i} field {f}" for i in range(W.MAX_UPLINKS)
-              for f in range(W.UPLINK_FIELDS)}
+    names = {a: f"global {a:#06x}" for a in range(R.REG_UPLINK_LOST + 1)}
+    names |= {R.drop_threshold(c): f"drop threshold {c}" for c in range(R.PRIORITY_CLASSES)}
+    names |= {R.uplink_reg(i, f): f"uplink {i} field {f}" for i in range(R.MAX_UPLINKS)
+              for f in range(R.UPLINK_FIELDS)}
     for j in range(jobs):
         for field in ("CONFIG", "SLOT_BASE", "SLOT_COUNT", "CREDITS", "QUORUM", "COMPLETED",
                       "EPOCH", "KEY", "OWNER", "PARENT", "PARENT_KEY", "SPRAY"):
-            names[W.job_reg(j, getattr(W, f"JOB_{field}"))] = f"job {j} {field}"
-        names |= {W.job_counter(j, n): f"job {j} {n}"
-                  for n in (*W.JOB_COUNTERS, *W.FABRIC_COUNTERS)}
-        names |= {W.beat_reg(j, r): f"job {j} beat {r}" for r in range(max_workers)}
+            names[R.job_reg(j, getattr(R, f"JOB_{field}"))] = f"job {j} {field}"
+        names |= {R.job_counter(j, n): f"job {j} {n}"
+                  for n in (*R.JOB_COUNTERS, *R.FABRIC_COUNTERS)}
+        names |= {R.beat_reg(j, r): f"job {j} beat {r}" for r in range(max_workers)}
     for p in range(ports):
-        names |= {W.port_counter(p, n): f"port {p} {n}" for n in W.PORT_COUNTERS}
+        names |= {R.port_counter(p, n): f"port {p} {n}" for n in R.PORT_COUNTERS}
     return names
 
 
@@ -185,7 +186,7 @@ class Traffic:
                       rng.getrandbits(64), key)
 
     def _control(self, m: Member, records) -> Frame:
-        records = [(a | W.WRITE, v) for a, v in records]
+        records = [(a | R.WRITE, v) for a, v in records]
         return Frame(m.port, W.control_request(records, m.next_psn(), m.endpoint,
                                                SWITCH).frame(), Kind.CONTROL)
 
@@ -202,16 +203,16 @@ class Traffic:
         R_Key; then each other rank writes its row."""
         n = len(members)
         yield self._control(members[0], [
-            (W.job_reg(job, W.JOB_CONFIG), W.CONFIG.pack(enable=0, workers=n)),
-            (W.job_reg(job, W.JOB_SLOT_BASE), base), (W.job_reg(job, W.JOB_SLOT_COUNT), count),
-            (W.job_reg(job, W.JOB_CREDITS), credits), (W.job_reg(job, W.JOB_QUORUM), quorum),
-            (W.job_reg(job, W.JOB_DEADLINE), self.rng.choice((0, 0, 1, 2, 3)))]
-            + [(W.worker_reg(job, m.rank, W.WORKER_IP), 0) for m in members[1:]]
+            (R.job_reg(job, R.JOB_CONFIG), R.CONFIG.pack(enable=0, workers=n)),
+            (R.job_reg(job, R.JOB_SLOT_BASE), base), (R.job_reg(job, R.JOB_SLOT_COUNT), count),
+            (R.job_reg(job, R.JOB_CREDITS), credits), (R.job_reg(job, R.JOB_QUORUM), quorum),
+            (R.job_reg(job, R.JOB_DEADLINE), self.rng.choice((0, 0, 1, 2, 3)))]
+            + [(R.worker_reg(job, m.rank, R.WORKER_IP), 0) for m in members[1:]]
             + self._row(job, members[0])
-            + [(W.job_reg(job, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=n, **self.config)),
-               (W.job_reg(job, W.JOB_EPOCH), self.rng.getrandbits(32)),
-               (W.job_reg(job, W.JOB_KEY), members[0].key)]
-            + [(W.worker_reg(job, m.rank, W.WORKER_RKEY), m.rkey) for m in members])
+            + [(R.job_reg(job, R.JOB_CONFIG), R.CONFIG.pack(enable=1, workers=n, **self.config)),
+               (R.job_reg(job, R.JOB_EPOCH), self.rng.getrandbits(32)),
+               (R.job_reg(job, R.JOB_KEY), members[0].key)]
+            + [(R.worker_reg(job, m.rank, R.WORKER_RKEY), m.rkey) for m in members])
         for m in members[1:]:
             yield self._control(m, self._row(job, m))
 
@@ -224,23 +225,23 @@ class Traffic:
         mutation's replay of an old request enabled, say)."""
         rng = self.rng
         if self.epochs == self.manager_epoch:
-            yield dataclasses.replace(self._from(OPERATOR, [(W.REG_MANAGER,
+            yield dataclasses.replace(self._from(OPERATOR, [(R.REG_MANAGER,
                                                              W.ip_to_int(OPERATOR.ip))]),
                                       kind=Kind.MANAGE)
         for job, writers in list(self.owned.items()):
             if rng.random() < 0.1:
                 continue
             for source in writers if rng.random() < 0.6 else [OPERATOR]:
-                yield self._from(source, [(W.job_reg(job, W.JOB_CONFIG), 0)])
+                yield self._from(source, [(R.job_reg(job, R.JOB_CONFIG), 0)])
             del self.owned[job]
         if rng.random() < 0.5:
-            yield self._from(OPERATOR, [(W.job_reg(rng.randrange(self.jobs), W.JOB_CONFIG), 0)])
+            yield self._from(OPERATOR, [(R.job_reg(rng.randrange(self.jobs), R.JOB_CONFIG), 0)])
 
     def _from(self, source: W.Endpoint, records) -> Frame:
         """Writes from `source` (a worker of an epoch before, or the operator), on a random
         port."""
         return Frame(self.rng.randrange(self.ports), W.control_request(
-            [(a | W.WRITE, v) for a, v in records], 0, source, SWITCH).frame(), Kind.CONTROL)
+            [(a | R.WRITE, v) for a, v in records], 0, source, SWITCH).frame(), Kind.CONTROL)
 
     def _foreign(self, jobs: dict) -> Frame:
         """Writes to a job's registers and rows from an address that is neither its owner's
@@ -252,15 +253,15 @@ class Traffic:
         source = rng.choice(others) if others and rng.random() < 0.3 else None
         records = []
         for _ in range(rng.randint(1, 4)):
-            offset = rng.choice((W.JOB_CONFIG, W.JOB_SLOT_BASE, W.JOB_SLOT_COUNT,
-                                 W.JOB_CREDITS, W.JOB_QUORUM, W.JOB_EPOCH, W.JOB_KEY,
-                                  W.JOB_DEADLINE, None))
-            address = (W.job_reg(job, offset) if offset is not None else
-                       W.worker_reg(job, rng.randrange(len(members)), rng.randrange(8)))
+            offset = rng.choice((R.JOB_CONFIG, R.JOB_SLOT_BASE, R.JOB_SLOT_COUNT,
+                                 R.JOB_CREDITS, R.JOB_QUORUM, R.JOB_EPOCH, R.JOB_KEY,
+                                  R.JOB_DEADLINE, None))
+            address = (R.job_reg(job, offset) if offset is not None else
+                       R.worker_reg(job, rng.randrange(len(members)), rng.randrange(8)))
             value = rng.choice((0, 1, count, rng.getrandbits(32),
-                                W.CONFIG.pack(enable=1, workers=len(members))))
-            records.append((W.WRITE | address, value))
-        if source is not None and any(a == W.WRITE | W.job_reg(job, W.JOB_CONFIG)
+                                R.CONFIG.pack(enable=1, workers=len(members))))
+            records.append((R.WRITE | address, value))
+        if source is not None and any(a == R.WRITE | R.job_reg(job, R.JOB_CONFIG)
                                       for a, _ in records):
             self.owned.setdefault(job, []).append(source.endpoint)
         if source is None:
@@ -275,11 +276,11 @@ class Traffic:
         rng, out = self.rng, []
         if rng.random() < 0.5:
             m = rng.choice(members)
-            out.append(self._control(m, [(W.beat_reg(m.job, m.rank), m.next_beat())]))
+            out.append(self._control(m, [(R.beat_reg(m.job, m.rank), m.next_beat())]))
         if rng.random() < 0.15:
             m = rng.choice(members)
             out.append(Frame(m.port, W.control_request(
-                [(W.beat_reg(m.job, r), 0) for r in range(len(members))], m.next_psn(),
+                [(R.beat_reg(m.job, r), 0) for r in range(len(members))], m.next_psn(),
                 m.endpoint, SWITCH).frame(), Kind.READ))
         return out
 
@@ -314,9 +315,9 @@ class Traffic:
         rng = self.rng
         if self.epochs == 0:      # the switch's own addresses, as the host writes them
             yield Frame(0, W.control_request(
-                [(W.WRITE | W.REG_IP, W.ip_to_int(SWITCH.ip)),
-                 (W.WRITE | W.REG_MAC_HI, SWITCH.mac >> 32),
-                 (W.WRITE | W.REG_MAC_LO, SWITCH.mac & 0xFFFFFFFF)], 0, HOST,
+                [(R.WRITE | R.REG_IP, W.ip_to_int(SWITCH.ip)),
+                 (R.WRITE | R.REG_MAC_HI, SWITCH.mac >> 32),
+                 (R.WRITE | R.REG_MAC_LO, SWITCH.mac & 0xFFFFFFFF)], 0, HOST,
                 SWITCH).frame(), Kind.CONTROL)
         yield from self._release()
         self.epochs += 1

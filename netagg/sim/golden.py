@@ -85,8 +85,9 @@ import struct
 
 import numpy as np
 
-from netagg.hw.headers import Verdict
-from netagg.sim import wire as W
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
+from netagg.contract.headers import Verdict
 from netagg.sim.codec import (
     OK,
     Extension,
@@ -140,7 +141,7 @@ class Job:
 
     @property
     def config(self) -> int:
-        return W.CONFIG.pack(enable=int(self.enable), workers=self.workers)
+        return R.CONFIG.pack(enable=int(self.enable), workers=self.workers)
 
     @property
     def needed(self) -> int:
@@ -224,14 +225,14 @@ class GoldenSwitch(Registers):
             raise ValueError(f"slots must be 1..{W.MAX_SLOTS}")
         self.ports, self.jobs, self.max_workers, self.slots = ports, jobs, max_workers, slots
         self.width, self.max_payload, self.queue_capacity = width, max_payload, queue_capacity
-        self.mac, self.ip, self.udp_sport = mac, ip, W.UDP_SPORT_RESET
+        self.mac, self.ip, self.udp_sport = mac, ip, R.UDP_SPORT_RESET
         self.manager = 0                # REG_MANAGER: its IPv4 address, 0 for none
-        self.drop_thresholds = [W.NEVER_DROP] * W.PRIORITY_CLASSES
+        self.drop_thresholds = [R.NEVER_DROP] * R.PRIORITY_CLASSES
         self.job = [self.job_type(table=[Worker() for _ in range(max_workers)],
                                   beats=[0] * max_workers) for _ in range(jobs)]
         self.state = [[self.copy_type(), self.copy_type()] for _ in range(slots)]
-        self.port_counters = [dict.fromkeys(W.PORT_COUNTERS, 0) for _ in range(ports)]
-        self.job_counters = [dict.fromkeys(W.JOB_COUNTERS, 0) for _ in range(jobs)]
+        self.port_counters = [dict.fromkeys(R.PORT_COUNTERS, 0) for _ in range(ports)]
+        self.job_counters = [dict.fromkeys(R.JOB_COUNTERS, 0) for _ in range(jobs)]
         self._pending = collections.deque()
         self._cleared = None          # in a control request: the jobs whose CONFIG it wrote
         self._templates = {}          # the result headers of each destination and length
@@ -394,12 +395,12 @@ class GoldenSwitch(Registers):
 
     def tick(self):
         """A tick of the deadlines' clock (`hw.regmap.TICK_SECONDS`), between two frames."""
-        self.now = (self.now + 1) % (1 << W.DEADLINE_BITS)
+        self.now = (self.now + 1) % (1 << R.DEADLINE_BITS)
 
     def _late(self, job: Job, copy: SlotCopy) -> bool:
         """Whether a use in progress is past its job's deadline (its age modulo the tick
         count's range)."""
-        return job.deadline != 0 and (self.now - copy.begun) % (1 << W.DEADLINE_BITS) >= \
+        return job.deadline != 0 and (self.now - copy.begun) % (1 << R.DEADLINE_BITS) >= \
             job.deadline
 
     def _complete(self, job: Job, counters: dict, copy: SlotCopy):
@@ -469,9 +470,9 @@ class GoldenSwitch(Registers):
         source = W.ip_to_int(pkt.src.ip)
         replies, self._cleared = [], []
         for addr, value in W.unpack_records(payload):
-            if addr & W.WRITE:
-                self.apply(addr & ~W.WRITE, value, source, port)
-            replies.append((addr, self.read(addr & ~W.WRITE, port)))
+            if addr & R.WRITE:
+                self.apply(addr & ~R.WRITE, value, source, port)
+            replies.append((addr, self.read(addr & ~R.WRITE, port)))
         cleared, self._cleared = self._cleared, None
         for job in cleared:
             self._clear(job)

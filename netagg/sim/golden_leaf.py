@@ -29,8 +29,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from netagg.hw import headers as H
-from netagg.sim import wire as W
+from netagg.contract import headers as H
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.sim.codec import Extension, Header, Request, decode, result_imm
 from netagg.sim.golden import GoldenSwitch, add_saturating, signed, wide_lanes
 from netagg.sim.golden_leaf_registers import (
@@ -78,12 +79,12 @@ class GoldenLeaf(LeafRegisters, GoldenSwitch):
     job_type, copy_type = FabricJob, FabricCopy
 
     def __init__(self, *args, uplinks: int = 0, **kwargs):
-        if not 0 <= uplinks <= W.MAX_UPLINKS:
-            raise ValueError(f"uplinks must be 0..{W.MAX_UPLINKS}, not {uplinks}")
+        if not 0 <= uplinks <= R.MAX_UPLINKS:
+            raise ValueError(f"uplinks must be 0..{R.MAX_UPLINKS}, not {uplinks}")
         self.uplinks, self.uplink_down, self.links_down = uplinks, 0, 0
         self.uplink = [Uplink() for _ in range(uplinks)]
         super().__init__(*args, **kwargs)
-        self.fabric_counters = [dict.fromkeys(W.FABRIC_COUNTERS, 0) for _ in range(self.jobs)]
+        self.fabric_counters = [dict.fromkeys(R.FABRIC_COUNTERS, 0) for _ in range(self.jobs)]
 
     # --- which frame ------------------------------------------------------------------------
 
@@ -211,7 +212,7 @@ class GoldenLeaf(LeafRegisters, GoldenSwitch):
 
     def _uplink_for(self, job: FabricJob, slot: int) -> int | None:
         """The uplink slot number `slot` goes up: its SPRAY entry's, or the next one up."""
-        entry = W.spray_entry(job.spray, slot)
+        entry = R.spray_entry(job.spray, slot)
         for k in range(self.uplinks):
             u = (entry + k) % self.uplinks
             if not self.down >> u & 1:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from netagg.sim import wire as W
+from netagg.contract import regmap as R
 from netagg.sim.golden import Job, SlotCopy
 from netagg.sim.golden_registers import Refusal, Space, mac_half
 
@@ -52,7 +52,7 @@ class FabricJob(Job):
 
     @property
     def config(self) -> int:
-        return W.CONFIG.pack(enable=int(self.enable), partials=int(self.partials),
+        return R.CONFIG.pack(enable=int(self.enable), partials=int(self.partials),
                              workers=self.workers)
 
 
@@ -66,7 +66,7 @@ class Uplink:
     udp_port: int = 0
 
 
-_FABRIC_JOB = (W.JOB_PARENT, W.JOB_PARENT_KEY, W.JOB_SPRAY)
+_FABRIC_JOB = (R.JOB_PARENT, R.JOB_PARENT_KEY, R.JOB_SPRAY)
 
 
 class LeafRegisters:
@@ -94,24 +94,24 @@ class LeafRegisters:
         """(what, index, field) of an address that is a leaf's or spine's register here, or
         None: what is "uplinks", "down", "lost", "uplink" (index i), "job" (index j, field the
         offset) or "counter" (index j, field the counter's name)."""
-        if addr == W.REG_UPLINKS:
+        if addr == R.REG_UPLINKS:
             return "uplinks", 0, 0
-        if addr == W.REG_UPLINK_DOWN and self.uplinks:
+        if addr == R.REG_UPLINK_DOWN and self.uplinks:
             return "down", 0, 0
-        if addr == W.REG_UPLINK_LOST and self.uplinks:
+        if addr == R.REG_UPLINK_LOST and self.uplinks:
             return "lost", 0, 0
-        i, field = divmod(addr - W.UPLINK_BASE, W.UPLINK_STRIDE)
-        if addr >= W.UPLINK_BASE and i < self.uplinks and field < W.UPLINK_FIELDS:
+        i, field = divmod(addr - R.UPLINK_BASE, R.UPLINK_STRIDE)
+        if addr >= R.UPLINK_BASE and i < self.uplinks and field < R.UPLINK_FIELDS:
             return "uplink", i, field
-        if W.JOB_BASE <= addr < W.BEAT_BASE:
-            j, off = divmod(addr - W.JOB_BASE, W.JOB_STRIDE)
+        if R.JOB_BASE <= addr < R.BEAT_BASE:
+            j, off = divmod(addr - R.JOB_BASE, R.JOB_STRIDE)
             if j < self.jobs and off in _FABRIC_JOB and self.uplinks:
                 return "job", j, off
-        if W.JOB_COUNTERS_BASE <= addr:
-            j, off = divmod(addr - W.JOB_COUNTERS_BASE, W.JOB_COUNTERS_STRIDE)
-            i = off - W.FABRIC_COUNTERS_OFFSET
-            if j < self.jobs and 0 <= i < len(W.FABRIC_COUNTERS):
-                return "counter", j, W.FABRIC_COUNTERS[i]
+        if R.JOB_COUNTERS_BASE <= addr:
+            j, off = divmod(addr - R.JOB_COUNTERS_BASE, R.JOB_COUNTERS_STRIDE)
+            i = off - R.FABRIC_COUNTERS_OFFSET
+            if j < self.jobs and 0 <= i < len(R.FABRIC_COUNTERS):
+                return "counter", j, R.FABRIC_COUNTERS[i]
         return None
 
     def read(self, addr: int, port: int = 0) -> int:
@@ -131,8 +131,8 @@ class LeafRegisters:
         if what == "counter":
             return self.fabric_counters[index][field] & 0xFFFFFFFF
         job = self.job[index]
-        return {W.JOB_PARENT: W.PARENT.pack(enable=int(job.parent), rank=job.parent_rank),
-                W.JOB_SPRAY: job.spray}.get(field, 0)          # PARENT_KEY reads 0
+        return {R.JOB_PARENT: R.PARENT.pack(enable=int(job.parent), rank=job.parent_rank),
+                R.JOB_SPRAY: job.spray}.get(field, 0)          # PARENT_KEY reads 0
 
     def _write_refusal(self, addr: int, value: int, source: int) -> Refusal | None:
         at = self._fabric(addr)
@@ -146,30 +146,30 @@ class LeafRegisters:
         if at is None:
             super().write(addr, value)
             kind, index, off = self._decode(addr)
-            if kind is Space.JOB and off == W.JOB_CONFIG:
-                self.job[index].partials = bool(W.CONFIG.unpack(value)["partials"])
+            if kind is Space.JOB and off == R.JOB_CONFIG:
+                self.job[index].partials = bool(R.CONFIG.unpack(value)["partials"])
             return
         what, index, field = at
         if what == "down":
             self.uplink_down = value & ((1 << self.uplinks) - 1)
         elif what == "uplink":
             u = self.uplink[index]
-            if field == W.UPLINK_PORT:
-                u.port = value & ((1 << W.UPLINK_PORT_BITS) - 1)
-            elif field in (W.UPLINK_MAC_HI, W.UPLINK_MAC_LO):
-                u.mac = mac_half(u.mac, value, field == W.UPLINK_MAC_HI)
-            elif field == W.UPLINK_IP:
+            if field == R.UPLINK_PORT:
+                u.port = value & ((1 << R.UPLINK_PORT_BITS) - 1)
+            elif field in (R.UPLINK_MAC_HI, R.UPLINK_MAC_LO):
+                u.mac = mac_half(u.mac, value, field == R.UPLINK_MAC_HI)
+            elif field == R.UPLINK_IP:
                 u.ip = value
-            elif field == W.UPLINK_UDP_PORT:
-                u.udp_port = value & ((1 << W.UPLINK_UDP_PORT_BITS) - 1)
+            elif field == R.UPLINK_UDP_PORT:
+                u.udp_port = value & ((1 << R.UPLINK_UDP_PORT_BITS) - 1)
         elif what == "job":
             job = self.job[index]
-            if field == W.JOB_PARENT:
-                parent = W.PARENT.unpack(value)
+            if field == R.JOB_PARENT:
+                parent = R.PARENT.unpack(value)
                 job.parent, job.parent_rank = bool(parent["enable"]), parent["rank"]
-            elif field == W.JOB_PARENT_KEY:
+            elif field == R.JOB_PARENT_KEY:
                 job.parent_key = value
-            elif field == W.JOB_SPRAY:
+            elif field == R.JOB_SPRAY:
                 job.spray = value
 
     def counters(self) -> dict:

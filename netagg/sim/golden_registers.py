@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import enum
 
-from netagg.sim import wire as W
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 
 
 class Space(enum.Enum):
@@ -35,9 +36,9 @@ class Refusal(enum.Enum):
 
 
 # The switch's own registers a request may write (while there is no manager, or from it).
-SWITCH_WRITABLE = frozenset((W.REG_MAC_HI, W.REG_MAC_LO, W.REG_IP, W.REG_UDP_SPORT,
-                             W.REG_MANAGER, *(W.drop_threshold(c)
-                                              for c in range(W.PRIORITY_CLASSES))))
+SWITCH_WRITABLE = frozenset((R.REG_MAC_HI, R.REG_MAC_LO, R.REG_IP, R.REG_UDP_SPORT,
+                             R.REG_MANAGER, *(R.drop_threshold(c)
+                                              for c in range(R.PRIORITY_CLASSES))))
 
 
 class Registers:
@@ -45,28 +46,28 @@ class Registers:
 
     def _decode(self, addr: int):
         """(kind, index, offset) of a register address."""
-        if addr < W.JOB_BASE:
+        if addr < R.JOB_BASE:
             return Space.GLOBAL, 0, addr
-        if W.BEAT_BASE <= addr < W.BEAT_BASE + W.MAX_JOBS * W.BEAT_STRIDE:
-            j, rank = divmod(addr - W.BEAT_BASE, W.BEAT_STRIDE)
+        if R.BEAT_BASE <= addr < R.BEAT_BASE + W.MAX_JOBS * R.BEAT_STRIDE:
+            j, rank = divmod(addr - R.BEAT_BASE, R.BEAT_STRIDE)
             ok = j < self.jobs and rank < self.max_workers
             return (Space.BEAT, (j, rank), 0) if ok else (Space.NONE, 0, 0)
-        if addr < W.PORT_COUNTERS_BASE:
-            j, off = divmod(addr - W.JOB_BASE, W.JOB_STRIDE)
+        if addr < R.PORT_COUNTERS_BASE:
+            j, off = divmod(addr - R.JOB_BASE, R.JOB_STRIDE)
             if j >= self.jobs:
                 return Space.NONE, 0, 0
-            if off >= W.WORKER_BASE:
-                rank, field = divmod(off - W.WORKER_BASE, W.WORKER_STRIDE)
+            if off >= R.WORKER_BASE:
+                rank, field = divmod(off - R.WORKER_BASE, R.WORKER_STRIDE)
                 if rank >= self.max_workers:
                     return Space.NONE, 0, 0
                 return Space.WORKER, (j, rank), field
             return Space.JOB, j, off
-        if addr < W.JOB_COUNTERS_BASE:
-            p, off = divmod(addr - W.PORT_COUNTERS_BASE, W.PORT_COUNTERS_STRIDE)
-            ok = p < self.ports and off < len(W.PORT_COUNTERS)
+        if addr < R.JOB_COUNTERS_BASE:
+            p, off = divmod(addr - R.PORT_COUNTERS_BASE, R.PORT_COUNTERS_STRIDE)
+            ok = p < self.ports and off < len(R.PORT_COUNTERS)
             return (Space.PORT_COUNTER, p, off) if ok else (Space.NONE, 0, 0)
-        j, off = divmod(addr - W.JOB_COUNTERS_BASE, W.JOB_COUNTERS_STRIDE)
-        ok = j < self.jobs and off < len(W.JOB_COUNTERS)
+        j, off = divmod(addr - R.JOB_COUNTERS_BASE, R.JOB_COUNTERS_STRIDE)
+        ok = j < self.jobs and off < len(R.JOB_COUNTERS)
         return (Space.JOB_COUNTER, j, off) if ok else (Space.NONE, 0, 0)
 
     def read(self, addr: int, port: int = 0) -> int:
@@ -74,37 +75,37 @@ class Registers:
         kind, index, off = self._decode(addr)
         if kind is Space.GLOBAL:
             return {
-                W.REG_MAGIC: W.MAGIC,
-                W.REG_PARAMS: W.PARAMS.pack(ports=self.ports, jobs=self.jobs,
+                R.REG_MAGIC: R.MAGIC,
+                R.REG_PARAMS: R.PARAMS.pack(ports=self.ports, jobs=self.jobs,
                                             max_workers=self.max_workers,
                                             width64=self.width // 64),
-                W.REG_SLOTS: self.slots, W.REG_MAX_PAYLOAD: self.max_payload,
-                W.REG_MAC_HI: self.mac >> 32, W.REG_MAC_LO: self.mac & 0xFFFFFFFF,
-                W.REG_IP: self.ip, W.REG_UDP_SPORT: self.udp_sport, W.REG_PORT: port,
-                W.REG_MANAGER: self.manager,
-                **{W.drop_threshold(c): t for c, t in enumerate(self.drop_thresholds)},
+                R.REG_SLOTS: self.slots, R.REG_MAX_PAYLOAD: self.max_payload,
+                R.REG_MAC_HI: self.mac >> 32, R.REG_MAC_LO: self.mac & 0xFFFFFFFF,
+                R.REG_IP: self.ip, R.REG_UDP_SPORT: self.udp_sport, R.REG_PORT: port,
+                R.REG_MANAGER: self.manager,
+                **{R.drop_threshold(c): t for c, t in enumerate(self.drop_thresholds)},
             }.get(off, 0)
         if kind is Space.JOB:
             job = self.job[index]
-            return {W.JOB_CONFIG: job.config, W.JOB_SLOT_BASE: job.slot_base,
-                    W.JOB_SLOT_COUNT: job.slot_count, W.JOB_CREDITS: job.credits,
-                    W.JOB_QUORUM: job.quorum, W.JOB_COMPLETED: job.completed,
-                    W.JOB_EPOCH: job.epoch, W.JOB_DEADLINE: job.deadline,
-                    W.JOB_OWNER: job.owner}.get(off, 0)       # KEY reads 0
+            return {R.JOB_CONFIG: job.config, R.JOB_SLOT_BASE: job.slot_base,
+                    R.JOB_SLOT_COUNT: job.slot_count, R.JOB_CREDITS: job.credits,
+                    R.JOB_QUORUM: job.quorum, R.JOB_COMPLETED: job.completed,
+                    R.JOB_EPOCH: job.epoch, R.JOB_DEADLINE: job.deadline,
+                    R.JOB_OWNER: job.owner}.get(off, 0)       # KEY reads 0
         if kind is Space.WORKER:
             j, rank = index
             w = self.job[j].table[rank]
             return (
-                W.WORKER_ENDPOINT.pack(switch_port=w.port, udp_port=w.udp_port), w.mac >> 32,
+                R.WORKER_ENDPOINT.pack(switch_port=w.port, udp_port=w.udp_port), w.mac >> 32,
                 w.mac & 0xFFFFFFFF, w.ip, w.qpn, w.rkey, w.va >> 32, w.va & 0xFFFFFFFF,
             )[off]
         if kind is Space.BEAT:
             j, rank = index
             return self.job[j].beats[rank]
         if kind is Space.PORT_COUNTER:
-            return self.port_counters[index][W.PORT_COUNTERS[off]] & 0xFFFFFFFF
+            return self.port_counters[index][R.PORT_COUNTERS[off]] & 0xFFFFFFFF
         if kind is Space.JOB_COUNTER:
-            return self.job_counters[index][W.JOB_COUNTERS[off]] & 0xFFFFFFFF
+            return self.job_counters[index][R.JOB_COUNTERS[off]] & 0xFFFFFFFF
         return 0
 
     def apply(self, addr: int, value: int, source: int, port: int):
@@ -116,9 +117,9 @@ class Registers:
             self.port_counters[port][refusal.value] += 1
         elif refusal is Refusal.REFUSED:
             self.job_counters[index][refusal.value] += 1
-        elif kind is Space.JOB and off == W.JOB_CONFIG:
+        elif kind is Space.JOB and off == R.JOB_CONFIG:
             job = self.job[index]
-            enabling, was = bool(W.CONFIG.unpack(value)["enable"]), job.enable
+            enabling, was = bool(R.CONFIG.unpack(value)["enable"]), job.enable
             self.write(addr, value)
             job.owner = (job.owner if was else source) if enabling else 0
         else:
@@ -141,9 +142,9 @@ class Registers:
         own_entry = kind is Space.WORKER and job.table[index[1]].ip in (0, source)
         if job.enable and source != job.owner and not by_manager and not own_entry:
             return Refusal.DENIED
-        if kind is Space.JOB and off in (W.JOB_SLOT_BASE, W.JOB_SLOT_COUNT) and job.enable:
+        if kind is Space.JOB and off in (R.JOB_SLOT_BASE, R.JOB_SLOT_COUNT) and job.enable:
             return Refusal.REFUSED
-        if (kind is Space.JOB and off == W.JOB_CONFIG and W.CONFIG.unpack(value)["enable"]
+        if (kind is Space.JOB and off == R.JOB_CONFIG and R.CONFIG.unpack(value)["enable"]
                 and not self._range_free(j)):
             return Refusal.REFUSED
         return None
@@ -164,54 +165,54 @@ class Registers:
         """Write a register, whoever asks (`apply` judges a control request's records)."""
         kind, index, off = self._decode(addr)
         if kind is Space.GLOBAL:
-            if off in (W.REG_MAC_HI, W.REG_MAC_LO):
-                self.mac = mac_half(self.mac, value, off == W.REG_MAC_HI)
-            elif off == W.REG_IP:
+            if off in (R.REG_MAC_HI, R.REG_MAC_LO):
+                self.mac = mac_half(self.mac, value, off == R.REG_MAC_HI)
+            elif off == R.REG_IP:
                 self.ip = value
-            elif off == W.REG_UDP_SPORT:
+            elif off == R.REG_UDP_SPORT:
                 self.udp_sport = value & 0xFFFF
-            elif off == W.REG_MANAGER:
+            elif off == R.REG_MANAGER:
                 self.manager = value
-            elif 0 <= off - W.REG_DROP_THRESHOLD < W.PRIORITY_CLASSES:
-                self.drop_thresholds[off - W.REG_DROP_THRESHOLD] = value & 0xFFFF
+            elif 0 <= off - R.REG_DROP_THRESHOLD < R.PRIORITY_CLASSES:
+                self.drop_thresholds[off - R.REG_DROP_THRESHOLD] = value & 0xFFFF
         elif kind is Space.JOB:
             job = self.job[index]
-            if off == W.JOB_CONFIG:
-                config = W.CONFIG.unpack(value)
+            if off == R.JOB_CONFIG:
+                config = R.CONFIG.unpack(value)
                 job.enable = bool(config["enable"])
                 job.workers = min(config["workers"], self.max_workers)
                 self._clear(job)
-            elif off == W.JOB_SLOT_BASE:
+            elif off == R.JOB_SLOT_BASE:
                 job.slot_base = value & 0xFFFF
-            elif off == W.JOB_SLOT_COUNT:
+            elif off == R.JOB_SLOT_COUNT:
                 job.slot_count = value & 0xFFFF
-            elif off == W.JOB_CREDITS:
+            elif off == R.JOB_CREDITS:
                 job.credits = value & 0xFFFF
-            elif off == W.JOB_QUORUM:
+            elif off == R.JOB_QUORUM:
                 job.quorum = value & 0x3F
-            elif off == W.JOB_EPOCH:
+            elif off == R.JOB_EPOCH:
                 job.epoch = value
-            elif off == W.JOB_KEY:
+            elif off == R.JOB_KEY:
                 job.key = value
-            elif off == W.JOB_DEADLINE:
-                job.deadline = value & ((1 << W.DEADLINE_BITS) - 1)
+            elif off == R.JOB_DEADLINE:
+                job.deadline = value & ((1 << R.DEADLINE_BITS) - 1)
         elif kind is Space.WORKER:
             j, rank = index
             w = self.job[j].table[rank]
-            if off == W.WORKER_PORT:
-                endpoint = W.WORKER_ENDPOINT.unpack(value)
+            if off == R.WORKER_PORT:
+                endpoint = R.WORKER_ENDPOINT.unpack(value)
                 w.port, w.udp_port = endpoint["switch_port"], endpoint["udp_port"]
-            elif off in (W.WORKER_MAC_HI, W.WORKER_MAC_LO):
-                w.mac = mac_half(w.mac, value, off == W.WORKER_MAC_HI)
-            elif off == W.WORKER_IP:
+            elif off in (R.WORKER_MAC_HI, R.WORKER_MAC_LO):
+                w.mac = mac_half(w.mac, value, off == R.WORKER_MAC_HI)
+            elif off == R.WORKER_IP:
                 w.ip = value
-            elif off == W.WORKER_QPN:
+            elif off == R.WORKER_QPN:
                 w.qpn = value & 0xFFFFFF
-            elif off == W.WORKER_RKEY:
+            elif off == R.WORKER_RKEY:
                 w.rkey = value
-            elif off == W.WORKER_VA_HI:
+            elif off == R.WORKER_VA_HI:
                 w.va = (value << 32) | (w.va & 0xFFFFFFFF)
-            elif off == W.WORKER_VA_LO:
+            elif off == R.WORKER_VA_LO:
                 w.va = (w.va & ~0xFFFFFFFF) | value
         elif kind is Space.BEAT:
             j, rank = index

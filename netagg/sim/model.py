@@ -10,7 +10,7 @@ The top (see `sim.tops.TOPS`) has a clock ``clk``, a reset ``rst`` and, per port
 tvalid}`` out / ``tx{i}_tready`` in. Byte 0 of a frame is the least significant byte of tdata;
 every beat is full but the last, whose keep is packed from bit 0. Other ports are ignored.
 
-The clock runs in C++ (sim/cpp/harness.cpp) beside the model: it drives each port's queued
+The clock runs in C++ (netagg/sim/cpp/harness.cpp) beside the model: it drives each port's queued
 frames on rx one beat per cycle while the design is ready, keeps tx ready (or follows a
 backpressure pattern) and gathers the frames that come out. Python crosses into C++ a few
 times per `run` or `step` (queue the frames sent since the last call, clock, fetch what came
@@ -43,7 +43,8 @@ import random
 import time
 from pathlib import Path
 
-from . import wire as W
+from netagg.contract import wire as W
+
 from .verilated import ContractError, Harness, LoadedModel, build_library, check_port
 
 # Part of every model's key: bump it when what this module writes for the harness

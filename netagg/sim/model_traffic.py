@@ -4,6 +4,8 @@ contribution from every worker for each slot; replayed, it aggregates afresh eac
 
 from __future__ import annotations
 
+from netagg.contract import regmap as R
+
 from .model import BENCH_KEY
 
 
@@ -13,25 +15,25 @@ def switch_traffic(ports: int = 4, slots: int = 16, lanes: int = 256) -> list[tu
     from every worker for each of `slots` slots. Replayed, it aggregates afresh each time."""
     import numpy as np
 
-    from netagg.sim import wire as W
+    from netagg.contract import wire as W
 
     host = W.Endpoint("10.0.9.9", 0xD000, 0x02BB00000009)
     switch = W.Endpoint("10.0.0.1", W.ROCEV2_PORT, 0x02AA00000001)
     workers = [W.Endpoint(f"10.1.0.{10 + r}", 0xC100 + r, 0x020000000100 | r)
                for r in range(ports)]
-    records = [(W.WRITE | W.job_reg(0, W.JOB_CONFIG), 0),      # its range is fixed while enabled
-               (W.WRITE | W.job_reg(0, W.JOB_SLOT_BASE), 0),
-               (W.WRITE | W.job_reg(0, W.JOB_SLOT_COUNT), slots)]
+    records = [(R.WRITE | R.job_reg(0, R.JOB_CONFIG), 0),      # its range is fixed while enabled
+               (R.WRITE | R.job_reg(0, R.JOB_SLOT_BASE), 0),
+               (R.WRITE | R.job_reg(0, R.JOB_SLOT_COUNT), slots)]
     for r, w in enumerate(workers):
         records += [
-            (W.WRITE | W.worker_reg(0, r, W.WORKER_PORT),
-             W.WORKER_ENDPOINT.pack(switch_port=r, udp_port=w.port)),
-            (W.WRITE | W.worker_reg(0, r, W.WORKER_MAC_LO), w.mac & 0xFFFFFFFF),
-            (W.WRITE | W.worker_reg(0, r, W.WORKER_MAC_HI), w.mac >> 32),
-            (W.WRITE | W.worker_reg(0, r, W.WORKER_IP), W.ip_to_int(w.ip)),
+            (R.WRITE | R.worker_reg(0, r, R.WORKER_PORT),
+             R.WORKER_ENDPOINT.pack(switch_port=r, udp_port=w.port)),
+            (R.WRITE | R.worker_reg(0, r, R.WORKER_MAC_LO), w.mac & 0xFFFFFFFF),
+            (R.WRITE | R.worker_reg(0, r, R.WORKER_MAC_HI), w.mac >> 32),
+            (R.WRITE | R.worker_reg(0, r, R.WORKER_IP), W.ip_to_int(w.ip)),
         ]
-    records.append((W.WRITE | W.job_reg(0, W.JOB_CONFIG), W.CONFIG.pack(enable=1, workers=ports)))
-    records.append((W.WRITE | W.job_reg(0, W.JOB_KEY), BENCH_KEY))
+    records.append((R.WRITE | R.job_reg(0, R.JOB_CONFIG), R.CONFIG.pack(enable=1, workers=ports)))
+    records.append((R.WRITE | R.job_reg(0, R.JOB_KEY), BENCH_KEY))
     traffic = [(0, W.control_request(records, 0, host, switch).frame())]
     payload = np.arange(lanes, dtype="<i4").tobytes()
     for s in range(slots):

@@ -17,7 +17,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw
 
-from netagg.hw import headers as H
+from netagg.contract import headers as H
 
 
 class RETH(Packet):

@@ -11,7 +11,7 @@ datagram that arrives becomes an Ethernet frame for the backend:
   the sender's and the server's addresses, and the DSCP read with `IP_RECVTOS`.
 
 The frame enters switch port `switch_port_for(sender IPv4, sender UDP port, ports)`
-(`sim.udp.switch_port_for`: the cabling of the simulation; the switch reports it to
+(`sim.udp_socket.switch_port_for`: the cabling of the simulation; the switch reports it to
 the sender as REG_PORT). Then the backend runs, and each frame it sends leaves as a datagram
 from the address and UDP port the frame names as its source (control answers from the
 server's port 4791, results from the switch's REG_IP and REG_UDP_SPORT) to the address and
@@ -70,13 +70,14 @@ import sys
 import threading
 import time
 
-from netagg.sim import udp, udp_offload
-from netagg.sim import wire as W
+from netagg.contract import wire as W
+from netagg.host import udp_offload, udp_socket
+from netagg.host.ticks import WallClock
+from netagg.host.udp_offload import FrameRun
+from netagg.sim import udp
 from netagg.sim.fast import FastSwitch
 from netagg.sim.fast_build import Served
 from netagg.sim.fast_io import FastIo
-from netagg.sim.ticks import WallClock
-from netagg.sim.udp_offload import FrameRun
 from netagg.sim.udp_runs import LINGER, RunReader
 
 IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13 if sys.platform.startswith("linux") else None)
@@ -337,7 +338,8 @@ class SimServer(Serving):
         """A socket that sends from `source`, or None where this machine cannot."""
         if source not in self.senders:
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            sock.setsockopt(socket.IPPROTO_IP, udp.IP_MTU_DISCOVER, udp.IP_PMTUDISC_DO)
+            sock.setsockopt(socket.IPPROTO_IP, udp_socket.IP_MTU_DISCOVER,
+                            udp_socket.IP_PMTUDISC_DO)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
             try:
                 sock.bind(source)

@@ -13,17 +13,9 @@ import os
 import shutil
 from pathlib import Path
 
+from netagg.cache import cache_dir
+
 VERILATOR_VERSION = "5.048"
-
-
-def cache_dir() -> Path:
-    """Where netagg keeps generated files (wrappers, Verilog, Verilator builds)."""
-    base = os.environ.get("NETAGG_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "netagg"
-    )
-    path = Path(base)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 _WRAPPER = """#!/usr/bin/env perl

@@ -43,7 +43,8 @@ import enum
 import random
 from collections.abc import Callable, Iterable
 
-from netagg.sim import wire as W
+from netagg.contract import regmap as R
+from netagg.contract import wire as W
 from netagg.sim.topology_time import Slices, clocked, pool
 
 SLICE = 256         # cycles of an RTL switch per `Topology.advance`: the fabric's time step
@@ -130,7 +131,7 @@ class Node:
     ip: str
     switch: object
     host_ports: list[int]
-    udp_sport: int = W.UDP_SPORT_RESET
+    udp_sport: int = R.UDP_SPORT_RESET
 
 
 def default_ip(role: Role, index: int) -> str:
@@ -166,9 +167,9 @@ class Topology:
                  faults: LinkFaults | None = None, seed: int = 0,
                  addresses: dict[str, str] | None = None, make=None,
                  slice_cycles: int = SLICE):
-        if not 1 <= spines <= W.MAX_UPLINKS:
-            raise ValueError(f"a leaf has 0..{W.MAX_UPLINKS} uplinks: spines must be "
-                             f"1..{W.MAX_UPLINKS}, not {spines}")
+        if not 1 <= spines <= R.MAX_UPLINKS:
+            raise ValueError(f"a leaf has 0..{R.MAX_UPLINKS} uplinks: spines must be "
+                             f"1..{R.MAX_UPLINKS}, not {spines}")
         if not 1 <= leaves <= 15 or not 1 <= downlinks or downlinks + spines > 16:
             raise ValueError("leaves must be 1..15, and downlinks + spines at most 16 ports")
         self.leaves, self.spines, self.downlinks = leaves, spines, downlinks
@@ -229,12 +230,12 @@ class Topology:
     def _cable(self):
         """Every switch's addresses and every leaf's uplink table, written by control."""
         for node in self.nodes.values():
-            records = [(W.REG_MAC_HI, node.mac >> 32), (W.REG_MAC_LO, node.mac & 0xFFFFFFFF),
-                       (W.REG_IP, W.ip_to_int(node.ip)), (W.REG_UDP_SPORT, node.udp_sport)]
+            records = [(R.REG_MAC_HI, node.mac >> 32), (R.REG_MAC_LO, node.mac & 0xFFFFFFFF),
+                       (R.REG_IP, W.ip_to_int(node.ip)), (R.REG_UDP_SPORT, node.udp_sport)]
             if node.role is Role.LEAF:
-                records += self.uplink_records(node) + [(W.REG_UPLINK_DOWN, 0)]
-            self.control(node.name, [(a | W.WRITE, v) for a, v in records], check=True)
-        uplinks = [self.control(n.name, [(W.REG_UPLINKS, 0)])[0][1] for n in self.leaf_nodes]
+                records += self.uplink_records(node) + [(R.REG_UPLINK_DOWN, 0)]
+            self.control(node.name, [(a | R.WRITE, v) for a, v in records], check=True)
+        uplinks = [self.control(n.name, [(R.REG_UPLINKS, 0)])[0][1] for n in self.leaf_nodes]
         if any(u != self.spines for u in uplinks):
             raise RuntimeError(f"the leaves report {uplinks} uplinks, not {self.spines}")
 
@@ -259,9 +260,9 @@ class Topology:
             raise RuntimeError(f"{name} did not answer the operator's control request")
         if check:
             for (a, v), (_, back) in zip(records, answer):
-                if a & W.WRITE and back != v:
+                if a & R.WRITE and back != v:
                     raise RuntimeError(f"{name} kept {back:#x} at register "
-                                       f"{a & ~W.WRITE:#x}, not {v:#x}")
+                                       f"{a & ~R.WRITE:#x}, not {v:#x}")
         return answer
 
     def set_faults(self, faults: LinkFaults, links: Iterable[Link] | None = None):
@@ -276,8 +277,8 @@ class Topology:
                 link.cut = True
         if notice is Notice.MARK:
             for leaf in self.leaf_nodes:
-                [(_, down)] = self.control(leaf.name, [(W.REG_UPLINK_DOWN, 0)])
-                self.control(leaf.name, [(W.REG_UPLINK_DOWN | W.WRITE, down | 1 << spine)],
+                [(_, down)] = self.control(leaf.name, [(R.REG_UPLINK_DOWN, 0)])
+                self.control(leaf.name, [(R.REG_UPLINK_DOWN | R.WRITE, down | 1 << spine)],
                              check=True)
         elif notice is Notice.LINK:
             self._links(spine, up=False)

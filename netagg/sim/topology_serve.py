@@ -4,7 +4,7 @@ per switch.
 Each switch of a `sim.topology.Topology` gets its own `sim.serve.SimServer`, on a free
 127.x.y.z (UDP port 4791) of its own, which is also the switch's REG_IP (its results and
 partials leave from there): hosts talk to their leaf's endpoint, whose datagrams enter the
-leaf's downlinks (`sim.udp.switch_port_for` over them), and reach each spine's control path
+leaf's downlinks (`sim.udp_socket.switch_port_for` over them), and reach each spine's control path
 at the spine's endpoint (its management port). Frames between switches never leave the
 process: the topology carries them. One loop serves every endpoint: it waits for any of
 them, gives each what arrived, runs the fabric and sends each switch's frames from that
@@ -23,8 +23,8 @@ import select
 import signal
 import time
 
+from netagg.host.ticks import WallClock
 from netagg.sim.serve import Serving, SimServer
-from netagg.sim.ticks import WallClock
 from netagg.sim.topology import Topology
 
 

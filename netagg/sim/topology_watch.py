@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from netagg.sim import wire as W
+from netagg.contract import wire as W
 from netagg.sim.topology import Direction, Link
 
 Use = tuple[int, int, int]      # slot, version, msn

@@ -153,7 +153,7 @@ class LoopbackTop(Elaboratable):
     """`ports` frame ports, each a FIFO of `depth` beats from ``rx{i}`` to ``tx{(i+1)%ports}``.
 
     A stand-in with the switch's port names (``rx{i}_*`` in, ``tx{i}_*`` out, AXI-Stream
-    style), for the Python-driven Verilator model (sim/model.py) and its tests. Frames come out
+    style), for the Python-driven Verilator model (netagg.sim.model) and its tests. Frames come out
     of the next port so that a mixed-up port shows; they are otherwise untouched, one beat per
     cycle when the sink is ready.
     """

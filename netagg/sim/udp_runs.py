@@ -27,10 +27,11 @@ import socket
 import struct
 import time
 
-from netagg.hw import headers as H
-from netagg.sim import udp, udp_offload
-from netagg.sim import wire as W
-from netagg.sim.udp import switch_port_for
+from netagg.contract import headers as H
+from netagg.contract import wire as W
+from netagg.host import udp_offload
+from netagg.host.udp_socket import switch_port_for
+from netagg.sim import udp
 
 _SRC, _DST = H.IPV4.byte_offset("src"), H.IPV4.byte_offset("dst")   # in an IPv4 header
 _PORTS_END = W.IP_LEN + 4       # the UDP ports' end, in a packet without IPv4 options

@@ -3,7 +3,7 @@
     library = build_library("board", harness, board="colorlight_5a75b")
     lib = ctypes.CDLL(str(library))
 
-A `Harness` is the C++ that clocks the model (sources under ``sim/cpp/``) and a header writer:
+A `Harness` is the C++ that clocks the model (sources in ``netagg/sim/cpp/``) and a header writer:
 a function that reads the verilated top's ports (name -> ("IN" or "OUT", bits)), checks them
 against what the harness drives and returns the text of the header the harness includes
 (named by ``Harness.header_name``), or raises `ContractError`. `sim.model` (frame ports,
@@ -41,7 +41,7 @@ class ContractError(ValueError):
 
 @dataclass(frozen=True)
 class Harness:
-    """The C++ cycle loop of a model: `sources` (files of sim/cpp), `header` (writes the
+    """The C++ cycle loop of a model: `sources` (files of netagg/sim/cpp), `header` (writes the
     text of `header_name` from the top's ports and its name, checking them), and `abi`, part
     of every model's key: bump it when what `header` writes or the harness expects of it
     changes. Its builds are named after its first source."""

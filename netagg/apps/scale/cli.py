@@ -1,5 +1,5 @@
-"""`netagg scale`: its arguments, the sweep over workers and link rates, and its output (a
-table, one JSON object, plots, a progress bar on long runs).
+"""`netagg scale`: the sweep over workers and link rates, and its output (a table, one JSON
+object, plots, a progress bar on long runs); its arguments are `apps.commands.scale`'s.
 
 Cost: the flow-level model is well under a millisecond a point; each ns-3 point (`--engine
 ns3` or `both`, up to 64 workers) takes seconds, and the first one 15 to 40 s of import.
@@ -11,65 +11,10 @@ import argparse
 import dataclasses
 import json
 
-from netagg.apps import arguments as A
 from netagg.apps.scale import loss as loss_model
 from netagg.apps.scale.cluster import MODELS, PAYLOAD, Cluster, Model, SwitchCalibration, Topology
 from netagg.apps.scale.flow import Scheme, estimate
 from netagg.apps.scale.reproduce import claims
-
-DEFAULT_WORKERS = "8,16,32,64,128,256,512,1024"
-
-
-def _model_key(text: str) -> str:
-    """A named model as a user spells it (ResNet-50, resnet50, BERT-large...): its key."""
-    def plain(name: str) -> str:
-        return "".join(c for c in name.lower() if c.isalnum())
-    return next((key for key in MODELS if plain(key) == plain(text)), text)
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("scale", help="gradient synchronisation at scale: ring, tree, parameter "
-                                     "server, BML, in-network aggregation (flow model, ns-3)")
-    p.add_argument("--model", default="resnet50", choices=sorted(MODELS), type=_model_key)
-    p.add_argument("--params", type=float, default=None,
-                   help="parameter count instead of a named model (e.g. 2.5e7)")
-    p.add_argument("--compute-ms", type=float, default=None,
-                   help="compute time of one iteration on one worker (default: the model's)")
-    p.add_argument("--workers", type=A.positives, default=DEFAULT_WORKERS,
-                   help="comma-separated, 8..1024")
-    p.add_argument("--gbps", default="100", help="link rates, comma-separated, 1..400")
-    p.add_argument("--topology", choices=[t.value for t in Topology], default="fat-tree")
-    p.add_argument("--radix", type=int, default=64, help="ports per switch")
-    p.add_argument("--bcube", default="8,2", help="BCube n,k (k levels, n^k servers)")
-    p.add_argument("--oversubscription", type=float, default=1.0, help="leaf-spine")
-    p.add_argument("--no-spray", action="store_true", help="ECMP: one hashed path a flow")
-    p.add_argument("--gpus-per-node", type=int, default=1)
-    p.add_argument("--intra-gbps", type=float, default=1200.0)
-    p.add_argument("--ps-servers", type=int, default=0,
-                   help="dedicated parameter servers (0: a shard on every worker)")
-    p.add_argument("--window", type=int, default=128, help="aggregation slots per worker")
-    p.add_argument("--no-overlap", action="store_true",
-                   help="synchronise after the backward pass, not during it")
-    p.add_argument("--schemes", default=",".join(s.value for s in Scheme))
-    p.add_argument("--switch-mhz", type=float, default=250.0,
-                   help="the RTL's clock, turning cycles into time")
-    p.add_argument("--calibration", default=None,
-                   help="FILE from `netagg bench switch --json`, or 'run' to measure now")
-    p.add_argument("--engine", choices=["flow", "ns3", "both"], default="flow",
-                   help="ns3/both: also the packet-level simulation (ring, ps, ina; <= 64 "
-                        "workers, <= 4 M packets; `pip install -e .[scale]`)")
-    p.add_argument("--loss", type=float, default=0.0, help="random loss rate on the path")
-    p.add_argument("--overload", type=float, default=1.0,
-                   help="offered load over capacity at the bottleneck port")
-    p.add_argument("--buffer", type=int, default=0,
-                   help="switch port buffer in packets for incast (0: deep, lossless)")
-    p.add_argument("--loss-budget", type=float, default=0.1)
-    p.add_argument("--rto-ms", type=float, default=200.0)
-    p.add_argument("--reproduce", action="store_true",
-                   help="the papers' claims beside the model")
-    p.add_argument("--plot", default=None, help="write time per iteration and scaling factor "
-                                                "against workers to this file")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def _calibration(args) -> SwitchCalibration:
@@ -94,7 +39,7 @@ def _model(args) -> Model:
 
 
 def _cluster(args, workers: int, gbps: float, switch: SwitchCalibration) -> Cluster:
-    n, k = (int(x) for x in args.bcube.split(","))
+    n, k = args.bcube
     return Cluster(workers, gbps, Topology(args.topology), radix=args.radix, bcube_n=n,
                    bcube_k=k, oversubscription=args.oversubscription,
                    spraying=not args.no_spray, gpus_per_node=args.gpus_per_node,
@@ -107,8 +52,8 @@ def sweep(args, console) -> dict:
 
     model, switch = _model(args), _calibration(args)
     workers = args.workers
-    rates = [float(g) for g in args.gbps.split(",")]
-    schemes = [Scheme(s) for s in args.schemes.split(",")]
+    rates = args.gbps
+    schemes = [Scheme(s) for s in args.schemes] if args.schemes else list(Scheme)
     setup = loss_model.LossSetup(args.loss, args.overload, args.buffer, args.loss_budget,
                                  args.rto_ms / 1e3)
     lossy = args.loss > 0 or args.overload > 1 or args.buffer > 0
@@ -233,6 +178,8 @@ def main(args) -> int:
 
 def parse(argv: list[str]) -> argparse.Namespace:
     """The `scale` arguments alone (for tests)."""
+    from netagg.apps.commands.scale import add_parser
+
     parser = argparse.ArgumentParser(prog="netagg")
     add_parser(parser.add_subparsers(dest="command"))
     return parser.parse_args(["scale", *argv])

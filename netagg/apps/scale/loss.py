@@ -1,9 +1,9 @@
 """Loss and congestion: the mean and tail of a synchronisation when packets are lost, on a
 lossy link or at an incast-bound port, with and without netagg's priority drop and bounded
-loss (docs/host.md, "Priority and loss budget").
+loss (docs/host.md, "Credits, priority drop and bounded loss").
 
 A synchronisation of M packets ends when the last of them got through. A packet lost is sent
-again after a timeout that doubles per retry up to `rto_max` (host/retransmit.py), so a
+again after a timeout that doubles per retry up to `rto_max` (netagg/host/retransmit.py), so a
 synchronisation that needed r retries of its unluckiest packet takes
 T = T_sync + sum_{i<r} min(rto 2^i, rto_max). With independent losses of probability f per
 try, P(r <= x) = prod over packet classes (1 - f_c^(x+1))^(M_c): the mean wait is
@@ -46,7 +46,7 @@ class LossSetup:
     overload: float = 1.0           # offered load over capacity at the bottleneck port
     buffer_packets: int = 0         # incast: a switch port's buffer (0: deep, lossless)
     loss_budget: float = 0.1        # netagg's loss budget, when bounded loss is on
-    rto_s: float = 0.2              # host/retransmit.py: rto_initial
+    rto_s: float = 0.2              # netagg/host/retransmit.py: rto_initial
     rto_max_s: float = 1.0
 
 

@@ -59,8 +59,10 @@ from amaranth.hdl import Assert, Assume, Cover, ResetSignal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In
 
+from netagg.contract import headers as C
+from netagg.contract import regmap as R
+
 from .. import headers as H
-from .. import regmap as R
 from ..aggregator_command import Action, slot_state
 from ..aggregator_decide import Decide
 from ..aggregator_lookup import Look, Lookup
@@ -304,7 +306,7 @@ class AggregateHarness(wiring.Component):
               | (ahead < job.credits), "a contribution that changes a sum is within credits")
         # 4. isolation
         touches = decided & (decide.state.en | (action != Action.DRAIN) | cmd.emit)
-        contribution = header.bth.opcode == H.OP_CONTRIBUTION
+        contribution = header.bth.opcode == C.OP_CONTRIBUTION
         check(Property.ISOLATION, ~(touches & contribution)
               | (job_known & in_range(job, index) & (index < S)
                  & (decide.state.addr == index) & (cmd.index == index)
@@ -366,7 +368,7 @@ class AggregateHarness(wiring.Component):
                         Assert(~use.complete | (popcount(copy.bitmap) >= 1)),
                     ]
         # The packet in decide was judged with the configuration and COMPLETED it meets.
-        contribution = o.header.bth.opcode == H.OP_CONTRIBUTION
+        contribution = o.header.bth.opcode == C.OP_CONTRIBUTION
         m.d.comb += [
             Assert(o.look <= max(Look)),
             Assert(~contribution | ((o.look != Look.CONTROL) & (o.look != Look.UNHANDLED))),
@@ -385,7 +387,7 @@ class AggregateHarness(wiring.Component):
                 Assert(o.index == job.slot_base + o.imm.slot),
                 Assert(o.index < S),
                 Assert((job.credits == 0) | ahead[-1] | (ahead < job.credits)),
-                Assert(o.header.bth.opcode == H.OP_CONTRIBUTION),
+                Assert(o.header.bth.opcode == C.OP_CONTRIBUTION),
                 Assert(o.workers == job.workers),
                 Assert(o.quorum == Mux((job.quorum == 0) | (job.quorum >= job.workers),
                                        job.workers, job.quorum)),

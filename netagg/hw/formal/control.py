@@ -35,7 +35,8 @@ from amaranth.hdl import Assert, Assume, Cover, ResetSignal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In
 
-from .. import regmap as R
+from netagg.contract import regmap as R
+
 from ..control import JOB, JOB_EVENTS, Control
 
 # A record as the aggregator applies it (`hw.control.RecordPort`'s `record`).

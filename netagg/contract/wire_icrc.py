@@ -4,14 +4,10 @@ per (sender, length, BTH start), and checks one datagram or a whole run of them 
 
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 from zlib_ng.zlib_ng import crc32  # zlib's CRC-32, the ICRC's, with carry-less multiply
 
-from netagg.sim.wire import ICRC_LEN, Endpoint, icrc_state, ip_udp_header
-
-_ICRC_FIELD = struct.Struct("<I")
+from netagg.contract.wire import ICRC_LEN, ICRC_STRUCT, Endpoint, icrc_state, ip_udp_header
 
 
 class IcrcCheck:
@@ -42,7 +38,7 @@ class IcrcCheck:
         if end < 8:
             return False
         return crc32(memoryview(body)[8:end], self.state_of(sender, end, bytes(body[:8]))) == \
-            _ICRC_FIELD.unpack_from(body, end)[0]
+            ICRC_STRUCT.unpack_from(body, end)[0]
 
     def run(self, data: bytes, size: int, sender: tuple[str, int]) -> tuple[list, int]:
         """The datagrams of a run of `size`-byte datagrams from one sender (as UDP_GRO merges

@@ -254,7 +254,7 @@ def job_counter(job: int, name: str) -> int:
 
 def rows() -> list[tuple[str, str]]:
     """The register map as (address, what it holds) rows: the table of docs/switch.md
-    (`python -m netagg.hw.regmap` prints it; a test checks the document against it)."""
+    (`python -m netagg.contract.regmap` prints it; a test checks the document against it)."""
     job, worker = f"{JOB_STRIDE:#x} j", f"{JOB_STRIDE:#x} j + {WORKER_STRIDE} r"
     return [
         (f"{REG_MAGIC:#06x}", f'magic {MAGIC:#x} ("NAGG")'),

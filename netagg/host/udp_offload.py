@@ -37,7 +37,7 @@ import struct
 
 import numpy as np
 
-from netagg.sim import wire as W
+from netagg.contract import wire as W
 
 UDP_SEGMENT = 103               # linux/udp.h
 UDP_GRO = 104

@@ -1,4 +1,5 @@
-"""Building and loading the project's compiled C++ (`host/cpp/step.cpp`, `sim/cpp/fast.cpp`).
+"""Building and loading the project's compiled C++ (`netagg/host/cpp/step.cpp`,
+`netagg/sim/cpp/fast.cpp`).
 
 `build_and_load(source, header_name, header, flags, where, includes)` compiles `source` with
 the machine's C++ compiler (CXX, or c++ on PATH), with its generated ABI header written
@@ -21,8 +22,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from netagg.sim.build import locked
-from netagg.sim.toolchain import cache_dir
+from netagg.cache import cache_dir, locked
 
 FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno"]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from netagg.sim import wire as W
+from netagg.contract import regmap as R
 
 
 class WallClock:
@@ -26,9 +26,9 @@ class WallClock:
         """Apply the ticks due since the last call; the frames the backend sent meanwhile."""
         if self._tick is None:
             return []
-        due = int((time.monotonic() - self._started) / W.TICK_SECONDS)
+        due = int((time.monotonic() - self._started) / R.TICK_SECONDS)
         out = []
-        for _ in range((due - self._ticks) % (1 << W.DEADLINE_BITS)):
+        for _ in range((due - self._ticks) % (1 << R.DEADLINE_BITS)):
             out += self._tick() or []
         self._ticks = due
         return out

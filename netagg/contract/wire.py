@@ -1,7 +1,7 @@
 """netagg's wire format, software side: the one place the host and the golden model build and
 read packets. The format is declared once, for the gateware and for this module: its opcodes,
-control QP, header lengths, limits and ImmDt layouts in `hw.headers`, the register map in
-`hw.regmap`; tests check both sides against scapy's RoCEv2.
+control QP, header lengths, limits and ImmDt layouts in `netagg.contract.headers`, the register
+map in `netagg.contract.regmap`; tests check both sides against scapy's RoCEv2.
 
 Every packet is a RoCEv2 frame (Ethernet, IPv4 without options, UDP to 4791, BTH, ...).
 
@@ -60,9 +60,9 @@ import struct
 
 from zlib_ng.zlib_ng import crc32  # zlib's CRC-32, the ICRC's, with carry-less multiply
 
-from netagg.hw import headers as H
-from netagg.hw import regmap as R
-from netagg.hw.headers import (  # noqa: F401  (the format's constants, for the codec's users)
+from netagg.contract import headers as H
+from netagg.contract import regmap as R
+from netagg.contract.headers import (  # noqa: F401  (the format's constants, for the codec's users)
     CONTROL_QPN,
     EXP_NONFINITE,
     MAX_CONTROL_RECORDS,
@@ -79,7 +79,6 @@ from netagg.hw.headers import (  # noqa: F401  (the format's constants, for the 
     ROCEV2_PORT,
     UPLINK_QPN,
 )
-from netagg.hw.regmap import *  # noqa: F403
 
 TTL = H.RESULT_TTL                # the canonical IPv4 header's, as the switch writes it
 IPV4_FIRST_BYTE = H.IPV4_VERSION << 4 | H.IPV4_IHL     # version and IHL, no options
@@ -90,18 +89,22 @@ ETH_LEN, IP_LEN, UDP_LEN, BTH_LEN = H.ETHERNET.length, H.IPV4.length, H.UDP.leng
 RETH_LEN, IMM_LEN, ICRC_LEN = H.RETH.length, H.IMMDT.length, H.ICRC_LENGTH
 IP_OFFSET, UDP_OFFSET, BTH_OFFSET = H.IPV4_OFFSET, H.UDP_OFFSET, H.BTH_OFFSET
 
+# The headers' struct formats, from the contract's fields (`headers.struct_codes`).
+IPV4_STRUCT = struct.Struct("!" + H.struct_codes(H.IPV4))
+UDP_STRUCT = struct.Struct("!" + H.struct_codes(H.UDP))
+BTH_STRUCT = struct.Struct("!" + H.struct_codes(H.BTH))
+RETH_STRUCT = struct.Struct("!" + H.struct_codes(H.RETH))
+IMM_STRUCT = struct.Struct("!" + H.struct_codes(H.IMMDT))
+RECORD_STRUCT = struct.Struct("!" + H.struct_codes(H.CONTROL_RECORD))
+ICRC_STRUCT = struct.Struct("<I")       # the ICRC: least significant byte first
+_CHECKSUM = H.IPV4.byte_offset("checksum")
 
-def _bits(header: H.Header) -> list[tuple[str, int, int]]:
-    """(name, shift, width) of the fields of a one-word header, most significant first."""
-    return [(name, header.size - offset - width, width)
-            for name, offset, width in header.field_offsets()]
 
-
-REQUEST_IMM = _bits(H.REQUEST_IMM)
-RESULT_IMM = _bits(H.RESULT_IMM)
-NONFINITE_LANE = _bits(H.NONFINITE_LANE)
-CONTRIBUTION_VA = _bits(H.CONTRIBUTION_VA)
-PARTIAL = _bits(H.PARTIAL)          # a partial's BTH.psn (docs/leafspine.md)
+REQUEST_IMM = H.REQUEST_IMM.shifts()
+RESULT_IMM = H.RESULT_IMM.shifts()
+NONFINITE_LANE = H.NONFINITE_LANE.shifts()
+CONTRIBUTION_VA = H.CONTRIBUTION_VA.shifts()
+PARTIAL = H.PARTIAL.shifts()          # a partial's BTH.psn (docs/leafspine.md)
 assert [name for name, _, _ in CONTRIBUTION_VA] == ["msn", "offset"]
 MAX_DATA_COUNT = (1 << H.RESULT_IMM.wire_fields["count"]) - 1  # a result's count: 63 (6 bits)
 VA_MSN_SHIFT = CONTRIBUTION_VA[0][1]                         # 32
@@ -145,13 +148,14 @@ def unpack_imm(layout, word: int) -> dict:
 
 def pack_records(records) -> bytes:
     """Control payload from (address, value) pairs; an address with WRITE set writes."""
-    return b"".join(struct.pack(">II", a, v & 0xFFFFFFFF) for a, v in records)
+    return b"".join(RECORD_STRUCT.pack(a, v & 0xFFFFFFFF) for a, v in records)
 
 
 def unpack_records(payload: bytes):
-    if len(payload) % 8:
+    size = RECORD_STRUCT.size
+    if len(payload) % size:
         raise ValueError(f"control payload of {len(payload)} bytes is not whole records")
-    return [struct.unpack_from(">II", payload, i) for i in range(0, len(payload), 8)]
+    return [RECORD_STRUCT.unpack_from(payload, i) for i in range(0, len(payload), size)]
 
 
 # --- frames ------------------------------------------------------------------------------
@@ -214,19 +218,18 @@ def ip_udp_header(src, dst, sport: int, dport: int, udp_payload_len: int, dscp: 
     (checksum 0) headers for a datagram of `udp_payload_len` bytes (cached: a worker's
     repeat)."""
     total = IP_LEN + UDP_LEN + udp_payload_len
-    ip = struct.pack("!BBHHHBBH4s4s", IPV4_FIRST_BYTE, dscp << 2, total, 0, _DONT_FRAGMENT, TTL,
-                     H.IP_PROTO_UDP, 0,
-                     ip_packed(src), ip_packed(dst))
-    ip = ip[:10] + struct.pack("!H", ipv4_checksum(ip)) + ip[12:]
-    return ip + struct.pack("!HHHH", sport, dport, UDP_LEN + udp_payload_len, 0)
+    ip = IPV4_STRUCT.pack(IPV4_FIRST_BYTE, dscp << 2, total, 0, _DONT_FRAGMENT, TTL,
+                          H.IP_PROTO_UDP, 0, ip_to_int(src), ip_to_int(dst))
+    ip = ip[:_CHECKSUM] + ipv4_checksum(ip).to_bytes(2, "big") + ip[_CHECKSUM + 2:]
+    return ip + UDP_STRUCT.pack(sport, dport, UDP_LEN + udp_payload_len, 0)
 
 
 def bth(opcode: int, dqpn: int, psn: int, padcnt: int = 0, pkey: int = PKEY_DEFAULT) -> bytes:
-    return struct.pack("!BBHII", opcode, padcnt << 4, pkey, dqpn & 0xFFFFFF, psn & 0xFFFFFF)
+    return BTH_STRUCT.pack(opcode, padcnt << 4, pkey, dqpn & 0xFFFFFF, psn & 0xFFFFFF)
 
 
 def reth(va: int, rkey: int, length: int) -> bytes:
-    return struct.pack("!QII", va & (2**64 - 1), rkey & 0xFFFFFFFF, length)
+    return RETH_STRUCT.pack(va & (2**64 - 1), rkey & 0xFFFFFFFF, length)
 
 
 @dataclasses.dataclass
@@ -262,7 +265,7 @@ class Packet:
             length = len(self.payload) if self.dma_length is None else self.dma_length
             out += reth(self.va, self.rkey, length)
         if self.imm is not None:
-            out += struct.pack("!I", self.imm)
+            out += IMM_STRUCT.pack(self.imm)
         return out + self.payload + bytes(pad)
 
     def datagram(self) -> bytes:
@@ -271,7 +274,7 @@ class Packet:
         body = self.transport()
         hdr = ip_udp_header(self.src.ip, self.dst.ip, self.src.port, self.dst.port,
                             len(body) + ICRC_LEN, self.dscp)
-        return body + struct.pack("<I", icrc(hdr, body))
+        return body + ICRC_STRUCT.pack(icrc(hdr, body))
 
     def frame(self) -> bytes:
         """The whole Ethernet frame (no FCS)."""
@@ -297,7 +300,7 @@ def parse_transport(body: bytes, src: Endpoint | None = None, dst: Endpoint | No
     not at all with `icrc_checked` (a transport checked it)."""
     if len(body) < BTH_LEN + ICRC_LEN:
         raise WireError(f"{len(body)} bytes is too short for a BTH and an ICRC")
-    opcode, flags, _pkey, dqpn, psn = struct.unpack_from("!BBHII", body)
+    opcode, flags, _pkey, dqpn, psn = BTH_STRUCT.unpack_from(body)
     if flags & 0x0F:
         raise WireError("BTH transport version is not 0")
     padcnt = (flags >> 4) & 3
@@ -307,12 +310,12 @@ def parse_transport(body: bytes, src: Endpoint | None = None, dst: Endpoint | No
     if opcode in _HAS_RETH:
         if len(body) < pos + RETH_LEN + ICRC_LEN:
             raise WireError("truncated RETH")
-        pkt.va, pkt.rkey, pkt.dma_length = struct.unpack_from("!QII", body, pos)
+        pkt.va, pkt.rkey, pkt.dma_length = RETH_STRUCT.unpack_from(body, pos)
         pos += RETH_LEN
     if opcode in _HAS_IMM:
         if len(body) < pos + IMM_LEN + ICRC_LEN:
             raise WireError("truncated ImmDt")
-        (pkt.imm,) = struct.unpack_from("!I", body, pos)
+        (pkt.imm,) = IMM_STRUCT.unpack_from(body, pos)
         pos += IMM_LEN
     end = len(body) - ICRC_LEN
     if end - pos < padcnt:
@@ -368,8 +371,7 @@ def contribution(*, job: int, rank: int, slot: int, version: int, offset: int,
                   rkey=key & 0xFFFFFFFF, imm=imm, src=src, dst=dst, dscp=dscp)
 
 
-_WRITE_IMM_HEAD = struct.Struct("!BBHIIQIII")    # BTH, RETH and ImmDt of a WRITE with Imm
-_ICRC_FIELD = struct.Struct("<I")
+WRITE_IMM_HEAD = struct.Struct("!" + H.struct_codes(H.BTH, H.RETH, H.IMMDT))   # a WRITE with Imm
 WRITE_IMM_HEAD_LEN = BTH_LEN + RETH_LEN + IMM_LEN
 _RESULT_SHIFTS = tuple(shift for _, shift, _ in RESULT_IMM)
 _RESULT_MASKS = tuple((1 << width) - 1 for _, _, width in RESULT_IMM)
@@ -392,7 +394,7 @@ def icrc_holds(body: bytes, ip_udp: bytes) -> bool:
     end = len(body) - ICRC_LEN
     if end < 8:
         return False
-    return icrc(ip_udp, memoryview(body)[:end]) == _ICRC_FIELD.unpack_from(body, end)[0]
+    return icrc(ip_udp, memoryview(body)[:end]) == ICRC_STRUCT.unpack_from(body, end)[0]
 
 
 def read_write_imm(body: bytes) -> tuple[int, int, int, int, bytes]:
@@ -403,7 +405,7 @@ def read_write_imm(body: bytes) -> tuple[int, int, int, int, bytes]:
     if end < WRITE_IMM_HEAD_LEN:
         raise WireError(f"{len(body)} bytes is too short for a WRITE with Immediate")
     opcode, flags, _pkey, dqpn, psn, _va, rkey, _length, imm = \
-        _WRITE_IMM_HEAD.unpack_from(body)
+        WRITE_IMM_HEAD.unpack_from(body)
     if opcode != OP_WRITE_ONLY_IMM_UC or flags & 0x3F:
         raise WireError(f"opcode {opcode:#x} with flags {flags:#x} is not an unpadded "
                         f"WRITE Only with Immediate")
@@ -428,7 +430,7 @@ def frame_datagram(frame: bytes) -> tuple[bytes, bytes]:
 
 def priority_dscp(priority_class: int) -> int:
     """The DSCP that carries a priority class (0..7): the class selector codepoint."""
-    if not 0 <= priority_class < PRIORITY_CLASSES:  # noqa: F405
+    if not 0 <= priority_class < R.PRIORITY_CLASSES:
         raise ValueError(f"priority class must be 0..7, not {priority_class}")
     return priority_class << 3
 
