@@ -41,6 +41,18 @@ def run_cocotb(module: str, top: str, testcase: str, simulator: str = "verilator
     )
 
 
+@pytest.fixture(scope="module")
+def served_switch():
+    """A golden switch served over UDP (`netagg sim serve` in its own process, one a test
+    module): its `udp://` URL."""
+    from netagg.sim.bench import start_server
+    proc, url = start_server("golden")
+    yield url
+    proc.terminate()
+    proc.wait(10)
+    proc.stdout.close()
+
+
 # Widths in the default run; the others are in the slow set (`pytest -m slow`). Each width is
 # a Verilator build of its own per top (15-60 s on two cores, see netagg/sim/build.py): the default
 # run keeps the narrowest (a header over many beats) and the widest (a header in two beats,

@@ -283,7 +283,7 @@ def test_deadline_and_quorum_together_close_the_leaf_without_slack():
     give_up = time.monotonic() + 20
     while _job_counters(topo)["leaf1"]["closed_late"] == 0:
         assert time.monotonic() < give_up
-        ws[0]._progress(0.01)
+        ws[0].advance(0.01)
     lost["from"].discard(rank5)                 # rank 5 is back: its data fills the chunks in
     for out in [h.wait(60) for h in handles]:
         assert np.array_equal(out, np.sum(xs, axis=0))

@@ -423,6 +423,7 @@ def test_8_workers_through_rtl_leaves_and_spines(capsys, down):
             "--values", "40000", "--json"]
     assert main(args + (["--uplink-down-at", str(down)] if down else [])) == 0
     report = json.loads(capsys.readouterr().out)
+    assert report["errors"] == []       # (a cut that found no use in flight says so here)
     assert report["verified"] and report["results_agree"] and report["backend"] == "rtl"
     partials, counters = report["partials"], report["fabric_counters"]
     again = {leaf: counters[leaf].get("resends", 0) + counters[leaf].get("pulled", 0)

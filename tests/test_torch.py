@@ -23,20 +23,10 @@ import torch.distributed as dist  # noqa: E402
 
 from netagg.apps import torch_runs  # noqa: E402
 from netagg.apps.cli import main  # noqa: E402
-from netagg.sim.bench import start_server  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("torch")     # one switch; torchrun jobs one at a time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB_TIMEOUT = 120
-
-
-@pytest.fixture(scope="module")
-def switch():
-    proc, url = start_server("golden")
-    yield url
-    proc.terminate()
-    proc.wait(10)
-    proc.stdout.close()
 
 
 def run_job(tmp_path, url: str, nodes: int, per_node: int) -> list[dict]:
@@ -49,8 +39,8 @@ def run_job(tmp_path, url: str, nodes: int, per_node: int) -> list[dict]:
 
 
 @pytest.mark.parametrize("nodes,per_node", [(1, 2), (2, 1)], ids=["hierarchical", "flat"])
-def test_torchrun_job_through_the_switch(tmp_path, switch, nodes, per_node):
-    ranks = run_job(tmp_path, switch, nodes, per_node)
+def test_torchrun_job_through_the_switch(tmp_path, served_switch, nodes, per_node):
+    ranks = run_job(tmp_path, served_switch, nodes, per_node)
     for r in ranks:
         assert r["group"] == "NetaggProcessGroup" and r["backend"] == "netagg"
         assert r["local_size"] == per_node
@@ -114,12 +104,12 @@ def test_a_rank_without_a_switch_is_an_error_naming_it(monkeypatch):
     assert not dist.is_initialized()
 
 
-def test_a_single_process_group_routes_by_dtype_and_op(switch, monkeypatch):
+def test_a_single_process_group_routes_by_dtype_and_op(served_switch, monkeypatch):
     from netagg.host.torch_backend import NetaggOptions
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("netagg", store=dist.HashStore(), rank=0, world_size=1,
-                            pg_options=NetaggOptions(switch=switch, timeout=10.0))
+                            pg_options=NetaggOptions(switch=served_switch, timeout=10.0))
     try:
         pg = dist.group.WORLD
         x = torch.arange(600, dtype=torch.float32).reshape(20, 30).t()   # not contiguous
@@ -135,7 +125,7 @@ def test_a_single_process_group_routes_by_dtype_and_op(switch, monkeypatch):
         dist.destroy_process_group()
 
 
-def test_contiguous_tensors_are_written_in_place_without_a_copy(switch, monkeypatch):
+def test_contiguous_tensors_are_written_in_place_without_a_copy(served_switch, monkeypatch):
     """A contiguous tensor's own memory is the worker's `out`: its data_ptr is unchanged and
     no result is copied in (`store_result` is not called); a non-contiguous one is copied.
     1e-12 beside 1e6 is below the block's fixed-point step: 0 in the result shows that the
@@ -149,7 +139,7 @@ def test_contiguous_tensors_are_written_in_place_without_a_copy(switch, monkeypa
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("netagg", store=dist.HashStore(), rank=0, world_size=1,
-                            pg_options=NetaggOptions(switch=switch, timeout=10.0))
+                            pg_options=NetaggOptions(switch=served_switch, timeout=10.0))
     try:
         x = torch.tensor([1e6, 1e-12] * 300, dtype=torch.float32)
         b = torch.tensor([1e6, 1e-12] * 300, dtype=torch.bfloat16)

@@ -25,7 +25,6 @@ from netagg.host import numerics as N  # noqa: E402
 from netagg.host.errors import NetaggError, NetaggTimeout  # noqa: E402
 from netagg.host.torch_staging import Piece, Staging, plan  # noqa: E402
 from netagg.host.torch_work import Completer, Done, Pending  # noqa: E402
-from netagg.sim.bench import start_server  # noqa: E402
 from tests.host_workers import in_threads, workers  # noqa: E402
 from tests.staging_standin import StandIn  # noqa: E402
 
@@ -274,16 +273,8 @@ def test_a_host_allreduce_behind_a_staged_one_starts_after_it():
         completer.close()
 
 
-@pytest.fixture(scope="module")
-def switch():
-    proc, url = start_server("golden")
-    yield url
-    proc.terminate()
-    proc.wait(10)
-    proc.stdout.close()
-
-
-def test_the_backend_stages_device_tensors_and_refuses_what_nothing_takes(switch, monkeypatch):
+def test_the_backend_stages_device_tensors_and_refuses_what_nothing_takes(served_switch,
+                                                                            monkeypatch):
     """A group of one whose staging device is the stand-in for CPU tensors (as CUDA's is
     for CUDA tensors): all_reduce of each dtype through the staging (sent to the switch,
     the sums the values, a non-contiguous tensor too, an async Work's future the tensor),
@@ -297,7 +288,7 @@ def test_the_backend_stages_device_tensors_and_refuses_what_nothing_takes(switch
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("netagg", store=dist.HashStore(), rank=0, world_size=1,
-                            pg_options=NetaggOptions(switch=switch, timeout=10.0,
+                            pg_options=NetaggOptions(switch=served_switch, timeout=10.0,
                                                      staging_bytes=BLOCK * 4))
     device = StandIn()
     try:

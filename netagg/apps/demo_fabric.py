@@ -48,24 +48,33 @@ def fabric_counters(topology, job: int = 0) -> dict:
     return out
 
 
-def cut_spine(topology, spine: int, watch, timeout: float = 60.0) -> dict:
+def cut_spine(topology, spine: int, watch) -> dict:
     """Spine `spine` fails while it holds a use: `watch` (the topology's `SpineUses`) cuts its
     links as it sends down the result of a use in flight, the in-process workers driven until
-    it has (at most `timeout` seconds; at once when no work is pending); then every leaf
-    marks its uplink down (`Topology.cut`). What it held."""
+    it has; then every leaf marks its uplink down (`Topology.cut`). What it held at the cut.
+
+    No clock places the cut: the workers are driven until the tap has cut (the works pending
+    need the spine's uses, which it answers), or until every engine has failed or finished
+    (each fails on its own `timeout` without progress); then the cut did not happen, and that
+    is a `NetaggError` naming why, not a cut that holds nothing."""
+    from netagg.host.errors import NetaggError
     from netagg.host.fabric import hub_for
     from netagg.sim.topology import Notice
     name = f"spine{spine}"
     hub = hub_for(topology)
     watch.cut_at_result(name, lambda: topology.cut(spine, Notice.NONE))
-    deadline = time.monotonic() + timeout
-    while name not in watch.frozen and time.monotonic() < deadline and \
-            any(e.pending_works and not e.failed for e in hub.engines):
+    while name not in watch.frozen:
+        waiting = [e for e in hub.engines if e.pending_works and not e.failed]
+        if not waiting:
+            watch.cuts.pop(name, None)
+            failed = [e.failed for e in hub.engines if e.failed]
+            raise NetaggError(f"{name} sent down no result of a use it held before "
+                              + (f"the workers failed: {failed[0]}" if failed else
+                                 "the works pending were done"))
         hub.drive()
-    watch.cuts.pop(name, None)
-    watch.frozen.add(name)
     topology.cut(spine)
-    return {"spine": name, "uses_in_flight": len(watch.in_flight(name)),
+    held = watch.held.get(name, [])
+    return {"spine": name, "uses_in_flight": len(held),
             "partials_taken": len(watch.up.get(name, {}))}
 
 
@@ -122,7 +131,7 @@ def demo_fabric(shape: str = "2x2", workers: int = 8, values: int = 200_000, ste
             if step == split:
                 for w, ps, hs in zip(ws, pieces, handles):
                     hs += [w.allreduce_async(p) for p in ps[split:]]
-                cut = cut_spine(topology, spines - 1, watch, timeout)
+                cut = cut_spine(topology, spines - 1, watch)
                 cut_at = split
             for r in range(workers):
                 outs[r].append(handles[r][step].wait(timeout))

@@ -20,7 +20,9 @@ class IcrcCheck:
         self._states: dict[tuple, int] = {}
         self._covered: dict[tuple[int, int], list[slice]] = {}
 
-    def _state(self, sender: tuple[str, int], end: int, head: bytes) -> int:
+    def state_of(self, sender: tuple[str, int], end: int, head: bytes) -> int:
+        """The CRC state after the canonical IPv4 and UDP headers of a datagram from
+        `sender` whose ICRC starts at `end`, and its first 8 bytes `head` (cached)."""
         key = (sender, end, head)
         state = self._states.get(key)
         if state is None:
@@ -35,7 +37,7 @@ class IcrcCheck:
         end = len(body) - ICRC_LEN
         if end < 8:
             return False
-        return crc32(memoryview(body)[8:end], self._state(sender, end, bytes(body[:8]))) == \
+        return crc32(memoryview(body)[8:end], self.state_of(sender, end, bytes(body[:8]))) == \
             ICRC_STRUCT.unpack_from(body, end)[0]
 
     def run(self, data: bytes, size: int, sender: tuple[str, int]) -> tuple[list, int]:
@@ -50,7 +52,7 @@ class IcrcCheck:
         if words is None or (words[:, :2] != words[0, :2]).any():
             good = [d for d in datagrams if self.holds(d, sender)]
             return good, len(datagrams) - len(good)
-        state = self._state(sender, size - ICRC_LEN, bytes(view[:8]))
+        state = self.state_of(sender, size - ICRC_LEN, bytes(view[:8]))
         covered = self._covered.get((size, full))
         if covered is None:             # what each one's ICRC covers after its first 8 bytes
             covered = self._covered[size, full] = [slice(at + 8, at + size - ICRC_LEN)

@@ -12,7 +12,7 @@ sends GSO runs, waits for results, takes and writes them, step after step, until
 engine's counters, its credit limit, PSNs and round-trip estimate, the work's exponents
 and finished chunks are brought up to date, and what the C++ stopped at is handed to the
 Python path: a datagram it did not take, and the rest of the runs it received with it
-(`rx_runs`), go through the transport's reading and the engine's `_receive_all` (which
+(`rx_runs`), go through the transport's reading and the engine's `receive` (which
 may leave the window), a non-finite block leaves the window, a due message is the
 engine's `_retransmit`'s, the rest the next Python step's. A heartbeat
 or a read of the beats that falls due (`host.liveness`) is sent between two calls, and the
@@ -122,7 +122,7 @@ class CompiledStep:
         self.samples = np.zeros(SAMPLES)
         self.started = np.zeros(n, np.uint8)
         self.deltas = np.ascontiguousarray(udp_offload.ident_deltas(size), np.uint32)
-        self.tx_head = np.ascontiguousarray(e.writer._bth_head, np.uint8)
+        self.tx_head = np.ascontiguousarray(e.writer.bth_head, np.uint8)
         self.rx_head = np.frombuffer(W.bth(W.OP_RESULT, e.qpn, 0)[:8], np.uint8).copy()
         self.tag_base = np.zeros(n, np.int64)
         self.tag_table = self.seal_table = self.whole_table = np.zeros((n, 1), np.int64)
@@ -156,7 +156,7 @@ class CompiledStep:
         r.sol_udp, r.udp_segment, r.udp_gro = (ctypes.c_int(17).value, udp_offload.UDP_SEGMENT,
                                                udp_offload.UDP_GRO)
         r.crc32 = crc32_address()
-        r.dst_ip, r.dst_port = _ip(t._addr[0]), t._addr[1]
+        r.dst_ip, r.dst_port = _ip(t.switch.ip), t.switch.port
         r.per_run = udp_offload.most_rows(size)
         for name, array in (("deltas", self.deltas), ("tx_head", self.tx_head),
                             ("rx_head", self.rx_head), ("packets", self.packets),
@@ -220,7 +220,7 @@ class CompiledStep:
                 datagrams += t.accept(data, segment or None,
                                       (str(ipaddress.IPv4Address(ip)), port))
             if datagrams:
-                e._receive_all(datagrams)
+                e.receive(datagrams)
 
     def adopt(self, span, fmt: Fmt):
         """Take `span` as the one the next calls run: its arrays, its tensors' addresses,
@@ -242,7 +242,7 @@ class CompiledStep:
             self.sources[:len(work.sources)] = [_addr(s) for s in work.sources]
             r.out, r.n, r.frac = _addr(work.out), work.n, work.frac
             r.mean, r.world_size = int(work.mean), work.world_size
-            t._set_tos(0, int(span.dscp[-1]))
+            t.set_dscp(0, int(span.dscp[-1]))
             self._tags()
 
     def _enter(self, span, fmt: Fmt, until: float):
@@ -252,8 +252,8 @@ class CompiledStep:
         r.fd = t.sock.fileno()
         r.gso, r.renumber = int(t.runs.gso), int(t.runs.renumber)
         r.result_ip, r.result_port = _ip(t.result_source.ip), t.result_source.port
-        r.tx_state, r.imm_base, r.key = writer._state(0, e.lanes), writer.imm, writer.key
-        r.rx_state = t._icrc._state((t.result_source.ip, t.result_source.port),
+        r.tx_state, r.imm_base, r.key = writer.icrc_state(0, e.lanes), writer.imm, writer.key
+        r.rx_state = t.icrc.state_of((t.result_source.ip, t.result_source.port),
                                     self.size - W.ICRC_LEN, self.rx_head_bytes)
         r.rkey = e.session_tag
         known = self.window_arrays
@@ -331,7 +331,7 @@ class CompiledStep:
         for b in np.flatnonzero(span.known != self.known_before).tolist():
             span.work.exponents[b] = int(span.shared[b])
         if r.chunks_done:
-            e._finish_chunk(span.work, r.chunks_done)
+            e.finish_chunks(span.work, r.chunks_done)
             if span.work.done:
                 w.spans = [s for s in w.spans if not s.work.done]
                 self.span = None

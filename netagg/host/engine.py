@@ -240,10 +240,10 @@ class Engine(Taking):
             datagrams = self.transport.recv(wait)
             if datagrams:
                 self.heard = time.monotonic()
-                self._receive_all(datagrams)
+                self.receive(datagrams)
             self._send_ready()
             self._retransmit()
-            self._deliver_all()
+            self.deliver_sums()
             if self.window is not None and self.window.idle():
                 self.window.leave()
             self._check_progress()
@@ -333,7 +333,7 @@ class Engine(Taking):
                 # now could not count any more, and the result is here
                 m.packet = None
                 self.stats["early_results"] += 1
-                self._take(st, m, early)
+                self.take(st, m, early)
                 return False
         m.expect = (m.use & 1, self.check_lane.whole(tag)) \
             if m.acc is None and m.phase is Phase.VALUES else None
@@ -399,7 +399,7 @@ class Engine(Taking):
         sp = self.sprayer
         if sp.paths == 1:
             return 0
-        self._answered(m)
+        self.path_answered(m)
         path = sp.pick()
         sp.sent(path)
         self.stats[f"packets_sent_path{path}"] += 1
@@ -428,7 +428,9 @@ class Engine(Taking):
             self.stats["droppable_sent"] += 1
             self.stats[f"droppable_sent_class{m.pclass}"] += 1
 
-    def _answered(self, m: Message):
+    def path_answered(self, m: Message):
+        """The message's last sending was answered: its path has one packet fewer awaiting
+        its result (the sprayer's count)."""
         if m.path is not None:
             self.sprayer.answered(m.path)
             m.path = None

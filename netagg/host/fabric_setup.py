@@ -232,7 +232,7 @@ def join_fabric(worker, fabric, switch, *, slots, slot_base, credits, quorum, pa
                                                            if uplinks == 0 else ""))
     worker.lanes = engine.lanes = min(W.MAX_PAYLOAD, p["max_payload"]) // 4 - 1
     if p["ip"] == "0.0.0.0":        # a board's leaf not yet addressed: the description's
-        worker._write([(R.REG_IP, W.ip_to_int(leaf.ip)), (R.REG_MAC_HI, leaf.mac >> 32),
+        worker.write_registers([(R.REG_IP, W.ip_to_int(leaf.ip)), (R.REG_MAC_HI, leaf.mac >> 32),
                        (R.REG_MAC_LO, leaf.mac & 0xFFFFFFFF)])
         p["ip"] = leaf.ip
     _check_leaf(engine.control, leaf, p, at)

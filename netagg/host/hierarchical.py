@@ -32,7 +32,7 @@ class Handle:
 
     def done(self) -> bool:
         if not self._done and self._finish is None:
-            self.worker._progress(0.0)
+            self.worker.advance(0.0)
         return all(w.done for w in self.works) and self._finish is None
 
     def wait(self, timeout: float | None = None):
@@ -42,7 +42,7 @@ class Handle:
             self._finish(self)
         if self.error is not None:
             raise self.error
-        self.worker._wait_works(self.works, timeout)
+        self.worker.wait_works(self.works, timeout)
         for w in self.works:
             if w.error is not None:
                 raise w.error
@@ -64,8 +64,8 @@ def hierarchical(worker, arrays, fmts, outs, mean, single, loss) -> Handle:
     worker.shm.arrive()
 
     def step(handle):
-        while worker._pending and worker._pending[0] is not handle:
-            worker._pending[0].wait()
+        while worker.node_steps and worker.node_steps[0] is not handle:
+            worker.node_steps[0].wait()
         worker.shm.wait_all()
         works = []
         per = worker.lanes * worker.block
@@ -81,12 +81,12 @@ def hierarchical(worker, arrays, fmts, outs, mean, single, loss) -> Handle:
                 continue
             sources = [region.input(i, off, a)[lo:hi] for i in range(worker.local_size)]
             out = region.result(off, a)[lo:hi]
-            works.append(worker._work(f, sources, out, mean,
-                                    [worker._proposals(s, f) for s in sources], lp))
-        worker._submit(works)
+            works.append(worker.make_work(f, sources, out, mean,
+                                          [worker.proposals(s, f) for s in sources], lp))
+        worker.submit(works)
         handle.works = works
         try:
-            worker._wait_works(works, None)
+            worker.wait_works(works, None)
             error = next((w.error for w in works if w.error is not None), None)
         except BaseException as e:
             error = e
@@ -109,10 +109,10 @@ def hierarchical(worker, arrays, fmts, outs, mean, single, loss) -> Handle:
             raise
         finally:
             handle._finish = None
-            if handle in worker._pending:
-                worker._pending.remove(handle)
+            if handle in worker.node_steps:
+                worker.node_steps.remove(handle)
 
     handle = Handle(worker, [], outs, single, finish)
-    worker._pending.append(handle)
+    worker.node_steps.append(handle)
     return handle
 

@@ -9,7 +9,7 @@ completed chunks written into their tensors.
   those of every worker's data (`Message.expect`), not saturated and not older than the
   slot's last (its credit limit), completes its message at once.
 - **The rest** is classified by its check lane (`host.checklane`: current, early, stale or
-  unrecognised) and taken (`_take`): an overflow redoes the chunk with a larger exponent
+  unrecognised) and taken (`take`): an overflow redoes the chunk with a larger exponent
   (fixed point) or fails the tensor (int32); too few contributions start the rounds that
   fill the chunk in (`CheckLane.fill_in`) or redo it; a complete exponent message sets its
   block's shared exponent.
@@ -38,19 +38,23 @@ from netagg.host.wire_arrays import read_results
 
 
 class Taking:
-    """Results taken into an engine's slots, messages and works."""
+    """Results taken into an engine's slots, messages and works. The two halves call each
+    other through public methods only: the engine's step calls `receive` and
+    `deliver_sums`, its start of a use whose result came early `take`; this half calls the
+    engine's `path_answered` and `answer_heard`; the window and the compiled step call
+    `receive` and `finish_chunks`."""
 
-    def _receive_all(self, datagrams: list[bytes]):
-        """Take a step's datagrams: the job's results as a batch
-        (`host.wire_arrays.read_results`), each that completes its use with every worker's
-        data at once (`_take_whole`), the rest one at a time."""
+    def receive(self, datagrams: list[bytes]):
+        """Take a step's datagrams: the job's results as a batch (`read_results`), each
+        that completes its use with every worker's data at once here (or by the window,
+        while there is one), the rest one at a time (`_classify`)."""
         self.stats["packets_received"] += len(datagrams)
         self.stats["bytes_received"] += sum(map(len, datagrams))
         batch, rest = read_results(datagrams, lanes=self.lanes, qpn=self.qpn,
                                    rkey=self.session_tag, job=self.job, slots=self.nslots,
                                    near=self.limit)
         for datagram in rest:
-            self._receive(datagram)
+            self._receive_one(datagram)
         if batch is None:
             return
         top = int(batch.limit.max())
@@ -79,7 +83,7 @@ class Taking:
                 others.append(i)
                 continue
             # the use holds every worker's data (its check lane shows it, not saturated):
-            # the message is complete (`_take`'s common case, inline)
+            # the message is complete (`take`'s common case, inline)
             if not sampled and m.timer.attempts == 1:     # a round trip sample a batch
                 self.rtt.sample(now - m.timer.sent_at)
                 sampled = True
@@ -88,7 +92,7 @@ class Taking:
             idle.append(st)
             st.last_psn = limits[i]
             if m.path is not None:
-                self._answered(m)
+                self.path_answered(m)
             st.recent.append(m.tag)
             e = exponents[i]
             if e > m.exp_max:                   # (EXP_NONE is the smallest)
@@ -107,7 +111,7 @@ class Taking:
         for i in others:
             self._classify(batch.result(i))
 
-    def _receive(self, datagram: bytes):
+    def _receive_one(self, datagram: bytes):
         if self.control.take_answer(datagram):
             return
         try:
@@ -144,7 +148,7 @@ class Taking:
         st = self.slots[res.slot]
         match, use = self.check_lane.classify(res, st)
         if match is Match.CURRENT:
-            self._take(st, st.inflight, res)
+            self.take(st, st.inflight, res)
         elif match is Match.EARLY:
             st.early[use] = res
             self.stats["early_results_kept"] += 1
@@ -153,7 +157,7 @@ class Taking:
         else:
             self.stats["unrecognized_results"] += 1
 
-    def _take(self, st: SlotState, m: Message, res: Result):
+    def take(self, st: SlotState, m: Message, res: Result):
         """Apply the result of the message's use (its check lane verified)."""
         members = res.members
         if members is None and not res.overflow:        # a result kept early
@@ -164,7 +168,7 @@ class Taking:
         st.inflight = None
         self.idle.append(st)
         st.last_psn = max(st.last_psn, res.limit)
-        self._answered(m)
+        self.path_answered(m)
         st.recent.append(m.tag)
         w = m.work
         # progress: a round that adds data (a round of zeros only does not: a peer that
@@ -183,7 +187,7 @@ class Taking:
                 w.error = OverflowError(
                     f"the int32 sum saturated in chunk {m.index} (values {part.start}.."
                     f"{part.stop - 1}): the exact sum does not fit")
-            self._finish_chunk(w)
+            self.finish_chunks(w)
             return
         if self.check_lane.membership and m.acc is not None:
             m.acc = m.acc + res.sums.astype(np.int64)
@@ -216,7 +220,9 @@ class Taking:
             w.exponents.setdefault(m.carries, m.exp_max)
         self.delivering.append((m, have))
 
-    def _finish_chunk(self, w: Work, chunks: int = 1):
+    def finish_chunks(self, w: Work, chunks: int = 1):
+        """`chunks` of the work's chunks have their sums in place (or failed): the work is
+        done with its last, and no longer pending."""
         w.remaining -= chunks
         if w.remaining == 0:
             w.done = True
@@ -225,7 +231,7 @@ class Taking:
     def _next_round(self, st: SlotState, m: Message, **changes):
         """The message again, in the slot's next use (every worker decides the same)."""
         st.inflight = None
-        self._answered(m)
+        self.path_answered(m)
         st.queue.appendleft(m.again(**changes))
 
     def fill_send(self, members: int) -> Send:
@@ -258,7 +264,7 @@ class Taking:
             self.stats["filled_chunks"] += 1
         self._next_round(st, m, send=send, filled=True)
 
-    def _deliver_all(self):
+    def deliver_sums(self):
         """Write the sums of the chunks completed since the last call into their tensors
         (`deliver`, a tensor at a time), then count the chunks done."""
         if not self.delivering:
@@ -275,5 +281,5 @@ class Taking:
         for chunks in groups:
             w = chunks[0][0].work
             self.stats.update(deliver(w, chunks, self.workers))
-            self._finish_chunk(w, len(chunks))
+            self.finish_chunks(w, len(chunks))
 

@@ -363,7 +363,7 @@ class UdpTransport(Transport):
         self.local = W.Endpoint(ip, lport, itf.mac if itf else 0)
         self.switch = W.Endpoint(addr[0], addr[1], 0)
         self.switch_port = None
-        self._icrc = IcrcCheck(self.local)
+        self.icrc = IcrcCheck(self.local)     # the ICRC check of what it receives
         self.url = url
         self.paths = paths
         self.stray = 0
@@ -431,7 +431,7 @@ class UdpTransport(Transport):
         return port
 
     def send(self, datagram: bytes, path: int = 0, dscp: int = 0):
-        self._set_tos(path, dscp)
+        self.set_dscp(path, dscp)
         try:
             self.socks[path].sendto(datagram, self._addr)
         except OSError as e:
@@ -441,7 +441,7 @@ class UdpTransport(Transport):
         size = len(datagrams[0])
         if paths.count(paths[0]) == len(paths) and dscps.count(dscps[0]) == len(dscps) \
                 and all(len(d) == size for d in datagrams):
-            self._set_tos(paths[0], dscps[0])       # (a step's usual batch: one run)
+            self.set_dscp(paths[0], dscps[0])       # (a step's usual batch: one run)
             try:
                 self.runs.send(self.socks[paths[0]], datagrams)
             except OSError as e:
@@ -451,13 +451,15 @@ class UdpTransport(Transport):
         for datagram, path, dscp in zip(datagrams, paths, dscps):
             runs.setdefault((path, dscp, len(datagram)), []).append(datagram)
         for (path, dscp, _), run in runs.items():
-            self._set_tos(path, dscp)
+            self.set_dscp(path, dscp)
             try:
                 self.runs.send(self.socks[path], run)
             except OSError as e:
                 self._refused(e)
 
-    def _set_tos(self, path: int, dscp: int):
+    def set_dscp(self, path: int, dscp: int):
+        """Path `path`'s socket sends with DSCP `dscp` from now on (set only if it
+        changes)."""
         tos = (dscp & 0x3F) << 2
         if self._tos[path] != tos:
             self.socks[path].setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
@@ -485,14 +487,14 @@ class UdpTransport(Transport):
             if sender != (self.result_source.ip, self.result_source.port):
                 self.stray += -(-len(data) // size)
                 return []
-            good, bad = self._icrc.run(data, size, sender)
+            good, bad = self.icrc.run(data, size, sender)
             self.bad += bad
             return good
         switch = (self.switch.ip, self.switch.port)
         if sender != (switch if data[:1] == CONTROL_FIRST_BYTE else
                       (self.result_source.ip, self.result_source.port)):
             self.stray += 1
-        elif self._icrc.holds(data, sender):
+        elif self.icrc.holds(data, sender):
             return [data]
         else:
             self.bad += 1

@@ -242,7 +242,7 @@ class PlainWindow:
         for w, chunk, lanes, rows, shared in self.taken:
             e.stats.update(deliver_rows(w, chunk, lanes[rows, :-1], shared,
                                         [e.workers], e.workers))
-            e._finish_chunk(w, len(chunk))
+            e.finish_chunks(w, len(chunk))
         self.taken.clear()
         self.spans = [span for span in self.spans if not span.work.done]
 

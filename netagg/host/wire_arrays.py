@@ -67,10 +67,14 @@ class ContributionWriter:
                  dqpn: int = 2, *, key: int):
         self.sources, self.switch, self.dqpn, self.key = sources, switch, dqpn, key
         self.imm = W.pack_imm(W.REQUEST_IMM, job=job, rank=rank)
-        self._bth_head = np.frombuffer(W.bth(W.OP_CONTRIBUTION, dqpn, 0)[:8], np.uint8)
+        # the first 8 bytes of every contribution's BTH (opcode .. dqpn)
+        self.bth_head = np.frombuffer(W.bth(W.OP_CONTRIBUTION, dqpn, 0)[:8], np.uint8)
         self._states: dict[tuple[int, int], int] = {}       # (path, lanes) -> ICRC state
 
-    def _state(self, path: int, lanes: int) -> int:
+    def icrc_state(self, path: int, lanes: int) -> int:
+        """The CRC state after the canonical IPv4 and UDP headers and the BTH's first 8
+        bytes of path `path`'s contributions of `lanes` data lanes (cached): the ICRC of a
+        datagram continues from it over the rest."""
         state = self._states.get((path, lanes))
         if state is None:
             src, dst = self.sources[path], self.switch
@@ -96,7 +100,7 @@ class ContributionWriter:
             raise ValueError("a slot or an exponent does not fit its ImmDt field")
         recs = np.empty(k, write_imm_dtype(width - 1))
         size = recs.itemsize
-        recs.view(np.uint8).reshape(k, size)[:, :8] = self._bth_head   # opcode .. dqpn
+        recs.view(np.uint8).reshape(k, size)[:, :8] = self.bth_head   # opcode .. dqpn
         recs["dma_length"] = 4 * width
         recs["psn"] = np.asarray(psn, np.int64) & 0xFFFFFF
         msn_ = np.asarray(msn, np.int64).astype(np.uint64) & np.uint64(0xFFFFFFFF)
@@ -109,7 +113,7 @@ class ContributionWriter:
                        | np.asarray(droppable, np.int64) << field["droppable"])
         recs["lanes"] = lanes
         buf = memoryview(recs.view(np.uint8))
-        states = [self._state(p, width - 1) for p in range(len(self.sources))]
+        states = [self.icrc_state(p, width - 1) for p in range(len(self.sources))]
         whole, covered = _slices(size, k)
         recs["icrc"] = np.fromiter(map(W.crc32, map(buf.__getitem__, covered),
                                        map(states.__getitem__, paths)), np.uint32, k)

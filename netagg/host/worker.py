@@ -164,7 +164,7 @@ class Worker:
         self.fraction_bits = N.fraction_bits(world_size) if fraction_bits is None \
             else fraction_bits
         self.block = block
-        self._pending = []          # hierarchical handles, in submission order
+        self.node_steps: list[Handle] = []  # hierarchical steps pending, in submission order
         self._in_flight = []        # flat works submitted, until done (`outputs.racing`)
         self._closed = False
         T.Sprayer(paths, spray)        # checks both before any socket opens
@@ -250,8 +250,8 @@ class Worker:
             # the switch's own addresses are unset: results leave from the address the
             # workers reach it at (the MAC as the kernel resolved it, if it did)
             mac = netif.neighbour_mac(t.switch.ip)
-            self._write([(R.REG_IP, W.ip_to_int(t.switch.ip)), (R.REG_MAC_HI, mac >> 32),
-                         (R.REG_MAC_LO, mac & 0xFFFFFFFF)])
+            self.write_registers([(R.REG_IP, W.ip_to_int(t.switch.ip)),
+                                  (R.REG_MAC_HI, mac >> 32), (R.REG_MAC_LO, mac & 0xFFFFFFFF)])
             p["ip"] = t.switch.ip
         self.switch_params = p
         t.attach_switch(p["ports"], p["port"])   # the port of its job-table entry
@@ -276,7 +276,9 @@ class Worker:
         e.join_check = setup.rank_check(credits, quorum, self.deadline_ticks)
         return True
 
-    def _write(self, pairs):
+    def write_registers(self, pairs):
+        """Write the switch's registers (address, value pairs) by a control request; a value
+        the switch did not keep is a `NetaggError`."""
         got = self.engine.control.request([(a | R.WRITE, v) for a, v in pairs])
         for (a, v), (_, back) in zip(pairs, got):
             if back != v & 0xFFFFFFFF:
@@ -327,29 +329,32 @@ class Worker:
             self._in_flight = [w for w in self._in_flight if not w.done]
             earlier = racing(self._in_flight, arrays, outs)
             if earlier:                 # they write what this call reads, or the reverse
-                self._wait_works(earlier, self.timeout)
+                self.wait_works(earlier, self.timeout)
             works = []
             for a, f, o, lp in zip(arrays, fmts, outs, loss):
                 flat = np.ascontiguousarray(a).reshape(-1)
                 if flat.size == 0:
                     continue
-                works.append(self._work(f, [flat], o.reshape(-1), op == "mean",
-                                        [self._proposals(flat, f)], lp))
-            self._submit(works)
+                works.append(self.make_work(f, [flat], o.reshape(-1), op == "mean",
+                                            [self.proposals(flat, f)], lp))
+            self.submit(works)
             self._in_flight += works
             return Handle(self, works, outs, single)
-        while self._pending:            # one hierarchical step at a time: they share memory
-            self._pending[0].wait()
+        while self.node_steps:          # one hierarchical step at a time: they share memory
+            self.node_steps[0].wait()
         return self._hierarchical(arrays, fmts, outs, op == "mean", single, loss)
 
-    def _work(self, fmt, sources, out, mean, proposals, loss=(0.0, DEFAULT_PRIORITY)) -> Work:
+    def make_work(self, fmt, sources, out, mean, proposals,
+                  loss=(0.0, DEFAULT_PRIORITY)) -> Work:
+        """The work of one tensor: the sum of `sources` into `out`, its blocks' exponents the
+        largest of the sources' `proposals` (fixed point), `loss`: (loss budget, priority)."""
         props = np.max(np.stack(proposals), axis=0) if fmt.kind == "fixed" else None
         return Work(fmt=fmt, sources=sources, out=out, n=len(out), world_size=self.world_size,
                     mean=mean, frac=self.fraction_bits, block=self.block, lanes=self.lanes,
                     proposals=props,
                     loss_budget=loss[0], priority=loss[1])
 
-    def _proposals(self, flat, fmt):
+    def proposals(self, flat, fmt):
         """This worker's exponent proposal per block (`numerics.block_proposals`)."""
         if fmt.kind != "fixed":
             return None
@@ -363,7 +368,7 @@ class Worker:
         driver = self.transport.driver
         return driver.lock if driver is not None else contextlib.nullcontext()
 
-    def _submit(self, works):
+    def submit(self, works):
         """Hand works to the engine; with background progress they are sent at once."""
         with self._engine_lock():
             for w in works:
@@ -376,7 +381,9 @@ class Worker:
         if self.progress is not None:
             self.progress.kick()
 
-    def _progress(self, timeout: float):
+    def advance(self, timeout: float):
+        """Make progress for up to `timeout` seconds: step the engine (or the in-process
+        hub's engines); with background progress, only raise the engine's failure."""
         if self.progress is not None:       # the thread steps; a failure is raised here
             if self.engine.failed:
                 raise self.engine.failed
@@ -394,7 +401,9 @@ class Worker:
         else:
             self.engine.step(timeout)
 
-    def _wait_works(self, works, timeout):
+    def wait_works(self, works, timeout):
+        """Wait until `works` are done (`NetaggTimeout` after `timeout` seconds, None: no
+        limit); the engine's failure is raised."""
         if self.progress is not None:
             if not self.progress.wait_for(lambda: all(w.done for w in works), timeout):
                 raise NetaggTimeout(self._unfinished(timeout))
@@ -405,7 +414,7 @@ class Worker:
         while not all(w.done for w in works):
             if deadline is not None and time.monotonic() > deadline:
                 raise NetaggTimeout(self._unfinished(timeout))
-            self._progress(0.05)
+            self.advance(0.05)
 
     def _unfinished(self, timeout) -> str:
         """Why a wait for works ended: the time, and what the engine still waits for."""

@@ -58,7 +58,7 @@ from netagg.sim.codec import (
     request,
     result_imm,
 )
-from netagg.sim.golden import GoldenSwitch, Job, _signed
+from netagg.sim.golden import GoldenSwitch, Job, signed
 
 _RETH_AT = W.BTH_OFFSET + W.BTH_LEN                     # the RETH's offset in a frame
 _SHORTEST = _RETH_AT + RETH_IMM.size + 4 + ICRC_WORD.size   # a contribution of one lane
@@ -185,7 +185,8 @@ class EchoSwitch(GoldenSwitch):
         self.copies = RankCopies(self.slots, self.max_workers, self.max_payload // 4)
         self.paths = Paths()
         self._replies: dict[tuple, Reply] = {}
-        self._rows: dict[tuple, echo_run.Rows | None] = {}
+        # the `Rows` of each run's headers, first row and size (`echo_run.answer`'s cache)
+        self.run_layouts: dict[tuple, echo_run.Rows | None] = {}
         self._sent: list = []
 
     def send(self, port: int, frame: bytes, fill: int = 0, null: bool | None = None):
@@ -265,7 +266,7 @@ class EchoSwitch(GoldenSwitch):
         bitmap = int(copies.bitmap[c])
         if (len(frame) != reply.size or not icrc_matches(frame, reply.body_end, reply.state)
                 or copies.count[c] or bitmap and not 0 < (msn - int(copies.msn16[c])) & 0xFFFF
-                < 0x8000 or job.credits and _signed(msn - job.completed, 32) >= job.credits):
+                < 0x8000 or job.credits and signed(msn - job.completed, 32) >= job.credits):
             return None             # a drop, a use in progress, a replay or an older message
         start, length = reply.start, reply.length
         payload = bytes(length) if reply.null else memoryview(frame)[start:start + length]
@@ -294,7 +295,7 @@ class EchoSwitch(GoldenSwitch):
         req = request(imm)
         if self._refusal(header.src_ip, dma_length, req, header.length, rkey) is not None:
             return None
-        null = bool(req.droppable) and self._threshold(frame) <= 0
+        null = bool(req.droppable) and self.drop_threshold(frame) <= 0
         job = self.job[req.job]
         w = job.table[req.rank]
         return Reply(
@@ -304,5 +305,5 @@ class EchoSwitch(GoldenSwitch):
             copy=self.copies.index(job.slot_base + req.slot, req.version, req.rank),
             bit=1 << req.rank, port=w.port,
             tx=self.port_counters[w.port] if w.port < self.ports else None,
-            template=self._template(w, header.length), va=w.va,
+            template=self.result_template(w, header.length), va=w.va,
             imm=result_imm(req.job, int(not null), req.version, req.slot, req.exponent, 0))

@@ -138,11 +138,11 @@ def answer(switch, port: int, heads: tuple, body, size: int) -> tuple[int, int, 
     if size < _SHORTEST:
         return 0, k, None
     key = (heads, bytes(body[:_HEAD]), size)
-    rows = switch._rows.get(key, _MISSING)
+    rows = switch.run_layouts.get(key, _MISSING)
     if rows is _MISSING:
-        if len(switch._rows) >= 4096:
-            switch._rows.clear()
-        rows = switch._rows[key] = rows_of(switch, heads, key[1], size)
+        if len(switch.run_layouts) >= 4096:
+            switch.run_layouts.clear()
+        rows = switch.run_layouts[key] = rows_of(switch, heads, key[1], size)
     length = rows.length if rows is not None else 0
     if not (4 <= length <= switch.max_payload and length % 4 == 0):
         return 0, k, None
@@ -193,7 +193,7 @@ def _apply(switch, port, j, rank, row, c, msn, imm, raw, heads, rows):
     lanes = raw[:, start:start + length].view("<i4")
     null = None
     if (imm & _DROPPABLE).any():
-        null = (_field(imm, "droppable") == 1) & np.array([switch._threshold(h) <= 0
+        null = (_field(imm, "droppable") == 1) & np.array([switch.drop_threshold(h) <= 0
                                                            for h in heads])
         lanes = np.where(null[:, None], np.int32(0), lanes)
     shift, mask = _REQUEST["exponent"]
@@ -210,7 +210,7 @@ def _apply(switch, port, j, rank, row, c, msn, imm, raw, heads, rows):
         return None                             # no such port: no result leaves
     counters["results"] += n
     switch.port_counters[w.port]["tx"] += n
-    template = switch._template(w, length)
+    template = switch.result_template(w, length)
     out = np.empty(n, row.dtype)
     results = out.view(np.uint8).reshape(n, -1)
     results[:, :_HEAD] = np.frombuffer(template.head, np.uint8, _HEAD, W.BTH_OFFSET)

@@ -209,20 +209,21 @@ class FastSwitch(GoldenSwitch):
         self.job_counters = [Counters(row, R.JOB_COUNTERS) for row in self._job_counts]
         self._table = np.zeros((self.jobs, len(JOB_WORDS)), np.int64)
         self._workers = np.zeros((self.jobs, self.max_workers, len(WORKER_WORDS)), np.int64)
-        self._heads = np.zeros((self.jobs, self.max_workers, TEMPLATE_BYTES), np.uint8)
+        # each job's workers' result headers (their templates' heads), as the C++ reads them
+        self.result_heads = np.zeros((self.jobs, self.max_workers, TEMPLATE_BYTES), np.uint8)
         self._thresholds = np.zeros(R.PRIORITY_CLASSES, np.int64)
         self._most = 1                  # the most results one contribution sends
         c = self.copies
-        self._state = State(
+        self.core = State(                  # the C++'s arguments: its arrays, and a call's
             ports=self.ports, jobs=self.jobs, max_workers=self.max_workers, slots=self.slots,
             max_payload=self.max_payload, queue_capacity=self.queue_capacity, lanes=lanes,
             crc32=cpp_build.crc32_address(), thresholds=self._thresholds.ctypes.data,
             job=self._table.ctypes.data, worker=self._workers.ctypes.data,
-            templates=self._heads.ctypes.data,
+            templates=self.result_heads.ctypes.data,
             **{name: getattr(c, name).ctypes.data for name in SlotCopies.FIELDS},
             sums=c.sums.ctypes.data, port_counters=self._port_counts.ctypes.data,
             job_counters=self._job_counts.ctypes.data)
-        self._pointer = ctypes.pointer(self._state)
+        self._pointer = ctypes.pointer(self.core)
         self._run = lib.fast_run
         self._arenas(0, 0)
         self._stale = True
@@ -299,6 +300,11 @@ class FastSwitch(GoldenSwitch):
         self.paths.golden += 1
         self._sent += self.receive(port, frame, fill, null)
 
+    def sync_table(self):
+        """The C++'s job table up to date with the registers (after any write)."""
+        if self._stale:
+            self._refresh()
+
     def _refresh(self):
         """The C++'s job table from the registers: each job's and each worker's row, the
         result templates of the enabled jobs' workers, the drop thresholds."""
@@ -308,8 +314,8 @@ class FastSwitch(GoldenSwitch):
         for j, job in enumerate(self.job):
             self._workers[j] = [[w.port, w.ip, _int64(w.va), w.rkey] for w in job.table]
             for rank in range(job.workers if job.enable else 0):
-                self._heads[j, rank] = np.frombuffer(
-                    self._template(job.table[rank], 0).head, np.uint8)
+                self.result_heads[j, rank] = np.frombuffer(
+                    self.result_template(job.table[rank], 0).head, np.uint8)
         self._thresholds[:] = self.drop_thresholds
         self._most = max([job.workers for job in self.job if job.enable] + [1])
         self._stale = False
@@ -327,11 +333,10 @@ class FastSwitch(GoldenSwitch):
         """Rows of a run through the C++, from the first; a row it hands back through the
         golden model's `receive` (`frame(i)`: row i's frame), and the rest through the C++
         again."""
-        st, at, frame_bytes = self._state, 0, W.BTH_OFFSET + size
+        st, at, frame_bytes = self.core, 0, W.BTH_OFFSET + size
         st.port, st.rows, st.size = port, rows, size
         while at < rows:
-            if self._stale:
-                self._refresh()
+            self.sync_table()
             most = (rows - at) * self._most
             if self._out_at + most * frame_bytes > len(self._out) or \
                     self._sent_at + most > len(self._records):

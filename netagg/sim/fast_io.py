@@ -65,7 +65,7 @@ class FastIo:
                      routes=self.routes.ctypes.data, arena=self.arena.ctypes.data,
                      arena_bytes=ARENA_BYTES, records=self.records.ctypes.data,
                      records_rows=rows, sent=self.sent.ctypes.data, wait_us=WAIT_US)
-        self._pointers = ctypes.pointer(switch._state), ctypes.pointer(self.io)
+        self._pointers = ctypes.pointer(switch.core), ctypes.pointer(self.io)
         self._routed = -1               # the job table's generation the routes are for
         self.unsendable = unsendable
 
@@ -74,11 +74,10 @@ class FastIo:
         deadlines' clock and the control path's turn) or a packet is Python's (`handed`);
         every result taken is sent."""
         sw = self.switch
-        if sw._stale:
-            sw._refresh()
+        sw.sync_table()
         if self._routed != sw.generation:
             self._make_routes()
-        sw._state.now = sw.now
+        sw.core.now = sw.now
         compiled = self.io.compiled
         why = Served(self._serve(*self._pointers))
         if self.io.error:           # the packet socket failed (not: nothing waits)
@@ -123,7 +122,8 @@ class FastIo:
         self.routes[:] = -1
         for j, job in enumerate(sw.job):
             for rank in range(job.workers if job.enable else 0):
-                source, sock, (ip, port) = self.route(sw._heads[j, rank, _ADDRESSES].tobytes())
+                head = sw.result_heads[j, rank, _ADDRESSES]
+                source, sock, (ip, port) = self.route(head.tobytes())
                 if sock is None:
                     self.unsendable.add(source)
                     continue

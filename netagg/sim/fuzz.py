@@ -173,7 +173,7 @@ class Ledger:
         request = contribution(frame, header) if verdict == OK else None
         if request is None or request[1].job >= g.jobs:
             return g.receive(port, frame)
-        if g._from_parent(header):
+        if g.from_parent(header):
             return self._from_parent(port, frame, header, request[0])
         req = request[1]
         counters = g.job_counters[req.job]

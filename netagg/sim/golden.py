@@ -184,12 +184,12 @@ class SlotCopy:
                    else a == b for a, b in pairs)
 
 
-def _lanes(payload: bytes) -> np.ndarray:
+def wide_lanes(payload: bytes) -> np.ndarray:
     """The int32 lanes of a payload, widened to int64 for saturating sums."""
     return np.frombuffer(payload, "<i4").astype(np.int64)
 
 
-def _add_saturating(sums: np.ndarray, payload: bytes) -> bool:
+def add_saturating(sums: np.ndarray, payload: bytes) -> bool:
     """Add a payload's int32 lanes into `sums`, each lane saturating at the int32 range (the
     aggregator's saturating adders); whether any lane saturated."""
     np.add(sums, np.frombuffer(payload, "<i4"), out=sums)
@@ -199,7 +199,8 @@ def _add_saturating(sums: np.ndarray, payload: bytes) -> bool:
     return True
 
 
-def _signed(v: int, bits: int) -> int:
+def signed(v: int, bits: int) -> int:
+    """The low `bits` bits of `v` as a two's complement number (a wrapped difference)."""
     v &= (1 << bits) - 1
     return v - (1 << bits) if v >> (bits - 1) else v
 
@@ -254,9 +255,9 @@ class GoldenSwitch(Registers):
         """Whether the ingress drops this frame's payload by priority (to a null
         contribution) when its queue holds `fill` bytes ahead of it."""
         request = contribution(frame, decode(frame)[1])
-        return _droppable(request) and fill >= self._threshold(frame)
+        return _droppable(request) and fill >= self.drop_threshold(frame)
 
-    def _threshold(self, frame: bytes) -> int:
+    def drop_threshold(self, frame: bytes) -> int:
         """The drop threshold of the frame's priority class (IPv4 DSCP >> 3)."""
         return self.drop_thresholds[frame[W.IP_OFFSET + 1] >> 5]
 
@@ -274,7 +275,7 @@ class GoldenSwitch(Registers):
         if verdict == OK and header.length > self.queue_capacity:
             verdict, header = Verdict.OVERSIZE, None
         request = contribution(frame, header)
-        droppable = _droppable(request) and not self._from_parent(header)
+        droppable = _droppable(request) and not self.from_parent(header)
         if null and not droppable:
             raise ValueError("only a droppable contribution that the parser takes can be null")
         if verdict != OK:
@@ -282,7 +283,7 @@ class GoldenSwitch(Registers):
             return []
         counters["rx"] += 1
         if null is None:
-            null = droppable and fill >= self._threshold(frame)
+            null = droppable and fill >= self.drop_threshold(frame)
         if null:
             counters["drop_priority"] += 1
         start, length = header.start, header.length
@@ -298,7 +299,7 @@ class GoldenSwitch(Registers):
             self.port_counters[p]["tx"] += 1
         return out
 
-    def _from_parent(self, header: Header | None) -> bool:
+    def from_parent(self, header: Header | None) -> bool:
         """Whether a frame is a spine's to this switch as a leaf (`sim.golden_leaf`): not a
         contribution, never nulled by priority. A switch without uplinks has no parent."""
         return False
@@ -312,7 +313,7 @@ class GoldenSwitch(Registers):
         msn, offset = W.split_va(reth.va)
         copy, needed, ranks = self._aggregation(job, job.slot_base + slot, version, rank)
         bit = 1 << rank
-        d = _signed(msn - copy.msn16, 16)
+        d = signed(msn - copy.msn16, 16)
         if copy.count == 0:
             if copy.bitmap and d == 0 and len(payload) != copy.length:
                 counters["drop_bad_length"] += 1
@@ -323,7 +324,7 @@ class GoldenSwitch(Registers):
             if copy.bitmap and d < 0:
                 counters["drop_stale"] += 1
                 return []
-            copy.begin(bit, _lanes(payload), null, msn, req.exponent, self.now)
+            copy.begin(bit, wide_lanes(payload), null, msn, req.exponent, self.now)
         elif d != 0:
             counters["drop_stale"] += 1
             return []
@@ -338,7 +339,7 @@ class GoldenSwitch(Registers):
             counters["drop_bad_length"] += 1
             return []
         else:
-            copy.overflow |= _add_saturating(copy.sums, payload)
+            copy.overflow |= add_saturating(copy.sums, payload)
             copy.exponent = max(copy.exponent, req.exponent)
             copy.bitmap |= bit
             copy.count += 1
@@ -360,7 +361,7 @@ class GoldenSwitch(Registers):
             scope[refusal] += 1
             return False
         job = self.job[req.job]
-        if job.credits and _signed(W.split_va(reth.va)[0] - job.completed, 32) >= job.credits:
+        if job.credits and signed(W.split_va(reth.va)[0] - job.completed, 32) >= job.credits:
             self.job_counters[req.job]["drop_credit"] += 1
             return False
         return True
@@ -440,11 +441,12 @@ class GoldenSwitch(Registers):
             if w.port >= self.ports:
                 continue                      # no such port: the result cannot leave
             at = w.va + offset if va is None else va
-            out.append((w.port, self._template(w, len(sums)).frame(limit, at, imm, sums)))
+            template = self.result_template(w, len(sums))
+            out.append((w.port, template.frame(limit, at, imm, sums)))
         self.job_counters[j]["results"] += len(out)
         return out
 
-    def _template(self, w: Worker, length: int) -> ResultTemplate:
+    def result_template(self, w: Worker, length: int) -> ResultTemplate:
         """The headers of results of `length` bytes to worker `w` (from the switch's MAC, IP
         and UDP port; to the worker's MAC, IP, UDP port, QPN and R_Key)."""
         key = (self.mac, self.ip, self.udp_sport, w.mac, w.ip, w.udp_port, w.qpn, w.rkey, length)

@@ -12,7 +12,7 @@ partial is sent up the slot's uplink, SPRAY and REG_UPLINK_DOWN) -> DONE (the sp
 with the copy's msn arrived: the final replaces the partial, COMPLETED + 1, the result goes
 to every local worker). A local retransmission of a use re-sends its partial, marked
 `resent`, in UPSTREAM and replays the final in DONE. A frame from an uplink's spine (opcode
-0x2B at UPLINK_QPN from the uplink's IP, `_from_parent`) is a result (payload) or a pull (no
+0x2B at UPLINK_QPN from the uplink's IP, `from_parent`) is a result (payload) or a pull (no
 payload: the leaf answers with its partial, or its final marked `final`).
 
 At a spine, a partial comes in by the port of its leaf's entry (else `drop_bad_worker`), a
@@ -33,7 +33,7 @@ from netagg.contract import headers as H
 from netagg.contract import regmap as R
 from netagg.contract import wire as W
 from netagg.sim.codec import Extension, Header, Request, decode, result_imm
-from netagg.sim.golden import GoldenSwitch, _add_saturating, _lanes, _signed
+from netagg.sim.golden import GoldenSwitch, add_saturating, signed, wide_lanes
 from netagg.sim.golden_leaf_registers import (
     CopyState,
     FabricCopy,
@@ -88,17 +88,17 @@ class GoldenLeaf(LeafRegisters, GoldenSwitch):
 
     # --- which frame ------------------------------------------------------------------------
 
-    def _from_parent(self, header: Header | None) -> bool:
+    def from_parent(self, header: Header | None) -> bool:
         return (bool(self.uplinks) and header is not None and header.opcode == W.OP_RESULT
                 and header.dqpn == W.UPLINK_QPN
                 and any(u.ip == header.src_ip for u in self.uplink))
 
     def drops_payload(self, frame: bytes, fill: int) -> bool:
-        return not self._from_parent(decode(frame)[1]) and super().drops_payload(frame, fill)
+        return not self.from_parent(decode(frame)[1]) and super().drops_payload(frame, fill)
 
     def _contribution(self, port: int, frame: bytes, header: Header, reth: Extension,
                       req: Request, payload: bytes, null: bool) -> list:
-        if self._from_parent(header):
+        if self.from_parent(header):
             return self._parent_frame(port, header, reth, payload)
         job = self.job[req.job] if req.job < self.jobs else None
         if job is None or not job.enable or not (job.partials or job.parent):
@@ -122,8 +122,8 @@ class GoldenLeaf(LeafRegisters, GoldenSwitch):
         spine's job (a spine back after any time away takes the new uses), signed16 of their
         low 16 bits for another, as on one switch."""
         if job.partials:
-            return _signed(msn - copy.msn, 32)
-        return _signed(msn - copy.msn16, 16)
+            return signed(msn - copy.msn, 32)
+        return signed(msn - copy.msn16, 16)
 
     def _add(self, use: Use, rank: int, exponent: int, payload: bytes, part: Partial) -> list:
         """A contribution of `rank` to `use`, past the checks: a spine's is a partial, a
@@ -163,7 +163,7 @@ class GoldenLeaf(LeafRegisters, GoldenSwitch):
             counters["drop_bad_length"] += 1
             return []
         elif not part.final:
-            copy.overflow |= _add_saturating(copy.sums, payload) | bool(part.overflow)
+            copy.overflow |= add_saturating(copy.sums, payload) | bool(part.overflow)
             copy.exponent = max(copy.exponent, exponent)
             copy.bitmap |= bit
             copy.count += 1
@@ -181,13 +181,13 @@ class GoldenLeaf(LeafRegisters, GoldenSwitch):
     def _begin(self, copy: FabricCopy, bit: int, payload: bytes, msn: int, exponent: int,
                part: Partial):
         """A new use of `copy`, begun by one contribution (a spine's: a partial)."""
-        copy.begin(bit, _lanes(payload), not part.count, msn, exponent, self.now)
+        copy.begin(bit, wide_lanes(payload), not part.count, msn, exponent, self.now)
         copy.data, copy.overflow, copy.state = part.count, bool(part.overflow), CopyState.IN_USE
 
     @staticmethod
     def _take(copy: FabricCopy, payload: bytes, count: int, exponent: int, overflow: int):
         """The copy takes a use's final as it is: sums, count, exponent, overflow."""
-        copy.sums, copy.length = _lanes(payload), len(payload)
+        copy.sums, copy.length = wide_lanes(payload), len(payload)
         copy.data, copy.exponent, copy.overflow = count, exponent, bool(overflow)
 
     def _finish(self, use: Use, copy: FabricCopy, ranks) -> list:
@@ -254,7 +254,7 @@ class GoldenLeaf(LeafRegisters, GoldenSwitch):
             w = job.table[rank]
             if copy.bitmap >> rank & 1 or w.port >= self.ports:
                 continue
-            out.append((w.port, self._template(w, 0).frame(job.limit, va, imm, b"")))
+            out.append((w.port, self.result_template(w, 0).frame(job.limit, va, imm, b"")))
         self.fabric_counters[use.job]["pulls"] += len(out)
         return out
 

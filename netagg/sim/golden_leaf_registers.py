@@ -14,7 +14,7 @@ import enum
 
 from netagg.contract import regmap as R
 from netagg.sim.golden import Job, SlotCopy
-from netagg.sim.golden_registers import Refusal, Space, _mac_half
+from netagg.sim.golden_registers import Refusal, Space, mac_half
 
 
 class CopyState(enum.Enum):
@@ -157,7 +157,7 @@ class LeafRegisters:
             if field == R.UPLINK_PORT:
                 u.port = value & ((1 << R.UPLINK_PORT_BITS) - 1)
             elif field in (R.UPLINK_MAC_HI, R.UPLINK_MAC_LO):
-                u.mac = _mac_half(u.mac, value, field == R.UPLINK_MAC_HI)
+                u.mac = mac_half(u.mac, value, field == R.UPLINK_MAC_HI)
             elif field == R.UPLINK_IP:
                 u.ip = value
             elif field == R.UPLINK_UDP_PORT:

@@ -166,7 +166,7 @@ class Registers:
         kind, index, off = self._decode(addr)
         if kind is Space.GLOBAL:
             if off in (R.REG_MAC_HI, R.REG_MAC_LO):
-                self.mac = _mac_half(self.mac, value, off == R.REG_MAC_HI)
+                self.mac = mac_half(self.mac, value, off == R.REG_MAC_HI)
             elif off == R.REG_IP:
                 self.ip = value
             elif off == R.REG_UDP_SPORT:
@@ -203,7 +203,7 @@ class Registers:
                 endpoint = R.WORKER_ENDPOINT.unpack(value)
                 w.port, w.udp_port = endpoint["switch_port"], endpoint["udp_port"]
             elif off in (R.WORKER_MAC_HI, R.WORKER_MAC_LO):
-                w.mac = _mac_half(w.mac, value, off == R.WORKER_MAC_HI)
+                w.mac = mac_half(w.mac, value, off == R.WORKER_MAC_HI)
             elif off == R.WORKER_IP:
                 w.ip = value
             elif off == R.WORKER_QPN:
@@ -219,7 +219,7 @@ class Registers:
             self.job[j].beats[rank] = value & 0xFFFFFFFF
 
 
-def _mac_half(mac: int, value: int, high: bool) -> int:
+def mac_half(mac: int, value: int, high: bool) -> int:
     """A 48-bit MAC with its bits 47-32 (`high`) or 31-0 replaced by a register's value."""
     if high:
         return ((value & 0xFFFF) << 32) | (mac & 0xFFFFFFFF)

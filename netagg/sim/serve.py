@@ -244,17 +244,17 @@ class SimServer(Serving):
         guarded = self.guarded
         if self.fast_io is not None:
             with self.lock:
-                self._deliver(guarded(self.clock.catch_up))
+                self.deliver(guarded(self.clock.catch_up))
                 return self._serve_compiled() if r else 0
         if not r:
             with self.lock:
-                self._deliver(guarded(self.clock.catch_up))
+                self.deliver(guarded(self.clock.catch_up))
                 if busy:
-                    self._deliver(guarded(self._advance))
+                    self.deliver(guarded(self._advance))
             return 0
         taken = 0
         with self.lock:
-            self._deliver(guarded(self.clock.catch_up))
+            self.deliver(guarded(self.clock.catch_up))
             send, pcap = self.backend.send, self.pcap
             send_run = getattr(self.backend, "send_run", None)
             burst = BURST if not hasattr(self.backend, "advance") else 0
@@ -265,16 +265,16 @@ class SimServer(Serving):
                 if send_run is not None:        # the run at once, its results out at once
                     guarded(send_run, port, heads, body, size)
                     taken += len(heads)
-                    self._deliver(guarded(self._advance))
+                    self.deliver(guarded(self._advance))
                     continue
                 for i, head in enumerate(heads):
                     taken += 1
                     guarded(send, port, head + body[i * size:(i + 1) * size])
                     if taken == burst:      # the first results go out while the rest wait
-                        self._deliver(guarded(self._advance))
+                        self.deliver(guarded(self._advance))
                         burst += BURST
             self.stats["datagrams_in"] += taken
-            self._deliver(guarded(self._advance))
+            self.deliver(guarded(self._advance))
         return taken
 
     def _serve_compiled(self) -> int:
@@ -289,7 +289,7 @@ class SimServer(Serving):
             if why == Served.HANDBACK:
                 taken += self._take_handed(*io.handed())
             elif why == Served.BUDGET:
-                self._deliver(self.guarded(self.clock.catch_up))
+                self.deliver(self.guarded(self.clock.catch_up))
             else:
                 break
         after = io.counts()
@@ -322,7 +322,7 @@ class SimServer(Serving):
             if skip < len(heads):
                 guarded(self.backend.send_run, port, heads[skip:], body[skip * size:], size)
             skip = 0
-        self._deliver(guarded(self._advance))
+        self.deliver(guarded(self._advance))
         return uncounted
 
     def _advance(self):
@@ -363,7 +363,7 @@ class SimServer(Serving):
                                                (W.ip_text(dst), dport))
         return route
 
-    def _deliver(self, frames):
+    def deliver(self, frames):
         """Send each frame the switch sent as a datagram from its source to its destination,
         the datagrams of one source, destination and length as runs (GSO, each datagram's
         ICRC as made: see the module). A `FrameRun` leaves as one run (after the frames
@@ -393,7 +393,7 @@ class SimServer(Serving):
         self._send_runs(runs)
 
     def _send_runs(self, runs: dict):
-        """The runs `_deliver` gathered, by (socket, destination, length)."""
+        """The runs `deliver` gathered, by (socket, destination, length)."""
         stats = self.stats
         for (sock, dst, _), run in runs.items():
             try:

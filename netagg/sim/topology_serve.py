@@ -110,7 +110,7 @@ class FabricServer(Serving):
         for name, server in self.servers.items():
             out, self.views[name].outbox = self.views[name].outbox, []
             if out:
-                server._deliver(out)
+                server.deliver(out)
 
     def close(self):
         for server in self.servers.values():

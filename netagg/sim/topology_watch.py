@@ -13,7 +13,8 @@ links cut: what they held stays as it was).
 the result of a use in flight, the tap freezes the spine and calls `cut()`, which cuts its
 links (`Topology.cut(i, Notice.NONE)`: the links only, no control request inside the tap):
 that result is lost on them, so the use stays in flight whatever the switches' timing (a
-slice, a tick, a golden switch answering at once).
+slice, a tick, a golden switch answering at once). `held[spine]` keeps the uses in flight at
+that moment (at least that one).
 
 Cost: one frame parse per frame between switches.
 """
@@ -49,6 +50,7 @@ class SpineUses:
         self.down: dict[str, dict[Use, set[str]]] = {}
         self.frozen: set[str] = set()
         self.cuts: dict[str, Callable[[], None]] = {}     # spine -> what cuts its links
+        self.held: dict[str, list[Use]] = {}    # spine -> its uses in flight when it was cut
 
     def cut_at_result(self, spine: str, cut: Callable[[], None]):
         """`cut()` and freeze `spine` the moment it sends down a result of a use in flight
@@ -63,6 +65,7 @@ class SpineUses:
             return False
         if direction is Direction.DOWN and link.b in self.cuts and self.holds(link.b, use):
             self.frozen.add(link.b)
+            self.held[link.b] = self.in_flight(link.b)
             self.cuts.pop(link.b)()     # its links cut: this result is lost on them
             return False
         seen = self.up if direction is Direction.UP else self.down
