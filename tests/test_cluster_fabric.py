@@ -136,7 +136,7 @@ def test_a_spine_cut_mid_run_leaves_every_sum_exact():
         reports = _verified(procs)
         since = [[(a - b).tx_bytes for a, b in zip(now, then)]
                  for now, then in zip(fabric.uplinks(), after_cut)]
-    assert all(links[1] == 0 and links[0] > 0 for links in since)
+    assert all(links[1] == 0 and links[0] > 0 for links in since), since
     assert sum(r["sizes"][0]["retransmissions"] for r in reports) > 0
     assert C.namespaces(name) == []
 

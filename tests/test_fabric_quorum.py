@@ -99,7 +99,7 @@ def drop_contributions(topo: Topology, share: float, seed: int = 0) -> dict:
 
 
 class Rounds:
-    """Every result the workers' engines take by their check lane (`Taking._take`), with
+    """Every result the workers' engines take by their check lane (`Taking.take`), with
     what the round's message held before it."""
 
     def __init__(self, workers):
@@ -108,7 +108,7 @@ class Rounds:
             self._watch(w.engine)
 
     def _watch(self, engine):
-        take = engine._take
+        take = engine.take
 
         def watched(st, m, res):
             members = res.members
@@ -117,7 +117,7 @@ class Rounds:
             self.taken.append((m.work, m.index, m.acc is None, m.members, members, res.count,
                                np.array(res.sums)))
             return take(st, m, res)
-        engine._take = watched
+        engine.take = watched
 
     def check(self, inputs: dict, needed: int) -> int:
         """Each result holds exactly the data of the ranks its bitmap shows (in a fill-in
