@@ -94,8 +94,8 @@ def mac_str(m: int) -> str:
 
 
 def scapy_frame(opcode, dqpn, psn, payload, src, dst, reth=None, imm=None, dscp=0) -> bytes:
-    """A netagg packet (`sim.wire.Endpoint`s for `src` and `dst`) built by scapy, with the
-    canonical IPv4 header (identification 0, DF, TTL 64) and UDP checksum 0."""
+    """A netagg packet (`netagg.contract.wire.Endpoint`s for `src` and `dst`) built by scapy, with
+    the canonical IPv4 header (identification 0, DF, TTL 64) and UDP checksum 0."""
     pkt = (Ether(dst=mac_str(dst.mac), src=mac_str(src.mac))
            / IP(src=src.ip, dst=dst.ip, tos=dscp << 2, ttl=64, id=0, flags="DF")
            / UDP(sport=src.port, dport=dst.port, chksum=0)

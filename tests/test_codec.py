@@ -1,7 +1,7 @@
-"""The golden model's frame codec (sim.codec) against scapy and sim.wire: results written
-from templates are the frames `sim.wire` builds and scapy rebuilds, byte for byte; the ICRC
-from a cached header state is scapy's, over the fields RoCEv2 masks and not over the others;
-a frame's header checks are cached per headers and length, never across lengths."""
+"""The golden model's frame codec (sim.codec) against scapy and netagg.contract.wire: results
+written from templates are the frames `netagg.contract.wire` builds and scapy rebuilds, byte for
+byte; the ICRC from a cached header state is scapy's, over the fields RoCEv2 masks and not over the
+others; a frame's header checks are cached per headers and length, never across lengths."""
 
 from __future__ import annotations
 

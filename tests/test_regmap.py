@@ -1,5 +1,5 @@
-"""The register map's declaration (`hw.regmap`): its field layouts pack and unpack, and the
-table in docs/switch.md is the one generated from it."""
+"""The register map's declaration (`netagg.contract.regmap`): its field layouts pack and unpack, and
+the table in docs/switch.md is the one generated from it."""
 
 from __future__ import annotations
 

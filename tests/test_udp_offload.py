@@ -1,5 +1,5 @@
 """Runs of datagrams through the kernel's UDP segmentation and receive offloads
-(`sim.udp_offload`): each segment's ICRC holds, by scapy, for the IPv4 identification the
+(`netagg.host.udp_offload`): each segment's ICRC holds, by scapy, for the IPv4 identification the
 kernel gives it; a run seen whole on loopback is cut as the kernel cuts it; a worker's runs
 through `netagg sim serve` reach the switch with no ICRC drop, whether it reads the headers
 as received or builds the canonical ones."""

@@ -7,8 +7,8 @@ the aggregation switch, and status LEDs.
             RGMII <- RgmiiPhy <- Mac <- FrameMux(switch tx[i], ARP replies)
 
 `BoardCore` is everything from the MACs' GMII side inwards (MACs, ARP responders, frame
-muxes, the switch and the tick of its deadlines' clock, `hw.regmap.TICK_SECONDS`), in the
-clock domains its parent supplies; `SwitchBoard` is a `BoardCore`
+muxes, the switch and the tick of its deadlines' clock, `netagg.contract.regmap.TICK_SECONDS`), in
+the clock domains its parent supplies; `SwitchBoard` is a `BoardCore`
 with the board's pins around it: the PLL, an RGMII PHY per port, the resets and the LEDs.
 Simulation (`sim.tops.BoardTop`) clocks the same `BoardCore` and drives its GMII directly.
 

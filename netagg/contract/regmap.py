@@ -1,9 +1,10 @@
 """The switch's register map, declared once: the gateware (`hw.control`) decodes it and
-software addresses it through `sim.wire`. Plain Python, no Amaranth.
+software addresses it through `netagg.contract.wire`. Plain Python, no Amaranth.
 
-Registers are 32 bits at word addresses, reached through control requests (see sim.wire):
-a record (address, value) with WRITE set in the address writes, and every record returns the
-register's value after it was applied. Unknown addresses read 0 and ignore writes.
+Registers are 32 bits at word addresses, reached through control requests (see
+netagg.contract.wire): a record (address, value) with WRITE set in the address writes, and every
+record returns the register's value after it was applied. Unknown addresses read 0 and ignore
+writes.
 
 Who may write (reads are open to anyone): the switch's manager (REG_MANAGER, an IPv4
 address; 0, the reset value, means none, and then the first request that writes it sets it)

@@ -1,5 +1,5 @@
-"""The ICRC of the datagrams a UDP socket receives (`sim.wire`'s format): `IcrcCheck` makes
-their canonical IPv4 and UDP headers from their sender and the socket, caches the CRC state
+"""The ICRC of the datagrams a UDP socket receives (`netagg.contract.wire`'s format): `IcrcCheck`
+makes their canonical IPv4 and UDP headers from their sender and the socket, caches the CRC state
 per (sender, length, BTH start), and checks one datagram or a whole run of them at once."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 kept until its answer comes and retransmitted while it does not; and `SwitchControl`, the
 switch's registers, parameters and counters over a channel of its own (the same code for a
 simulated switch and a board), with its manager and its jobs' owners (who may write what:
-`hw.regmap`).
+`netagg.contract.regmap`).
 
 A request carries 1..`wire.MAX_CONTROL_RECORDS` (address, value) records (bit 31 of the
 address: write); more records go out as several requests, and the callback of

@@ -98,7 +98,7 @@ def _build(compiler: str, source: Path, header_name: str, header: str, flags: li
 
 @functools.cache
 def crc32_address() -> int:
-    """The address of zlib-ng's CRC-32 (the one `sim.wire.crc32` is, with carry-less
+    """The address of zlib-ng's CRC-32 (the one `netagg.contract.wire.crc32` is, with carry-less
     multiply), 0 if it cannot be found (the C++ then uses its own, sliced by 8)."""
     try:
         import zlib_ng.zlib_ng as z

@@ -1,6 +1,6 @@
 """How the workers of a run set up their switch job under the switch's write rules
-(`hw.regmap`): an enabled job's registers take writes only from its owner (the address whose
-request enabled it) and the switch's manager, its worker entries also from the address each
+(`netagg.contract.regmap`): an enabled job's registers take writes only from its owner (the address
+whose request enabled it) and the switch's manager, its worker entries also from the address each
 holds (or anyone's while it holds none), an enabled job's slot range is fixed, and no two
 enabled jobs share a slot.
 

@@ -1,6 +1,6 @@
 """Liveness: which ranks of a job are gone, told from their heartbeats in the switch (the BEAT
-registers, `hw.regmap`), so that the ranks waiting on them learn it within 2 s, by rank; and
-whether the switch itself still answers, so that a switch that is gone is named as fast.
+registers, `netagg.contract.regmap`), so that the ranks waiting on them learn it within 2 s, by
+rank; and whether the switch itself still answers, so that a switch that is gone is named as fast.
 
 - **Beating.** Every worker's engine writes its rank's heartbeat every `BEAT_PERIOD` seconds
   while the worker is open, whether it has work or not (its background progress does, or,

@@ -1,7 +1,7 @@
 """The deadlines' clock of a simulated switch, kept by the wall clock.
 
-A board ticks its switch every `hw.regmap.TICK_SECONDS` of its core clock; a simulated switch
-(the golden model, the RTL) has no time of its own, so whoever drives it (`sim serve`, the
+A board ticks its switch every `netagg.contract.regmap.TICK_SECONDS` of its core clock; a simulated
+switch (the golden model, the RTL) has no time of its own, so whoever drives it (`sim serve`, the
 in-process transport) applies the ticks the wall clock says are due, after the frames it
 handed over (`WallClock.catch_up`). Ages count modulo 2**DEADLINE_BITS ticks, so after a long
 idle time only the ticks due modulo that are applied: the same clock, at a bounded cost. A

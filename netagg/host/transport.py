@@ -13,10 +13,10 @@ returns only datagrams whose ICRC checked out (the others are counted in `bad`).
   switch port `switch_port_for(ip, udp_port, ports)`, the cabling of the simulation.
 - `UdpTransport` (`udp://host:port`): UDP sockets to a board, `netagg sim board` or
   `netagg sim serve`, sent from one local address and never connected (see the class). The
-  datagram is the BTH .. ICRC; the ICRC covers the IPv4/UDP headers Linux sends (`sim.wire`'s
-  canonical headers: identification 0, DF) with the socket's address as source and the
-  switch's as destination. The packet's DSCP (its priority class) goes into the IPv4 TOS byte
-  of the datagram (`IP_TOS`, set on the socket when it changes; the ICRC masks it).
+  datagram is the BTH .. ICRC; the ICRC covers the IPv4/UDP headers Linux sends
+  (`netagg.contract.wire`'s canonical headers: identification 0, DF) with the socket's address as
+  source and the switch's as destination. The packet's DSCP (its priority class) goes into the IPv4
+  TOS byte of the datagram (`IP_TOS`, set on the socket when it changes; the ICRC masks it).
 - `host.lossy.LossyTransport`: wraps another with loss, duplication and reordering.
 
 A send the OS refuses because the way to the switch is gone (no route, the link or the
@@ -26,7 +26,7 @@ moment (a full buffer: `PASSING`) is a lost packet, which retransmission recover
 
 Batches: `send_batch` sends a step's contributions together. Over UDP, datagrams of one
 length, path and DSCP leave as runs through the kernel's segmentation offload (`GSO`, in
-`sim.udp_offload`: each segment's ICRC rewritten for the IPv4 identification the kernel
+`netagg.host.udp_offload`: each segment's ICRC rewritten for the IPv4 identification the kernel
 gives it, its index in the run), and results come back as runs where the kernel merges
 them (`UDP_GRO`).
 
@@ -341,7 +341,7 @@ class UdpTransport(Transport):
 
     `gso` (the default, unless the environment sets NETAGG_GSO=0): `send_batch` sends runs
     through the kernel's segmentation offload, and the receiving socket takes runs the
-    kernel merged (`sim.udp_offload`); False sends and receives one datagram a call (for a
+    kernel merged (`netagg.host.udp_offload`); False sends and receives one datagram a call (for a
     NIC whose segmentation offload numbers the IPv4 identification otherwise)."""
 
     def __init__(self, url: str, bind_ip: str | None = None, bind_port: int = 0,

@@ -5,7 +5,7 @@ segmentation offload (`UDP_SEGMENT`, GSO) and receive offload (`UDP_GRO`).
   buffer with the segment size in a control message; the kernel (or a NIC) cuts it into k
   datagrams with the same IPv4 and UDP headers but for lengths, checksums and the IPv4
   identification, which is the buffer's plus 0, 1, ..., k-1. The buffer's is 0 for a socket
-  that is not connected and sets Don't Fragment (the canonical header, `sim.wire`), so
+  that is not connected and sets Don't Fragment (the canonical header, `netagg.contract.wire`), so
   segment i leaves with identification i. The ICRC covers the identification, so each
   segment's ICRC is rewritten for its own: CRC-32 is affine, and two packets that differ in
   the identification alone have ICRCs that differ by a constant of the length and the two

@@ -1,5 +1,5 @@
 """The wire format as numpy records: a step's contributions written, and its results read,
-a batch at a time. The bytes are `sim.wire`'s, field for field.
+a batch at a time. The bytes are `netagg.contract.wire`'s, field for field.
 
 `ContributionWriter` writes the contributions a worker starts in one step into one buffer:
 the BTH, RETH (va: the MSN and the chunk's offset, `wire.CONTRIBUTION_VA`; rkey: the job's

@@ -109,7 +109,7 @@ __all__ = ["Worker", "Handle", "SwitchControl", "NetaggError", "NetaggTimeout"]
 
 def deadline_ticks(seconds: float) -> int:
     """A job's DEADLINE register for a deadline of `seconds` (0: none), at most 1 s
-    (`hw.regmap.MAX_DEADLINE`: a longer one may never be hit by a retransmission)."""
+    (`netagg.contract.regmap.MAX_DEADLINE`: a longer one may never be hit by a retransmission)."""
     ticks = math.ceil(seconds / R.TICK_SECONDS)
     if not 0 <= ticks <= R.MAX_DEADLINE:
         raise ValueError(f"deadline must be 0..{R.MAX_DEADLINE * R.TICK_SECONDS:g} s, not "

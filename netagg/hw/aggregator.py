@@ -90,7 +90,7 @@ class Aggregator(wiring.Component):
             "reply_dropped": Out(ports),  # a port's control request got no reply
             "port_events": Out(len(PORT_EVENTS)).array(ports),
             "job_events": Out(len(JOB_EVENTS)).array(jobs),
-            "tick": In(1),                # a tick of the deadlines' clock (`hw.regmap`)
+            "tick": In(1),                # a tick of the deadlines' clock (TICK_SECONDS)
         })
 
     def elaborate(self, platform):

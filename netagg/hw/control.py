@@ -1,5 +1,5 @@
-"""Control: the switch's registers (`hw.regmap`): identity, its own addresses, the job table
-and the counters, read and written one record at a time by the aggregator when it serves a
+"""Control: the switch's registers (`netagg.contract.regmap`): identity, its own addresses, the job
+table and the counters, read and written one record at a time by the aggregator when it serves a
 control request (`records`, a `RecordPort`).
 
 The jobs' part of the job table is kept in flip-flops and shown whole on `table` (a
@@ -29,11 +29,11 @@ quorums, epochs and deadlines), so that their reads come from one memory port, n
 wide mux over their flip-flops. After a reset, the worker entries and the store's words are
 written (0, or a copy's reset value) one per cycle, and records wait for `records.ready`.
 
-Who may write (`hw.regmap`'s rules): the request's source IPv4 address (`request_sources`,
-each port's ingress holds it for the request it has in flight, taken by `request_port`) is
-compared with the manager (REG_MANAGER) and each job's owner (JOB_OWNER), and each job's
-slot range with the switch's slots and every other enabled job's (`jobs` * (`jobs` - 1) / 2
-pairs of comparators, in the bits of a slot number), in the cycle before a record is
+Who may write (`netagg.contract.regmap`'s rules): the request's source IPv4 address
+(`request_sources`, each port's ingress holds it for the request it has in flight, taken by
+`request_port`) is compared with the manager (REG_MANAGER) and each job's owner (JOB_OWNER), and
+each job's slot range with the switch's slots and every other enabled job's (`jobs` * (`jobs` - 1) /
+2 pairs of comparators, in the bits of a slot number), in the cycle before a record is
 applied: records come at most every other cycle, so each is judged on what the ones before
 it wrote, and the judgement is a register that only selects which writes take effect. A
 worker entry's own address is compared in the record's cycle, read from the entry the
@@ -426,7 +426,7 @@ class Control(wiring.Component):
 
     def _decode(self, addr) -> "RecordAddress":
         """Where a record's address falls in the jobs' blocks, the workers' entries and the
-        heartbeats, from `hw.regmap`'s bases and strides."""
+        heartbeats, from `netagg.contract.regmap`'s bases and strides."""
         job_inside, job, offset = region(addr, R.JOB_BASE, R.JOB_STRIDE, self.jobs)
         below_entries = offset < R.WORKER_BASE
         entry_inside, rank, field = region(offset, R.WORKER_BASE, R.WORKER_STRIDE,

@@ -74,7 +74,7 @@ NO_FABRIC = Fabric()
 
 
 # An uplink of a leaf: the switch port it leaves by, and its spine's MAC, IPv4 address and
-# UDP port (the uplink table's fields, `hw.regmap.UPLINK_*`).
+# UDP port (the uplink table's fields, `netagg.contract.regmap.UPLINK_*`).
 UPLINK = data.StructLayout({"port": 4, "mac": 48, "ip": 32, "udp_port": 16})
 
 

@@ -16,9 +16,9 @@ and where the ICRC is checked and computed (`icrc`): by an engine in each port's
 deparser ("engine"), or by the MACs in front of the ports ("mac": `hw.mac.Mac` with
 ``icrc=True``; the rx beats then carry the MAC's ``icrc_ok``, and frames leave with four zero
 bytes for the MAC to fill), which saves about 1,500 LUTs per engine on an ECP5.
-The packet format is `hw.headers`' (`sim.wire` is its software side); the behaviour is
+The packet format is `hw.headers`' (`netagg.contract.wire` is its software side); the behaviour is
 `sim.golden`'s, frame for frame, when frames are applied in commit order (`committed`) and
-each `tick` between them. The board's top pulses `tick` every `hw.regmap.TICK_SECONDS`.
+each `tick` between them. The board's top pulses `tick` every `netagg.contract.regmap.TICK_SECONDS`.
 
 Reset reaches control state only (valid bits, pointers, counts, the job table): the registers
 that hold a header, a beat or an address behind a valid bit are ``reset_less``, as in the MAC.
@@ -105,7 +105,7 @@ class Switch(wiring.Component):
             "tx": Out(FrameStream(width)).array(ports),
             "committed": Out(1).array(ports),
             "nulled": Out(1).array(ports),
-            "tick": In(1),      # a tick of the deadlines' clock, every TICK_SECONDS (`hw.regmap`)
+            "tick": In(1),      # a tick of the deadlines' clock, every TICK_SECONDS
             **links,
         })
 

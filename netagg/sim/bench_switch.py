@@ -5,8 +5,8 @@ JSON), and the testbench that drives it (`SwitchTB`, which the switch's tests us
 One job of one worker per port, 16 slots. One use of the last slot alone first measures the
 latency from its last contribution's last beat to its first result beat; then every worker
 sends its contributions of 1024 bytes back to back on its own port, NETAGG_ROUNDS uses of
-each slot (4 by default), as a host builds them (`sim.wire`). The testcase checks that every
-result comes out; with NETAGG_BENCH_OUT set it writes its figures there as JSON (beats per
+each slot (4 by default), as a host builds them (`netagg.contract.wire`). The testcase checks that
+every result comes out; with NETAGG_BENCH_OUT set it writes its figures there as JSON (beats per
 cycle taken on each port, the latency, cycles and simulated cycles per second), else it
 checks that every port took one beat per cycle. `netagg bench switch` runs it
 (`netagg/apps/bench_line_rate.py`), and so do the tests.

@@ -7,7 +7,7 @@ turn). On each of a namespace's spine links (devices sS), a u32 filter per bucke
 belongs elsewhere matches the packet at the link's egress (clsact) and redirects it (mirred)
 to its own link. The keys are offsets from the IPv4 header: the protocol byte (UDP), the BTH
 opcode, for contributions the UDP destination port (RoCEv2's), and the ImmDt's slot bits,
-whose place in a contribution's and a result's ImmDt comes from `sim.wire`'s layouts
+whose place in a contribution's and a result's ImmDt comes from `netagg.contract.wire`'s layouts
 (`SLOT_SHIFT`). A redirected frame keeps the Ethernet header the route gave it: every spine's
 end of a leaf's (or the switch's) links must have one MAC (`sim.cluster_fabric` gives them
 one), so the spine it reaches takes it as its own. Other traffic passes untouched.

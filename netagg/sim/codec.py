@@ -1,7 +1,7 @@
 """The golden model's frame codec: the parser's checks on a frame in one pass over its headers,
 and result frames written from per-destination header templates.
 
-Frames are those `sim.wire` reads and writes, bit for bit (tests/test_codec.py compares
+Frames are those `netagg.contract.wire` reads and writes, bit for bit (tests/test_codec.py compares
 them); this module only does it in few Python operations per frame:
 
 - `decode` applies the parser's checks (`hw.parser`) in the parser's order, with its

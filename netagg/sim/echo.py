@@ -35,7 +35,7 @@ with `receive` frame for frame, output and counters):
   `receive`, which decides and counts it as for any frame.
 
 `run` returns the frames sent since the last `run` or `sent_runs`; `sent_runs` returns them
-with each run of results as one `sim.udp_offload.FrameRun`.
+with each run of results as one `netagg.host.udp_offload.FrameRun`.
 """
 
 from __future__ import annotations

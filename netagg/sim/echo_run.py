@@ -17,7 +17,7 @@ frames are checked as `sim.golden.GoldenSwitch.receive` checks each, in its orde
 
 The longest prefix of rows that pass every check is applied at once: the copies' new uses,
 the counters and COMPLETED as `_complete` counts each, and the results, one run of them
-(`sim.udp_offload.FrameRun`) to the sender, written as one structured array from the job
+(`netagg.host.udp_offload.FrameRun`) to the sender, written as one structured array from the job
 table's result template (`sim.codec.ResultTemplate`), one CRC-32 call a result for its
 ICRC. The row after the prefix is not the run path's (a drop, a replay, a stale or
 duplicated message, one beyond the credit): the caller applies it and the rows after it

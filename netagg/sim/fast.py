@@ -26,7 +26,7 @@ The C++ reads the job table from arrays that `_refresh` writes from the golden m
 the deadlines' clock (`tick`) at each call; COMPLETED goes both ways at each call.
 
 `run` returns the frames sent since the last `run` or `sent_runs`, in the golden model's
-order; `sent_runs` returns each call's results as one `sim.udp_offload.FrameRun` per
+order; `sent_runs` returns each call's results as one `netagg.host.udp_offload.FrameRun` per
 destination (its results in order), for `sim serve` to send as GSO runs.
 
 Cost: one C++ call a run (a few microseconds) and, per contribution, its ICRC and one pass

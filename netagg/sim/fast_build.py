@@ -7,7 +7,7 @@ and counters, where the run of frames to take begins and the buffers for what it
 run's headers and datagrams are the call's two other arguments, bytes), `Stop`, why a
 call returned, `Io` and `Served`, the socket loop's buffers, tables and counts and why it
 returned, and the wire's layout as the C++ reads it (offsets, opcodes, ImmDt fields,
-counter positions, the layout of a job's and a worker's row), all taken from `sim.wire`.
+counter positions, the layout of a job's and a worker's row), all taken from `netagg.contract.wire`.
 `abi_header` writes them as the C++ header ``fast_abi.h`` the source includes, so the C++
 declares no field or constant of its own.
 

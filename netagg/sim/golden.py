@@ -5,7 +5,7 @@ frame, in the order the switch commits frames (the end of the frame, then the lo
 first), and returns the frames it sends as (port, frame) pairs; on each port they leave in
 that order. The RTL is checked against this model, and the host can use it as a switch where
 no compiler is available (`send`/`run` is the interface every backend has). Frames are read
-and written by `sim.codec`, bit for bit in `sim.wire`'s format.
+and written by `sim.codec`, bit for bit in `netagg.contract.wire`'s format.
 
 What the switch does, frame by frame:
 
@@ -22,7 +22,7 @@ What the switch does, frame by frame:
    0x24 (UC SEND Only) to QPN 3 (CONTROL_QPN) is a control request; anything else is
    `drop_unhandled`.
 4. A control request whose payload is not 1..64 whole records is `drop_bad_payload`; else
-   each record is applied in order and the reply (`sim.wire`) goes out of the same port.
+   each record is applied in order and the reply (`netagg.contract.wire`) goes out of the same port.
 5. A contribution is checked in this order: payload 4..max_payload bytes, a multiple of 4,
    equal to RETH.dma_length (else `drop_bad_payload`, port); job below `jobs` and enabled
    (else `drop_bad_job`, port); rank below the job's workers and source IP the rank's (else
@@ -68,7 +68,8 @@ What the switch does, frame by frame:
    state of its slot range then (the gateware clears them after the request, one slot per
    cycle; a disabled job's range may overlap an enabled job's, and its slots are cleared
    when it is enabled).
-9. Who may write (`sim.golden_registers.Registers.apply`, `hw.regmap`'s rules): an enabled
+9. Who may write (`sim.golden_registers.Registers.apply`, `netagg.contract.regmap`'s rules): an
+enabled
    job's block only its owner (the source of the request that enabled it) and the manager,
    and a worker's entry also the address it holds (anyone while it holds none); the switch's
    own writable registers, once a manager is set, only the manager; a job's slot range is
@@ -394,7 +395,8 @@ class GoldenSwitch(Registers):
         return True
 
     def tick(self):
-        """A tick of the deadlines' clock (`hw.regmap.TICK_SECONDS`), between two frames."""
+        """A tick of the deadlines' clock (`netagg.contract.regmap.TICK_SECONDS`), between two
+        frames."""
         self.now = (self.now + 1) % (1 << R.DEADLINE_BITS)
 
     def _late(self, job: Job, copy: SlotCopy) -> bool:

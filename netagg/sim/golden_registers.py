@@ -1,10 +1,10 @@
-"""The golden switch's registers (`hw.regmap`), as the gateware's control path decodes them: an
-address is a global register, one of a job's, a field of a worker's job-table entry, a
+"""The golden switch's registers (`netagg.contract.regmap`), as the gateware's control path decodes
+them: an address is a global register, one of a job's, a field of a worker's job-table entry, a
 rank's heartbeat, or a port's or a job's counter (`Space`); `read` gives a register's value,
 `write` applies a record's. Unknown addresses read 0 and ignore writes; read-only registers
 ignore writes. `apply` is a control request's write record: it judges who may write
-(`hw.regmap`'s rules: the manager, a job's owner, a worker entry's own address, the slot
-ranges of enabled jobs), counts what it refuses (`control_denied` on the request's port,
+(`netagg.contract.regmap`'s rules: the manager, a job's owner, a worker entry's own address, the
+slot ranges of enabled jobs), counts what it refuses (`control_denied` on the request's port,
 `config_refused` on the job) and writes the rest. `sim.golden.GoldenSwitch` is a
 `Registers`: these read and write its state."""
 

@@ -1,4 +1,4 @@
-"""RoCEv2 frames of any opcode built with scapy, apart from the codec (`sim.wire`): the
+"""RoCEv2 frames of any opcode built with scapy, apart from the codec (`netagg.contract.wire`): the
 traffic of the datapath's line-rate benchmark (`sim.bench_datapath`), and the tests' oracle
 for the packet format.
 

@@ -22,7 +22,7 @@ port, with Decode As: `-d udp.port==49152,infiniband` for tshark).
 
 What waits is read as runs of frames (`sim.udp_runs`): what one sender sent one after the
 other in datagrams of one length, a run of datagrams a sender's kernel sent in one buffer
-(UDP segmentation offload, `sim.udp_offload`) cut where that kernel cut it, by the segment
+(UDP segmentation offload, `netagg.host.udp_offload`) cut where that kernel cut it, by the segment
 size it reports, never by what the packet's own headers claim: a datagram is one frame, as
 on a board's wire, and one whose RETH DMA length disagrees with its payload is dropped and
 counted as `drop_bad_payload`. A backend that takes runs (`send_run`: the echo and fast
@@ -53,7 +53,7 @@ Backends: `golden` (sim.golden.GoldenSwitch), `rtl` (sim.model, the Verilator mo
 `echo` (sim.echo.EchoSwitch: each contribution answered at once to its sender, for
 measurements) and `fast` (sim.fast.FastSwitch: the golden model with its common
 contribution compiled, the switch that keeps up with an emulated wire). The golden model,
-the fast switch and the RTL tick their deadlines' clock by the wall clock (`sim.ticks`),
+the fast switch and the RTL tick their deadlines' clock by the wall clock (`netagg.host.ticks`),
 between the frames they take.
 """
 
