@@ -46,6 +46,10 @@ class SpineCut(SpineUses):
         return super().__call__(link, direction, frame)
 
 
+# In the slow set: under a full default run's load on 2 cores one run hung (a fresh clone,
+# 2026-11-29: slot 0's use 10 resent 28 times in 60 s, after the cut marked down) while it
+# passes alone; the golden fabric's spine cuts (test_leafspine_e2e) stay in the default set.
+@pytest.mark.slow
 @pytest.mark.parametrize("notice", [Notice.MARK, Notice.LINK])
 def test_a_spine_cut_with_uses_in_flight_loses_no_sum_rtl(notice):
     topology = Topology(2, 2, backend="rtl")
