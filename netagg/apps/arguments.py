@@ -41,12 +41,16 @@ _TOPOLOGY = re.compile(r"(\d+)x(\d+)", re.IGNORECASE)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_]{0,31}")
 
 
-def positive(text: str) -> int:
-    """A whole number of at least 1."""
+def _whole(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"a whole number, not {text!r}") from None
+
+
+def positive(text: str) -> int:
+    """A whole number of at least 1."""
+    value = _whole(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"at least 1, not {value}")
     return value
@@ -55,10 +59,7 @@ def positive(text: str) -> int:
 def between(low: int, high: int) -> Callable[[str], int]:
     """The type of a whole number from `low` to `high`."""
     def read(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"a whole number, not {text!r}") from None
+        value = _whole(text)
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"{low} to {high}, not {value}")
         return value
@@ -68,10 +69,7 @@ def between(low: int, high: int) -> Callable[[str], int]:
 
 def natural(text: str) -> int:
     """A whole number of at least 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a whole number, not {text!r}") from None
+    value = _whole(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"at least 0, not {value}")
     return value
