@@ -250,7 +250,8 @@ def test_an_absent_rank_is_left_out_within_the_loss_budget():
 def test_an_absent_rank_without_a_loss_budget_is_named_in_bounded_time():
     """Rank 6 never comes, quorum 6, loss_budget 0: its data can never be filled in, which is
     a NetaggTimeout within the timeout that names the rank and its leaf, not rounds of zeros
-    forever."""
+    forever. On a loaded machine a slow rank can be left out of a round too (the quorum lets
+    its leaf close without it), so rank 6 is one of the ranks the round lacks."""
     topo = Topology(2, 2)
     session = uuid.uuid4().hex
     ws = [Worker(r, 8, None, session=session, fabric=topo, timeout=2, quorum=6)
@@ -258,7 +259,8 @@ def test_an_absent_rank_without_a_loss_budget_is_named_in_bounded_time():
     handles = [w.allreduce_async(np.ones(600, np.int32)) for w in ws]
     t0 = time.monotonic()
     with pytest.raises(NetaggTimeout, match=r"in job 0 \(rank 0 of 8\): .* a fill-in round "
-                                            r"that lacks the data of rank 6 \(rank 2 at leaf1\)"):
+                                            r"that lacks the data of ranks? (\d+ \(rank \d at "
+                                            r"leaf\d\), )*6 \(rank 2 at leaf1\)"):
         handles[0].wait(30)
     assert time.monotonic() - t0 < 8
     for w in ws:
