@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from netagg.contract import wire as W
-from netagg.host import Worker, compiled_build, cpp_build, job_setup
+from netagg.host import Worker, compiled_build, job_setup
 from netagg.host import compiled as compiled_module
 from netagg.host import numerics as N
 from netagg.host.wire_arrays import write_imm_dtype
@@ -163,8 +163,7 @@ def test_without_a_compiler_or_when_turned_off_the_python_window_runs(monkeypatc
         monkeypatch.setenv("NETAGG_COMPILED", "1")
         monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
         monkeypatch.setenv("NETAGG_CACHE", str(tmp_path))
-        cpp_build._compiler.cache_clear()
-        compiled_build._load.cache_clear()
+        compiled_build.LIBRARY.forget()
         try:
             assert compiled_build.library() is None
             assert compiled_build.unavailable() == "no C++ compiler"
@@ -174,8 +173,7 @@ def test_without_a_compiler_or_when_turned_off_the_python_window_runs(monkeypatc
             assert got.tobytes() == want[0].tobytes()
         finally:
             monkeypatch.undo()
-            cpp_build._compiler.cache_clear()
-            compiled_build._load.cache_clear()
+            compiled_build.LIBRARY.forget()
     assert compiled_build.library() is not None
 
 

@@ -7,9 +7,9 @@ it carries. `abi_header` writes them as the C++ header ``step_abi.h`` the source
 so the C++ never declares a field of its own.
 
 `library()` compiles the source with the machine's C++ compiler at first use, into the
-build cache (`sim.toolchain.cache_dir()`, ``host/step-<hash>.so``, the hash of the source,
+build cache (`netagg.cache.cache_dir()`, ``host/step-<hash>.so``, the hash of the source,
 the header, the compiler's version and flags and the machine), under the cache's lock
-(`sim.build.locked`), and loads it with ctypes, which releases the GIL for each call. It is
+(`netagg.cache.locked`), and loads it with ctypes, which releases the GIL for each call. It is
 None (and `unavailable()` says why) when the environment sets NETAGG_COMPILED=0, or when
 there is no compiler or the build fails: the window then runs in Python alone.
 """
@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import ctypes
 import enum
-import functools
 from pathlib import Path
 
 from netagg.contract import wire as W
-from netagg.host.cpp_build import FLAGS, Unavailable, build_and_load, enabled
+from netagg.host.cpp_build import CompiledLibrary
 
 SOURCE = Path(__file__).resolve().parent / "cpp" / "step.cpp"
 
@@ -119,36 +118,13 @@ def abi_header() -> str:
     return "\n".join(lines) + "\n"
 
 
-_reason: str | None = None
-
-
-def unavailable() -> str | None:
-    """Why `library()` is None (None when it is not)."""
-    library()
-    return _reason
-
-
-def library() -> ctypes.CDLL | None:
-    """The loaded library, built if need be; None where it cannot be (see the module)."""
-    global _reason
-    if not enabled():
-        _reason = "NETAGG_COMPILED=0"
-        return None
-    return _load()
-
-
-@functools.cache
-def _load() -> ctypes.CDLL | None:
-    global _reason
-    try:
-        lib = build_and_load(SOURCE, "step_abi.h", abi_header(), "host", FLAGS)
-    except Unavailable as e:
-        _reason = str(e)
-        return None
-    _reason = None
+def _bind(lib: ctypes.CDLL):
     lib.step_run.argtypes = [ctypes.POINTER(Run)]
     lib.step_run.restype = ctypes.c_int
     lib.step_float16.restype = ctypes.c_int
     lib.step_block_top.argtypes = [ctypes.c_int64] * 4 + [ctypes.c_void_p]
     lib.step_block_top.restype = None
-    return lib
+
+
+LIBRARY = CompiledLibrary(SOURCE, "step_abi.h", abi_header, "host", _bind)
+library, unavailable = LIBRARY.get, LIBRARY.unavailable

@@ -1,12 +1,16 @@
 """Building and loading the project's compiled C++ (`netagg/host/cpp/step.cpp`,
 `netagg/sim/cpp/fast.cpp`).
 
-`build_and_load(source, header_name, header, flags, where, includes)` compiles `source` with
+`CompiledLibrary(source, header_name, header, where, bind=...)` is one such library: built
+and loaded at its first use (`get`), None where it cannot be (`unavailable` says why), its
+functions' ctypes signatures set by `bind`.
+
+`build_and_load(source, header_name, header, where, flags, includes)` compiles `source` with
 the machine's C++ compiler (CXX, or c++ on PATH), with its generated ABI header written
 beside it as `header_name` and the headers `includes` from its folder, into the build cache
-(`sim.toolchain.cache_dir()` / `where`, named by a hash of the source, its includes, the
+(`netagg.cache.cache_dir()` / `where`, named by a hash of the source, its includes, the
 header, the compiler's version and flags and the machine's CPU),
-under the cache's lock (`sim.build.locked`), and loads it with ctypes (which releases the
+under the cache's lock (`netagg.cache.locked`), and loads it with ctypes (which releases the
 GIL for each call). It raises `Unavailable` with the reason where it cannot: NETAGG_COMPILED=0,
 no compiler, a failed build or load.
 """
@@ -20,6 +24,7 @@ import os
 import platform
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from netagg.cache import cache_dir, locked
@@ -53,6 +58,48 @@ def _cpu() -> str:
     except OSError:
         pass
     return ""
+
+
+class CompiledLibrary:
+    """The library of `source` with its generated ABI header (`header()`, written as
+    `header_name`), in the cache's `where` folder; `bind(lib)` sets its functions'
+    signatures once it is loaded."""
+
+    def __init__(self, source: Path, header_name: str, header: Callable[[], str], where: str,
+                 bind: Callable[[ctypes.CDLL], None], flags: list[str] = FLAGS,
+                 includes: list[Path] = ()):
+        self.source, self.header_name, self.header, self.where = source, header_name, header, where
+        self.bind, self.flags, self.includes = bind, flags, includes
+        self.reason: str | None = None
+        self.loaded: ctypes.CDLL | None = None
+        self.tried = False
+
+    def get(self) -> ctypes.CDLL | None:
+        """The loaded library, built if need be; None where it cannot be (`unavailable`)."""
+        if not enabled():
+            self.reason = "NETAGG_COMPILED=0"
+            return None
+        if not self.tried:
+            self.tried = True
+            try:
+                self.loaded = build_and_load(self.source, self.header_name, self.header(),
+                                             self.where, self.flags, self.includes)
+            except Unavailable as e:
+                self.reason = str(e)
+            else:
+                self.reason = None
+                self.bind(self.loaded)
+        return self.loaded
+
+    def unavailable(self) -> str | None:
+        """Why `get()` is None (None when it is not)."""
+        self.get()
+        return self.reason
+
+    def forget(self):
+        """Look again at the next `get` (the compiler or the environment changed)."""
+        self.loaded, self.tried = None, False
+        _compiler.cache_clear()
 
 
 def build_and_load(source: Path, header_name: str, header: str, where: str,

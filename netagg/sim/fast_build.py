@@ -12,9 +12,9 @@ counter positions, the layout of a job's and a worker's row), all taken from `ne
 declares no field or constant of its own.
 
 `library()` compiles the source with the machine's C++ compiler at first use, into the
-build cache (`sim.toolchain.cache_dir()`, ``sim/fast-<hash>.so``, the hash of the source,
+build cache (`netagg.cache.cache_dir()`, ``sim/fast-<hash>.so``, the hash of the source,
 the header, the compiler's version and flags and the machine), under the cache's lock
-(`sim.build.locked`), and loads it with ctypes, which releases the GIL for each call. It is
+(`netagg.cache.locked`), and loads it with ctypes, which releases the GIL for each call. It is
 None (and `unavailable()` says why) when the environment sets NETAGG_COMPILED=0, or when
 there is no compiler or the build fails.
 """
@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import ctypes
 import enum
-import functools
 from pathlib import Path
 
 from netagg.contract import headers as H
 from netagg.contract import regmap as R
 from netagg.contract import wire as W
 from netagg.host import udp_offload
-from netagg.host.cpp_build import FLAGS, Unavailable, build_and_load, enabled
+from netagg.host.cpp_build import FLAGS, CompiledLibrary
 from netagg.sim import udp
 
 SOURCE = Path(__file__).resolve().parent / "cpp" / "fast.cpp"
@@ -171,35 +170,13 @@ def abi_header() -> str:
     return "\n".join(lines) + "\n"
 
 
-_reason: str | None = None
-
-
-def unavailable() -> str | None:
-    """Why `library()` is None (None when it is not)."""
-    library()
-    return _reason
-
-
-def library() -> ctypes.CDLL | None:
-    """The loaded library, built if need be; None where it cannot be (see the module)."""
-    global _reason
-    if not enabled():
-        _reason = "NETAGG_COMPILED=0"
-        return None
-    return _load()
-
-
-@functools.cache
-def _load() -> ctypes.CDLL | None:
-    global _reason
-    try:
-        lib = build_and_load(SOURCE, "fast_abi.h", abi_header(), "sim", FLAGS, INCLUDES)
-    except Unavailable as e:
-        _reason = str(e)
-        return None
-    _reason = None
+def _bind(lib: ctypes.CDLL):
     lib.fast_run.argtypes = [ctypes.POINTER(State), ctypes.c_char_p, ctypes.c_char_p]
     lib.fast_run.restype = ctypes.c_int
     lib.fast_serve.argtypes = [ctypes.POINTER(State), ctypes.POINTER(Io)]
     lib.fast_serve.restype = ctypes.c_int
-    return lib
+
+
+LIBRARY = CompiledLibrary(SOURCE, "fast_abi.h", abi_header, "sim", _bind, FLAGS,
+                          INCLUDES)
+library, unavailable = LIBRARY.get, LIBRARY.unavailable
