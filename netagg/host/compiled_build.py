@@ -24,6 +24,7 @@ from netagg.contract import wire as W
 from netagg.host.cpp_build import CompiledLibrary
 
 SOURCE = Path(__file__).resolve().parent / "cpp" / "step.cpp"
+INCLUDES = [SOURCE.with_name("crc_sliced.h")]
 
 
 class Status(enum.IntEnum):
@@ -126,5 +127,5 @@ def _bind(lib: ctypes.CDLL):
     lib.step_block_top.restype = None
 
 
-LIBRARY = CompiledLibrary(SOURCE, "step_abi.h", abi_header, "host", _bind)
+LIBRARY = CompiledLibrary(SOURCE, "step_abi.h", abi_header, "host", _bind, includes=INCLUDES)
 library, unavailable = LIBRARY.get, LIBRARY.unavailable

@@ -7,7 +7,7 @@ functions' ctypes signatures set by `bind`.
 
 `build_and_load(source, header_name, header, where, flags, includes)` compiles `source` with
 the machine's C++ compiler (CXX, or c++ on PATH), with its generated ABI header written
-beside it as `header_name` and the headers `includes` from its folder, into the build cache
+beside it as `header_name` and the headers `includes` from their folders, into the build cache
 (`netagg.cache.cache_dir()` / `where`, named by a hash of the source, its includes, the
 header, the compiler's version and flags and the machine's CPU),
 under the cache's lock (`netagg.cache.locked`), and loads it with ctypes (which releases the
@@ -104,8 +104,8 @@ class CompiledLibrary:
 
 def build_and_load(source: Path, header_name: str, header: str, where: str,
                    flags: list[str] = FLAGS, includes: list[Path] = ()) -> ctypes.CDLL:
-    """The library of `source` (which may include `includes`, beside it), built into the
-    cache's `where` folder if need be."""
+    """The library of `source` (which may include `includes`, from their folders), built into
+    the cache's `where` folder if need be."""
     if not enabled():
         raise Unavailable("NETAGG_COMPILED=0")
     compiler = _compiler()
@@ -120,7 +120,7 @@ def build_and_load(source: Path, header_name: str, header: str, where: str,
         if not out.exists():
             with locked(out):
                 if not out.exists():
-                    _build(compiler[0], source, header_name, header, flags, out)
+                    _build(compiler[0], source, header_name, header, flags, includes, out)
         return ctypes.CDLL(str(out))
     except (OSError, RuntimeError) as e:
         raise Unavailable(f"{source.parent.parent.name}/cpp/{source.name} did not build or "
@@ -128,13 +128,14 @@ def build_and_load(source: Path, header_name: str, header: str, where: str,
 
 
 def _build(compiler: str, source: Path, header_name: str, header: str, flags: list[str],
-           out: Path):
+           includes: list[Path], out: Path):
     work = out.with_name(f"{out.stem}.{os.getpid()}.d")
     work.mkdir(parents=True, exist_ok=True)
     (work / header_name).write_text(header)
     tmp = work / out.name
-    result = subprocess.run([compiler, *flags, "-I", str(work), "-I", str(source.parent),
-                             str(source), "-o", str(tmp)],
+    folders = dict.fromkeys([work, source.parent, *(p.parent for p in includes)])
+    result = subprocess.run([compiler, *flags, *(f"-I{f}" for f in folders), str(source),
+                             "-o", str(tmp)],
                             capture_output=True, text=True)
     if result.returncode:
         shutil.rmtree(work, ignore_errors=True)

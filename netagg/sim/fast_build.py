@@ -28,12 +28,13 @@ from pathlib import Path
 from netagg.contract import headers as H
 from netagg.contract import regmap as R
 from netagg.contract import wire as W
-from netagg.host import udp_offload
+from netagg.host import compiled_build, udp_offload
 from netagg.host.cpp_build import FLAGS, CompiledLibrary
 from netagg.sim import udp
 
 SOURCE = Path(__file__).resolve().parent / "cpp" / "fast.cpp"
-INCLUDES = [SOURCE.with_name("fast_switch.h"), SOURCE.with_name("fast_io.h")]
+INCLUDES = [SOURCE.with_name("fast_switch.h"), SOURCE.with_name("fast_io.h"),
+            *compiled_build.INCLUDES]
 
 
 class Stop(enum.IntEnum):
