@@ -120,11 +120,16 @@ def _congestion(which) -> argparse.ArgumentParser:
     p.add_argument("--size", type=A.size, default="1M", help="float32 bytes per worker")
     p.add_argument("--repeat", type=A.positive, default=3,
                    help="runs per path count; the median is reported")
-    p.add_argument("--loss-budget", type=A.share, default=0.1,
-                   help="share of each tensor's chunks sent droppable")
+    _priority_drop_options(p)
+    return p
+
+
+def _priority_drop_options(p: argparse.ArgumentParser):
+    """The options of a priority-drop experiment: its steps and its loss budget."""
     p.add_argument("--steps", type=A.positive, default=40,
                    help="allreduces per priority-drop mode")
-    return p
+    p.add_argument("--loss-budget", type=A.share, default=0.1,
+                   help="share of each tensor's chunks sent droppable")
 
 
 def run_congestion(args: argparse.Namespace) -> int:
@@ -299,10 +304,7 @@ def _fabric(which) -> argparse.ArgumentParser:
     p.add_argument("--size", type=A.size, default="8M", help="float32 bytes per host")
     p.add_argument("--repeat", type=A.positive, default=5,
                    help="runs of each mode; the median is reported")
-    p.add_argument("--steps", type=A.positive, default=40,
-                   help="allreduces per priority-drop mode")
-    p.add_argument("--loss-budget", type=A.share, default=0.1,
-                   help="share of each tensor's chunks sent droppable")
+    _priority_drop_options(p)
     return p
 
 
