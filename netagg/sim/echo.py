@@ -58,7 +58,7 @@ from netagg.sim.codec import (
     request,
     result_imm,
 )
-from netagg.sim.golden import GoldenSwitch, Job, signed
+from netagg.sim.golden import GoldenSwitch, Job, copy_field, signed
 
 _RETH_AT = W.BTH_OFFSET + W.BTH_LEN                     # the RETH's offset in a frame
 _SHORTEST = _RETH_AT + RETH_IMM.size + 4 + ICRC_WORD.size   # a contribution of one lane
@@ -109,24 +109,15 @@ class RankCopies:
         return CopyView(self, c)
 
 
-def _field(name: str, kind=int):
-    def get(self):
-        return kind(getattr(self.copies, name)[self.c])
-
-    def set_(self, value):
-        getattr(self.copies, name)[self.c] = value
-    return property(get, set_)
-
-
 class CopyView:
     """One copy of a `RankCopies`, read and written as a `SlotCopy` is by the golden model's
     contribution path. A rank's own copy completes each use at its first contribution, so
     none is ever in progress for a deadline to close: the tick a use began at is not kept."""
 
     __slots__ = ("copies", "c")
-    bitmap, count, data = _field("bitmap"), _field("count"), _field("data")
-    length, msn16, exponent = _field("length"), _field("msn16"), _field("exponent")
-    overflow = _field("overflow", bool)
+    bitmap, count, data = copy_field("bitmap"), copy_field("count"), copy_field("data")
+    length, msn16, exponent = copy_field("length"), copy_field("msn16"), copy_field("exponent")
+    overflow = copy_field("overflow", bool)
 
     def __init__(self, copies: RankCopies, c: int):
         self.copies, self.c = copies, c

@@ -47,7 +47,7 @@ from netagg.host import cpp_build
 from netagg.host.udp_offload import FrameRun
 from netagg.sim import fast_build
 from netagg.sim.fast_build import JOB_WORDS, TEMPLATE_BYTES, WORKER_WORDS, State, Stop
-from netagg.sim.golden import GoldenSwitch, Job, SlotCopy
+from netagg.sim.golden import GoldenSwitch, Job, SlotCopy, copy_field
 
 _COMPLETED = JOB_WORDS.index("completed")
 ARENA_BYTES = 4 << 20       # the buffer the C++ writes the frames it sends into, a call after
@@ -73,23 +73,14 @@ class SlotCopies:
         self.sums[span] = 0
 
 
-def _field(name: str, kind=int):
-    def get(self):
-        return kind(getattr(self.copies, name)[self.c])
-
-    def set_(self, value):
-        getattr(self.copies, name)[self.c] = value
-    return property(get, set_)
-
-
 class CopyView:
     """One copy of a `SlotCopies`, read and written as the golden model's code reads and
     writes a `SlotCopy`; equal to a `SlotCopy` with the same fields."""
 
     __slots__ = ("copies", "c")
-    bitmap, count, data = _field("bitmap"), _field("count"), _field("data")
-    length, msn16, exponent = _field("length"), _field("msn16"), _field("exponent")
-    overflow, begun = _field("overflow", bool), _field("begun")
+    bitmap, count, data = copy_field("bitmap"), copy_field("count"), copy_field("data")
+    length, msn16, exponent = copy_field("length"), copy_field("msn16"), copy_field("exponent")
+    overflow, begun = copy_field("overflow", bool), copy_field("begun")
 
     def __init__(self, copies: SlotCopies, c: int):
         self.copies, self.c = copies, c

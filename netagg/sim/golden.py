@@ -185,6 +185,17 @@ class SlotCopy:
                    else a == b for a, b in pairs)
 
 
+def copy_field(name: str, kind=int) -> property:
+    """A `SlotCopy` field of a view onto copies held in numpy arrays (`view.copies.<name>`
+    at `view.c`), as the fast switch and the echo switch keep them."""
+    def get(view):
+        return kind(getattr(view.copies, name)[view.c])
+
+    def set_(view, value):
+        getattr(view.copies, name)[view.c] = value
+    return property(get, set_)
+
+
 def wide_lanes(payload: bytes) -> np.ndarray:
     """The int32 lanes of a payload, widened to int64 for saturating sums."""
     return np.frombuffer(payload, "<i4").astype(np.int64)
