@@ -46,12 +46,12 @@ class SpineCut(SpineUses):
         return super().__call__(link, direction, frame)
 
 
-# In the slow set: it does not always finish (docs/testing.md). After the cut, RTL leaf 0 can
-# keep dropping spine 0's result of the use it sent up (`drop_parent`) while its workers'
-# retransmissions complete that use again, so slot 0 stalls for seconds or for good; likely
-# on a loaded machine, and about one run in six on an idle one with the spines built with 4
-# ports (`make_switch(..., ports=4)` in the topology). Golden leaves never do it. The golden
-# fabric's spine cuts (test_leafspine_e2e) stay in the default set.
+# In the slow set: it does not always finish in its minute (docs/testing.md). After the cut
+# the one uplink left saturates with resent partials (one per local worker's retransmission)
+# and pull answers, and a leaf's result to its workers waits behind them in the aggregator's
+# command order, so the workers retransmit again; likely on a loaded machine, and about one
+# run in six on an idle one with the spines built with 4 ports. The golden switches answer at
+# once and never do it: their spine cuts (test_leafspine_e2e) stay in the default set.
 @pytest.mark.slow
 @pytest.mark.parametrize("notice", [Notice.MARK, Notice.LINK])
 def test_a_spine_cut_with_uses_in_flight_loses_no_sum_rtl(notice):
