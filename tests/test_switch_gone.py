@@ -242,15 +242,17 @@ def test_a_switch_gone_fails_the_torch_work():
 
 
 def test_a_switch_slow_under_load_is_not_gone():
-    """Over UDP, every frame of the switch half the watch's silence late, 0.75 s (its
+    """Over UDP, every frame of the switch a third of the watch's silence late, 0.5 s (its
     answers come, thousands of times later than a loopback round trip; the workers
-    retransmit meanwhile): the allreduces complete, exact, and nobody names the switch."""
+    retransmit meanwhile): the allreduces complete, exact, and nobody names the switch. (A
+    third, not a half: on a loaded machine the server's and the workers' own delays come on
+    top, and at a half one full run's took the silence past 1.5 s.)"""
     switch = SlowSwitch()
     with SimServer(switch).start() as server:
         session = uuid.uuid4().hex
         ws = [Worker(r, 3, server.url, session=session, timeout=30) for r in range(3)]
         try:
-            switch.delay = liveness.SILENT_AFTER / 2
+            switch.delay = liveness.SILENT_AFTER / 3
             t0 = time.monotonic()
             results = in_threads(
                 lambda r: ws[r].allreduce(np.full(30 * N.LANES, r + 1, np.int32)), 3)
@@ -260,7 +262,7 @@ def test_a_switch_slow_under_load_is_not_gone():
             for w in ws:
                 w.close()
     assert all(np.array_equal(x, np.full(30 * N.LANES, 6)) for x in results)
-    assert took > 2 * liveness.SILENT_AFTER / 2     # late answers (a join, then results)
+    assert took > 2 * liveness.SILENT_AFTER / 3     # late answers (a join, then results)
     assert all(w.engine.failed is None for w in ws)
     assert all(w.counters()["control_retransmissions"] > 0 for w in ws)
 
