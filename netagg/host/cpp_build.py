@@ -11,8 +11,8 @@ beside it as `header_name` and the headers `includes` from their folders, into t
 (`netagg.cache.cache_dir()` / `where`, named by a hash of the source, its includes, the
 header, the compiler's version and flags and the machine's CPU),
 under the cache's lock (`netagg.cache.locked`), and loads it with ctypes (which releases the
-GIL for each call). It raises `Unavailable` with the reason where it cannot: NETAGG_COMPILED=0,
-no compiler, a failed build or load.
+GIL for each call). It raises `Unavailable` with the reason where it cannot: no compiler, a
+failed build or load (NETAGG_COMPILED=0 is `CompiledLibrary.get`'s to check, before it tries).
 """
 
 from __future__ import annotations
@@ -106,8 +106,6 @@ def build_and_load(source: Path, header_name: str, header: str, where: str,
                    flags: list[str] = FLAGS, includes: list[Path] = ()) -> ctypes.CDLL:
     """The library of `source` (which may include `includes`, from their folders), built into
     the cache's `where` folder if need be."""
-    if not enabled():
-        raise Unavailable("NETAGG_COMPILED=0")
     compiler = _compiler()
     if compiler is None:
         raise Unavailable("no C++ compiler")
