@@ -21,10 +21,9 @@ import enum
 from pathlib import Path
 
 from netagg.contract import wire as W
-from netagg.host.cpp_build import CompiledLibrary
+from netagg.host.cpp_build import CRC_SLICED, CompiledLibrary
 
 SOURCE = Path(__file__).resolve().parent / "cpp" / "step.cpp"
-INCLUDES = [SOURCE.with_name("crc_sliced.h")]
 
 
 class Status(enum.IntEnum):
@@ -127,5 +126,6 @@ def _bind(lib: ctypes.CDLL):
     lib.step_block_top.restype = None
 
 
-LIBRARY = CompiledLibrary(SOURCE, "step_abi.h", abi_header, "host", _bind, includes=INCLUDES)
+LIBRARY = CompiledLibrary(SOURCE, "step_abi.h", abi_header, "host", _bind,
+                          includes=[CRC_SLICED])
 library, unavailable = LIBRARY.get, LIBRARY.unavailable

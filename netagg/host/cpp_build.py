@@ -29,6 +29,7 @@ from pathlib import Path
 
 from netagg.cache import cache_dir, locked
 
+CRC_SLICED = Path(__file__).resolve().parent / "cpp" / "crc_sliced.h"   # both libraries'
 FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno"]
 
 

@@ -28,13 +28,12 @@ from pathlib import Path
 from netagg.contract import headers as H
 from netagg.contract import regmap as R
 from netagg.contract import wire as W
-from netagg.host import compiled_build, udp_offload
-from netagg.host.cpp_build import FLAGS, CompiledLibrary
+from netagg.host import udp_offload
+from netagg.host.cpp_build import CRC_SLICED, FLAGS, CompiledLibrary
 from netagg.sim import udp
 
 SOURCE = Path(__file__).resolve().parent / "cpp" / "fast.cpp"
-INCLUDES = [SOURCE.with_name("fast_switch.h"), SOURCE.with_name("fast_io.h"),
-            *compiled_build.INCLUDES]
+INCLUDES = [SOURCE.with_name("fast_switch.h"), SOURCE.with_name("fast_io.h"), CRC_SLICED]
 
 
 class Stop(enum.IntEnum):
